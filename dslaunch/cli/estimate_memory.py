@@ -1,0 +1,150 @@
+"""``dslaunch estimate-memory``: model-state memory per rank and per host for each ZeRO stage.
+
+Nothing here imports torch unless ``--model-script`` asks to count a model's parameters (built on
+the meta device, so even a huge model costs no memory).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def _parse_count(text: str) -> int:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbgtKMBGT]?)\s*", text)
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a parameter count (e.g. 125000000, 1.3B, 27M)")
+    return int(round(float(m.group(1)) * _SUFFIX[m.group(2).lower()]))
+
+
+def _count_script_params(path: str) -> int:
+    import runpy
+
+    import torch
+
+    try:
+        ns = runpy.run_path(path, run_name="__dslaunch_estimate__")
+    except Exception as exc:  # the user's script: report, do not trace
+        raise click.ClickException(f"--model-script {path}: {type(exc).__name__}: {exc}")
+    for name in ("build_model", "get_model", "model_fn", "make_model"):
+        if callable(ns.get(name)):
+            with torch.device("meta"):
+                model = ns[name]()
+            break
+    else:
+        model = ns.get("model")
+        if not isinstance(model, torch.nn.Module):
+            raise click.ClickException(
+                f"--model-script {path}: define build_model() returning an nn.Module (or a "
+                "module-level `model`)")
+    return sum(p.numel() for p in model.parameters())
+
+
+def _read_config(path: str) -> dict:
+    import yaml
+
+    with open(path) as fh:
+        return yaml.safe_load(fh) if path.endswith((".yaml", ".yml")) else json.load(fh)
+
+
+def _from_config(path: str) -> dict:
+    try:
+        from dslaunch.config import load_config
+    except ImportError:  # config package not importable: read JSON/YAML directly
+        load_config = _read_config
+    try:
+        raw = load_config(path)
+    except Exception as exc:
+        raise click.ClickException(f"--config {path}: {exc}")
+    if not isinstance(raw, dict):
+        raise click.ClickException(f"--config {path}: not a mapping")
+    zero = raw.get("zero_optimization") or {}
+    precision = "fp32"
+    if (raw.get("bf16") or {}).get("enabled") or (raw.get("bfloat16") or {}).get("enabled"):
+        precision = "bf16"
+    elif (raw.get("fp16") or {}).get("enabled"):
+        precision = "fp16"
+    off_opt = (zero.get("offload_optimizer") or {}).get("device", "none") == "cpu" or bool(
+        zero.get("cpu_offload"))
+    off_par = (zero.get("offload_param") or {}).get("device", "none") == "cpu" or bool(
+        zero.get("cpu_offload_param"))
+    opt = ((raw.get("optimizer") or {}).get("type") or "adam").lower()
+    return {"stage": int(zero.get("stage", 0)), "precision": precision, "offload_optimizer": off_opt,
+            "offload_param": off_par, "optimizer": opt}
+
+
+@click.command("estimate-memory")
+@click.option("--params", "params", default=None, help="Number of parameters (125000000, 1.3B, 27M).")
+@click.option("--model-script", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Python file defining build_model(); its parameters are counted on the meta device.")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A dslaunch/DeepSpeed config: its precision, stage and offload are marked.")
+@click.option("--world-size", "--num-gpus", "world_size", type=click.IntRange(min=1), required=True,
+              help="Data-parallel ranks.")
+@click.option("--ranks-per-host", "--gpus-per-node", "--num_gpus_per_node", "ranks_per_host",
+              type=click.IntRange(min=1), default=None,
+              help="Ranks on each host (default: all on one host).")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,
+              help="Parameter/gradient precision (default bf16, or the config's).")
+@click.option("--optimizer", default=None, help="adam (default), adamw, lamb, sgd, sgd-momentum, ...")
+@click.option("--stage", type=click.IntRange(0, 3), default=None, help="Only this stage.")
+@click.option("--offload-optimizer", type=click.Choice(["none", "cpu"]), default=None,
+              help="Only rows with this optimizer offload.")
+@click.option("--offload-param", type=click.Choice(["none", "cpu"]), default=None,
+              help="Only rows with this parameter offload.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def estimate_memory(params, model_script, config_path, world_size, ranks_per_host, precision,
+                    optimizer, stage, offload_optimizer, offload_param, as_json):
+    """Per-rank and per-host bytes of parameters, gradients and optimizer states for ZeRO 0-3."""
+    from dslaunch.engine.zero.memory_estimate import OPTIMIZER_STATES, all_estimates, human
+
+    if (params is None) == (model_script is None):
+        raise click.UsageError("give exactly one of --params or --model-script")
+    num_params = _parse_count(params) if params is not None else _count_script_params(model_script)
+    cfg = _from_config(config_path) if config_path else None
+    precision = precision or (cfg["precision"] if cfg else "bf16")
+    optimizer = (optimizer or (cfg["optimizer"] if cfg else "adam")).lower()
+    if optimizer not in OPTIMIZER_STATES:
+        raise click.ClickException(
+            f"--optimizer {optimizer}: unknown; one of {', '.join(sorted(OPTIMIZER_STATES))}")
+    per_host = ranks_per_host or world_size
+    if per_host > world_size:
+        raise click.UsageError(f"--ranks-per-host {per_host} is more than --world-size {world_size}")
+
+    rows = all_estimates(num_params, world_size, precision, optimizer)
+    if stage is not None:
+        rows = [r for r in rows if r.stage == stage]
+    if offload_optimizer is not None:
+        rows = [r for r in rows if r.offload_optimizer == (offload_optimizer == "cpu")]
+    if offload_param is not None:
+        rows = [r for r in rows if r.offload_param == (offload_param == "cpu")]
+    if not rows:
+        raise click.UsageError("no stage matches these options (offload_param needs stage 3, "
+                               "offload_optimizer stage >= 1)")
+
+    def chosen(r):
+        return bool(cfg) and (r.stage, r.offload_optimizer, r.offload_param) == (
+            cfg["stage"], cfg["offload_optimizer"], cfg["offload_param"])
+
+    if as_json:
+        out = {"params": num_params, "world_size": world_size, "ranks_per_host": per_host,
+               "precision": precision, "optimizer": optimizer,
+               "estimates": [dict(r.to_dict(per_host), config=chosen(r)) for r in rows]}
+        click.echo(json.dumps(out, indent=2))
+        return
+
+    click.echo(f"Model states for {num_params:,} parameters, {world_size} data-parallel ranks "
+               f"({per_host} per host), {precision}, {optimizer}:")
+    head = f"  {'':52s} {'per rank device':>16s} {'per rank cpu':>14s} " \
+           f"{'per host device':>16s} {'per host cpu':>14s}"
+    click.echo(head)
+    for r in rows:
+        mark = "  <- config" if chosen(r) else ""
+        click.echo(f"  {r.label():52s} {human(r.device):>16s} {human(r.cpu):>14s} "
+                   f"{human(r.device * per_host):>16s} {human(r.cpu * per_host):>14s}{mark}")
+    click.echo("  (activations and communication buffers come on top; on a CPU-only host "
+               "'device' memory is host memory too)")

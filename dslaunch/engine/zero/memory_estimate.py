@@ -1,0 +1,132 @@
+"""Model-state memory per rank for ZeRO stages 0-3, with and without CPU offload.
+
+Pure arithmetic (no torch at import): the ZeRO paper's accounting, written as the bytes each rank
+holds for parameters, gradients and optimizer states, on the accelerator ("device") and on the host
+("cpu"). Ψ = number of parameters, N = data-parallel ranks.
+
+Bytes per parameter:
+- ``fp32``:         params 4, grads 4, optimizer states 4·S (S = states per param: Adam 2). The
+                    fp32 parameters are their own master copy.
+- ``bf16``/``fp16``: params 2, grads 2, optimizer states 4 (fp32 master) + 4·S.
+
+Stage 0 holds everything whole; stage 1 partitions optimizer states, stage 2 also gradients, stage 3
+also parameters. Mixed precision + Adam gives the paper's 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+
+Offload (``offload_optimizer: cpu``): optimizer states and an fp32 gradient shard (what the CPU step
+reads) live on the host; in fp32 the master is the parameters, so the host also keeps the fp32
+parameter shard the step updates (4Ψ/N). ``offload_param: cpu`` (stage 3 only) moves the parameter
+shard to the host. Working buffers (communication buckets, the gathered parameters of the modules
+that are live in stage 3) are left out: they are bounded by the bucket/live-parameter knobs, not Ψ.
+
+The engine's ``memory_breakdown()`` reports what the strategies really hold; the tests check that it
+matches these formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# optimizer -> fp32 states per parameter (besides the master copy)
+OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "lamb": 2, "sgd": 0, "sgd-momentum": 1, "adagrad": 1,
+                    "lion": 1}
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    stage: int
+    offload_optimizer: bool
+    offload_param: bool
+    params: dict  # {"device": bytes, "cpu": bytes} per rank
+    grads: dict
+    optimizer: dict
+
+    @property
+    def device(self) -> int:
+        return self.params["device"] + self.grads["device"] + self.optimizer["device"]
+
+    @property
+    def cpu(self) -> int:
+        return self.params["cpu"] + self.grads["cpu"] + self.optimizer["cpu"]
+
+    def label(self) -> str:
+        off = []
+        if self.offload_optimizer:
+            off.append("offload_optimizer=cpu")
+        if self.offload_param:
+            off.append("offload_param=cpu")
+        return f"stage {self.stage}" + (f" + {' + '.join(off)}" if off else "")
+
+    def to_dict(self, ranks_per_host: int = 1) -> dict:
+        return {
+            "stage": self.stage,
+            "offload_optimizer": "cpu" if self.offload_optimizer else "none",
+            "offload_param": "cpu" if self.offload_param else "none",
+            "per_rank": {"device": self.device, "cpu": self.cpu, "params": self.params,
+                         "grads": self.grads, "optimizer_states": self.optimizer},
+            "per_host": {"device": self.device * ranks_per_host, "cpu": self.cpu * ranks_per_host},
+        }
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def estimate(num_params: int, world_size: int, stage: int, precision: str = "bf16",
+             offload_optimizer: bool = False, offload_param: bool = False,
+             optimizer: str = "adam") -> Estimate:
+    """Bytes of model states one rank holds. Shards are rounded up as the runtime pads them."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage must be 0..3, not {stage}")
+    if offload_optimizer and stage == 0:
+        raise ValueError("offload_optimizer needs ZeRO stage 1, 2 or 3")
+    if offload_param and stage != 3:
+        raise ValueError("offload_param needs ZeRO stage 3")
+    opt = optimizer.lower()
+    if opt not in OPTIMIZER_STATES:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, not {optimizer!r}")
+    n, psi = world_size, num_params
+    shard = _ceil_div(psi, n)
+    p = 4 if precision == "fp32" else 2
+    mixed = p != 4
+    states = 4 * OPTIMIZER_STATES[opt] + (4 if mixed else 0)  # fp32 bytes per param
+
+    params_whole = p * (shard if stage == 3 else psi)
+    grads_whole = p * (shard if stage >= 2 else psi)
+    opt_bytes = states * (psi if stage == 0 else shard)
+
+    params = {"device": params_whole, "cpu": 0}
+    grads = {"device": grads_whole, "cpu": 0}
+    optim = {"device": opt_bytes, "cpu": 0}
+    if offload_optimizer:
+        optim = {"device": 0, "cpu": opt_bytes + (0 if mixed else 4 * shard)}
+        # the CPU step reads an fp32 gradient shard; from stage 2 on it replaces the device shard
+        grads = {"device": grads_whole if stage < 2 else 0, "cpu": 4 * shard}
+    if offload_param:
+        params = {"device": 0, "cpu": params_whole}
+    return Estimate(stage, offload_optimizer, offload_param, params, grads, optim)
+
+
+def all_estimates(num_params: int, world_size: int, precision: str = "bf16",
+                  optimizer: str = "adam") -> list[Estimate]:
+    """Every stage and offload choice, in the order the CLI prints them."""
+    out = []
+    for stage in range(4):
+        out.append(estimate(num_params, world_size, stage, precision, optimizer=optimizer))
+        if stage >= 1:
+            out.append(estimate(num_params, world_size, stage, precision, True, optimizer=optimizer))
+        if stage == 3:
+            out.append(estimate(num_params, world_size, stage, precision, True, True,
+                                optimizer=optimizer))
+    return out
+
+
+def human(nbytes: int) -> str:
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{size:.2f} TiB"  # pragma: no cover

@@ -1,0 +1,98 @@
+"""The memory planner: the ZeRO paper's formulas, and the estimate-memory command."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dslaunch.cli.estimate_memory import estimate_memory
+from dslaunch.engine.zero.memory_estimate import all_estimates, estimate
+
+PSI, N = 1_000_000, 4  # Ψ divisible by N: no padding
+
+
+@pytest.mark.parametrize("stage,expected", [
+    (0, 16 * PSI), (1, 4 * PSI + 12 * PSI // N), (2, 2 * PSI + 14 * PSI // N), (3, 16 * PSI // N)])
+def test_mixed_precision_adam_is_the_papers_accounting(stage, expected):
+    for precision in ("bf16", "fp16"):
+        e = estimate(PSI, N, stage, precision)
+        assert e.device == expected and e.cpu == 0
+
+
+@pytest.mark.parametrize("stage,expected", [
+    (0, 16 * PSI), (1, 8 * PSI + 8 * PSI // N), (2, 4 * PSI + 12 * PSI // N), (3, 16 * PSI // N)])
+def test_fp32_adam(stage, expected):
+    assert estimate(PSI, N, stage, "fp32").device == expected
+
+
+def test_offload_moves_optimizer_states_and_grad_shard_to_cpu():
+    e = estimate(PSI, N, 2, "bf16", offload_optimizer=True)
+    assert e.device == 2 * PSI  # only the bf16 params stay
+    assert e.cpu == 12 * PSI // N + 4 * PSI // N  # fp32 master+m+v, fp32 grad shard
+    e3 = estimate(PSI, N, 3, "bf16", offload_optimizer=True, offload_param=True)
+    assert e3.device == 0 and e3.cpu == 2 * PSI // N + 16 * PSI // N
+    e1 = estimate(PSI, N, 1, "fp32", offload_optimizer=True)
+    assert e1.device == 8 * PSI  # params + full grads
+    assert e1.cpu == 4 * PSI // N * 4  # master param shard, m, v, grad shard
+
+
+def test_shards_round_up_like_the_padded_buffers():
+    assert estimate(10, 4, 3, "fp32").params["device"] == 4 * 3
+
+
+def test_bad_combinations_are_rejected():
+    with pytest.raises(ValueError, match="stage 1, 2 or 3"):
+        estimate(PSI, N, 0, offload_optimizer=True)
+    with pytest.raises(ValueError, match="stage 3"):
+        estimate(PSI, N, 2, offload_param=True)
+    assert len(all_estimates(PSI, N)) == 8
+
+
+def test_cli_json_per_rank_and_per_host():
+    r = CliRunner().invoke(estimate_memory, ["--params", "1M", "--world-size", "4",
+                                             "--ranks-per-host", "2", "--json", "--stage", "1"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["params"] == PSI and out["precision"] == "bf16"
+    plain = [e for e in out["estimates"] if e["offload_optimizer"] == "none"][0]
+    assert plain["per_rank"]["device"] == 4 * PSI + 12 * PSI // 4
+    assert plain["per_host"]["device"] == 2 * plain["per_rank"]["device"]
+
+
+def test_cli_table_and_errors(tmp_path):
+    r = CliRunner().invoke(estimate_memory, ["--params", "1.3B", "--world-size", "8"])
+    assert r.exit_code == 0 and "stage 3 + offload_optimizer=cpu + offload_param=cpu" in r.output
+    r = CliRunner().invoke(estimate_memory, ["--params", "lots", "--world-size", "8"])
+    assert r.exit_code == 2 and "not a parameter count" in r.output
+    r = CliRunner().invoke(estimate_memory, ["--params", "1M", "--world-size", "2", "--stage", "1",
+                                             "--offload-param", "cpu"])
+    assert r.exit_code == 2 and "no stage matches" in r.output
+
+
+def test_cli_model_script_and_config(tmp_path):
+    script = tmp_path / "m.py"
+    script.write_text("import torch\n"
+                      "def build_model():\n"
+                      "    return torch.nn.Linear(1000, 1000)\n")  # 1,001,000 params
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"train_batch_size": 8, "bf16": {"enabled": True},
+                               "zero_optimization": {"stage": 2,
+                                                     "offload_optimizer": {"device": "cpu"}}}))
+    r = CliRunner().invoke(estimate_memory, ["--model-script", str(script), "--world-size", "2",
+                                             "--config", str(cfg), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["params"] == 1_001_000 and out["precision"] == "bf16"
+    marked = [e for e in out["estimates"] if e["config"]]
+    assert [(e["stage"], e["offload_optimizer"]) for e in marked] == [(2, "cpu")]
+
+
+def test_console_script_is_registered():
+    exe = Path(sys.executable).with_name("dslaunch")
+    out = subprocess.run([str(exe), "estimate-memory", "--params", "27M", "--world-size", "2"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "stage 2" in out.stdout
