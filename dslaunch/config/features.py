@@ -1,0 +1,97 @@
+"""Config features that are parsed and validated but not implemented yet.
+
+Each row: the key path reported, what the feature is, which issue brings it, and a predicate on
+the resolved values that says whether the config uses it. A section that is present but disabled
+is fine. When you implement a feature, delete its row (and add a config to configs/ using it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Feature:
+    path: str
+    what: str
+    issue: str  # "issue N", or "" when no issue plans it
+    used: Callable[[Callable[[str], object]], bool]  # takes get("dotted.path") -> value
+
+
+ONE_BIT = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
+_ACT_CKPT = ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+             "synchronize_checkpoint_boundary", "profile")
+
+
+def _enabled(section: str) -> Callable:
+    return lambda get: bool(get(section + ".enabled"))
+
+
+def _any_enabled(tree) -> bool:
+    """True when a nested free-form tree switches anything on (compression_training)."""
+    if isinstance(tree, dict):
+        return tree.get("enabled") is True or any(_any_enabled(v) for v in tree.values())
+    return False
+
+
+NOT_SUPPORTED_YET = [
+    Feature("zero_optimization.stage", "ZeRO stages 1, 2 and 3", "issue 4",
+            lambda get: (get("zero_optimization.stage") or 0) >= 1),
+    Feature("zero_optimization.offload_optimizer.device", "optimizer offload to CPU", "issue 4",
+            lambda get: get("zero_optimization.offload_optimizer.device") == "cpu"),
+    Feature("zero_optimization.offload_param.device", "parameter offload to CPU", "issue 4",
+            lambda get: get("zero_optimization.offload_param.device") == "cpu"),
+    Feature("zero_optimization.offload_optimizer.device", "optimizer offload to NVMe", "issue 8",
+            lambda get: get("zero_optimization.offload_optimizer.device") == "nvme"),
+    Feature("zero_optimization.offload_param.device", "parameter offload to NVMe", "issue 8",
+            lambda get: get("zero_optimization.offload_param.device") == "nvme"),
+    Feature("zero_optimization.zero_quantized_weights", "ZeRO++ quantized weights", "",
+            lambda get: bool(get("zero_optimization.zero_quantized_weights"))),
+    Feature("zero_optimization.zero_quantized_gradients", "ZeRO++ quantized gradients", "",
+            lambda get: bool(get("zero_optimization.zero_quantized_gradients"))),
+    Feature("zero_optimization.zero_hpz_partition_size", "ZeRO++ hierarchical partitioning", "",
+            lambda get: (get("zero_optimization.zero_hpz_partition_size") or 1) > 1),
+    Feature("zero_optimization.mics_shard_size", "MiCS sharding", "",
+            lambda get: (get("zero_optimization.mics_shard_size") or -1) > 0),
+    Feature("optimizer.type", "1-bit Adam, 0/1 Adam and 1-bit LAMB", "issue 6",
+            lambda get: get("optimizer.type") in ONE_BIT),
+    Feature("pipeline.stages", "pipeline parallelism (stages > 1)", "issue 7",
+            lambda get: (get("pipeline.stages") or 1) > 1),
+    Feature("tensor_parallel.autotp_size", "tensor parallelism (size > 1)", "issue 7",
+            lambda get: (get("tensor_parallel.autotp_size") or 1) > 1),
+    Feature("activation_checkpointing", "activation checkpointing", "issue 7",
+            lambda get: any(get(f"activation_checkpointing.{k}") for k in _ACT_CKPT)),
+    Feature("sequence_parallel_size", "sequence parallelism", "",
+            lambda get: (get("sequence_parallel_size") or 1) > 1),
+    Feature("amp.enabled", "NVIDIA apex AMP (use fp16 or bf16)", "", _enabled("amp")),
+    Feature("torch_autocast.enabled", "torch autocast mode", "", _enabled("torch_autocast")),
+    Feature("wandb.enabled", "the Weights & Biases monitor", "", _enabled("wandb")),
+    Feature("comet.enabled", "the Comet monitor", "", _enabled("comet")),
+    Feature("flops_profiler.enabled", "the FLOPs profiler", "", _enabled("flops_profiler")),
+    Feature("comms_logger.enabled", "the communication logger (engine.comm_stats() is there)", "",
+            _enabled("comms_logger")),
+    Feature("elasticity.enabled", "elastic training", "", _enabled("elasticity")),
+    Feature("compression_training", "compression training", "",
+            lambda get: _any_enabled(get("compression_training"))),
+    Feature("data_efficiency.enabled", "data efficiency (sampling/routing)", "",
+            _enabled("data_efficiency")),
+    Feature("curriculum_learning.enabled", "curriculum learning", "", _enabled("curriculum_learning")),
+    Feature("progressive_layer_drop.enabled", "progressive layer drop", "",
+            _enabled("progressive_layer_drop")),
+    Feature("eigenvalue.enabled", "eigenvalue computation", "", _enabled("eigenvalue")),
+    Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine", "", _enabled("hybrid_engine")),
+    Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),
+    Feature("compile.enabled", "compiled (deepcompile) mode", "", _enabled("compile")),
+    Feature("autotuning.enabled", "autotuning", "", _enabled("autotuning")),
+]
+
+
+def unsupported_problems(get: Callable[[str], object]) -> list:
+    """One "<path>: not supported yet (...)" line per feature the config uses."""
+    problems = []
+    for feature in NOT_SUPPORTED_YET:
+        if feature.used(get):
+            when = f"comes with {feature.issue}" if feature.issue else "not planned yet"
+            problems.append(f"{feature.path}: not supported yet ({feature.what}; {when})")
+    return problems
