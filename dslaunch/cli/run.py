@@ -1,0 +1,235 @@
+"""``dslaunch run [options] SCRIPT [ARGS...]``: resolve the plan, then hand it to a runner.
+
+Everything after SCRIPT goes to the script untouched (even ``--config`` or ``--help``): it is
+passed as data, never through a shell. Bad input fails here, before any process starts.
+
+Defaults worth knowing:
+- no hostfile (and no ``/job/hostfile``): this host, with ``--nproc-per-node`` ranks; without it,
+  one rank per GPU where the host has GPUs, else 1 rank (on CPU, more ranks is a choice, not a
+  default: each rank's threads compete for the same cores);
+- ``MASTER_ADDR``: 127.0.0.1 for a local run, else the plan's first host; ``MASTER_PORT``: a
+  port free on this host;
+- ``OMP_NUM_THREADS``: cores // local ranks (min 1) unless it is already set or ``--omp-threads``;
+- ``--local_rank`` is not added to the script's argv (as torchrun); LOCAL_RANK is in its env.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from dslaunch.launcher.plan import LOCAL_HOSTS, WorldPlan, build_plan
+from dslaunch.launcher.runners import RUNNERS, RunnerError, get_runner
+
+CONTEXT = {
+    "ignore_unknown_options": True,  # an unknown option after SCRIPT belongs to the script
+    "allow_interspersed_args": False,  # everything after SCRIPT is the script's
+    "help_option_names": ["-h", "--help"],
+}
+
+
+def _extra_options(func):
+    """Options a multi-host runner contributes (``runners/options.py: OPTIONS``, a list of click
+    option decorators) without editing this file; their values reach the runner as ``options``."""
+    try:
+        mod = importlib.import_module("dslaunch.launcher.runners.options")
+    except ModuleNotFoundError as exc:
+        if exc.name != "dslaunch.launcher.runners.options":
+            raise
+        return func
+    for option in reversed(getattr(mod, "OPTIONS", [])):
+        func = option(func)
+    return func
+
+
+def _gpu_count() -> int:
+    from dslaunch.launcher.agent import detect_gpus
+
+    if not detect_gpus():
+        return 0
+    try:
+        return len([e for e in os.listdir("/proc/driver/nvidia/gpus")])
+    except OSError:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=15)
+        return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def _hosts(hostfile, nproc_per_node) -> tuple:
+    """(host -> slot count, where they came from)."""
+    from dslaunch.launcher.hostfile import HostfileError, default_hostfile, parse_hostfile
+
+    path = hostfile or default_hostfile()
+    if path is not None:
+        try:
+            return parse_hostfile(path), str(path)
+        except HostfileError as exc:
+            raise click.ClickException(str(exc)) from None
+        except OSError as exc:
+            raise click.ClickException(f"hostfile {path}: {exc.strerror}") from None
+    slots = max(nproc_per_node or 0, _gpu_count(), 1)
+    return {"localhost": slots}, "this host"
+
+
+def _config(path: str, world_size: int) -> str:
+    """The validated, resolved config JSON; every problem listed at once otherwise."""
+    try:
+        from dslaunch.config import ConfigError, resolve_config
+    except ModuleNotFoundError:  # config package not built: accept a JSON object as it is
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"--config {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise click.ClickException(f"--config {path}: the top level must be an object")
+        return json.dumps(data, separators=(",", ":"))
+    if not os.path.isfile(path):
+        raise click.ClickException(f"--config {path}: no such file")
+    try:
+        return resolve_config(path, world_size=world_size).to_json()
+    except ConfigError as exc:
+        lines = exc.lines() if hasattr(exc, "lines") else list(exc.problems)
+        raise click.ClickException(
+            f"invalid config {path} ({len(lines)} problem(s)); no rank was started:\n  "
+            + "\n  ".join(lines)) from None
+
+
+def _env(env_items: tuple, cwd: Path) -> tuple:
+    from dslaunch.launcher.environment import EnvError, collect_env
+
+    try:
+        collected = collect_env(list(env_items), cwd, Path.home())
+    except EnvError as exc:
+        raise click.ClickException(str(exc)) from None
+    return ({k: v for k, (v, _) in collected.items()}, {k: src for k, (_, src) in collected.items()})
+
+
+def _print_summary(plan: WorldPlan) -> None:
+    click.echo(f"launcher: {plan.launcher}   world size: {plan.world_size}   "
+               f"master: {plan.master_addr}:{plan.master_port}")
+    for n in plan.nodes:
+        click.echo(f"  node {n['node_rank']} {n['host']}: slots {n['slots']} -> ranks {n['ranks']}")
+    click.echo(f"each rank runs: {plan.rank_command()}  (cwd {plan.cwd})")
+    if plan.config_path:
+        click.echo(f"config: {plan.config_path} (resolved, passed in DSLAUNCH_CONFIG)")
+    omp = plan.omp_threads if plan.omp_threads is not None else "cores // local ranks, unless set"
+    click.echo(f"OMP_NUM_THREADS: {omp}")
+    click.echo(f"environment propagated ({len(plan.env)}):")
+    for k in sorted(plan.env):
+        click.echo(f"  {k}={shlex.quote(plan.env[k])}   [{plan.env_sources.get(k, '?')}]")
+    click.echo("agent commands:")
+    for c in plan.commands:
+        click.echo(f"  {c if len(c) < 300 else c[:297] + '...'}")
+
+
+@click.command("run", context_settings=CONTEXT)
+@click.option("--nproc-per-node", "--nproc_per_node", "--num_gpus", "--num-gpus", "--num_accelerators",
+              "nproc_per_node", type=int, default=None,
+              help="Ranks per host (default: one per GPU, or 1 on a CPU-only host).")
+@click.option("--num-nodes", "--num_nodes", "num_nodes", type=int, default=None,
+              help="Use the first N hosts of the hostfile.")
+@click.option("-H", "--hostfile", type=click.Path(dir_okay=False), default=None,
+              help="MPI-style hostfile (HOST slots=N); default /job/hostfile if present, else this host.")
+@click.option("-i", "--include", default=None, help="NODE_SPEC[@NODE_SPEC...] to use, e.g. host1:0,2@host2.")
+@click.option("-e", "--exclude", default=None, help="NODE_SPEC[@NODE_SPEC...] to leave out.")
+@click.option("--master-addr", "--master_addr", "master_addr", default=None,
+              help="Rendezvous address (default 127.0.0.1 locally, else the first host).")
+@click.option("--master-port", "--master_port", "master_port", type=click.IntRange(1, 65535), default=None,
+              help="Rendezvous port (default: a free port).")
+@click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
+              help="DeepSpeed-style JSON/YAML config: validated before any rank starts, passed in DSLAUNCH_CONFIG.")
+@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
+              help="Set a variable on every rank (repeatable); the value is passed literally.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Also write each rank's output to DIR/rank_N.log.")
+@click.option("--launcher", default="local", show_default=True,
+              help=f"How agents are started: {', '.join(RUNNERS)}.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
+@click.option("-m", "--module", is_flag=True, help="SCRIPT is a module name, run as python -m.")
+@click.option("--omp-threads", type=click.IntRange(min=1), default=None,
+              help="OMP_NUM_THREADS per rank (default: cores // local ranks unless already set).")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Restart the whole job after a failure up to N times (budget across the job).")
+@click.option("--grace-period", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when ranks are stopped.")
+@click.option("--heartbeat-timeout", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+              help="Declare a node lost after this many seconds without a heartbeat from its agent.")
+@click.option("--chdir", type=click.Path(), default=None,
+              help="Working directory of the ranks (default: the current directory).")
+@click.option("--python", "python", default=None,
+              help="Interpreter for agents and ranks (default: the one running dslaunch).")
+@_extra_options
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, master_port, config,
+        env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts,
+        grace_period, heartbeat_timeout, chdir, python, script, script_args, **runner_options):
+    """Run SCRIPT (or, with -m, a module) on every selected slot; ARGS go to it untouched."""
+    from dslaunch.launcher.resources import ResourceError, select_resources
+
+    if script.startswith("-") and script != "-":
+        raise click.UsageError(f"no such option: {script}")
+    if as_json and not dry_run:
+        raise click.UsageError("--json goes with --dry-run")
+    try:
+        runner_cls = get_runner(launcher)
+    except RunnerError as exc:
+        raise click.UsageError(str(exc)) from None
+
+    cwd = Path(chdir).resolve() if chdir else Path.cwd()
+    if launcher == "local":
+        if not cwd.is_dir():
+            raise click.ClickException(f"--chdir {chdir}: no such directory")
+        if not module and not (cwd / script).is_file():
+            raise click.ClickException(f"script not found: {script}")
+
+    hosts, _source = _hosts(hostfile, nproc_per_node)
+    try:
+        selection = select_resources(hosts, include=include, exclude=exclude, num_nodes=num_nodes,
+                                     nproc_per_node=nproc_per_node)
+    except ResourceError as exc:
+        raise click.ClickException(str(exc)) from None
+    world_size = sum(len(s) for s in selection.values())
+
+    config_json = _config(config, world_size) if config else None
+    env, env_sources = _env(env_items, cwd)
+    program = (["-m", script] if module else [script]) + list(script_args)
+    plan = build_plan(
+        selection, program=program, launcher=launcher, master_addr=master_addr,
+        master_port=master_port, env=env, env_sources=env_sources, cwd=str(cwd),
+        python=python or sys.executable, config=config_json,
+        config_path=str(Path(config).resolve()) if config else None,
+        log_dir=str(Path(log_dir).resolve()) if log_dir else None, omp_threads=omp_threads,
+        grace_period=grace_period, max_restarts=max_restarts,
+    )
+    runner = runner_cls(plan, runner_options)
+    try:
+        runner.validate()
+        plan.commands = runner.display_commands()
+    except RunnerError as exc:
+        raise click.ClickException(str(exc)) from None
+
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps(plan.to_dict(), indent=2))
+        else:
+            _print_summary(plan)
+        return
+    try:
+        if not runner_options.get("no_preflight"):
+            runner.preflight()
+    except RunnerError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(runner.run(heartbeat_timeout=heartbeat_timeout))
+
+
+__all__ = ["run", "LOCAL_HOSTS"]

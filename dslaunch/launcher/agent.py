@@ -1,0 +1,307 @@
+"""Per-node agent: ``python -m dslaunch.launcher.agent --plan <b64> --node-rank N``.
+
+Starts this node's ranks (each under the bootstrap, in its own session so a signal reaches its
+whole process group and nothing else), streams their output prefixed for display, reports events,
+and stops everything on request. It talks to the launcher ONLY through stdin/stdout (protocol in
+``events.py``), so the same agent works as a local subprocess and over ssh, where EOF on stdin is
+how a dead launcher or a broken connection is noticed.
+
+Fail fast on this node: when one of its ranks fails, the agent stops the others itself at once
+(the launcher then stops the other nodes). No torch here: starting ranks must stay cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from dslaunch.launcher import events
+from dslaunch.launcher.plan import WorldPlan
+
+TAIL_LINES = 20
+DUMP_WAIT = 0.5  # seconds between the SIGUSR1 stack dump and SIGTERM (the dump is written at once)
+READER_JOIN = 2.0  # how long an exit waits for the rank's last output to be streamed
+
+
+def detect_gpus() -> bool:
+    """Whether this host has NVIDIA GPUs, without importing torch."""
+    try:
+        if os.listdir("/proc/driver/nvidia/gpus"):
+            return True
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class Rank:
+    def __init__(self, rank: int, local_rank: int, proc: subprocess.Popen, error_file: str):
+        self.rank, self.local_rank, self.proc, self.error_file = rank, local_rank, proc, error_file
+        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self.reader: threading.Thread | None = None
+        self.exited = False
+
+
+class Agent:
+    def __init__(self, plan: WorldPlan, node_rank: int, restart_count: int = 0, out=None):
+        self.plan, self.node_rank, self.restart_count = plan, node_rank, restart_count
+        self.node = plan.node(node_rank)
+        self.host = self.node["host"]
+        self.out = out or sys.stdout.buffer
+        self.out_lock = threading.Lock()
+        self.out_broken = False
+        self.queue: queue.Queue = queue.Queue()
+        self.ranks: list[Rank] = []
+        self.stopping = threading.Event()  # set once a stop has begun: later exits are ours
+        self.escalate = threading.Event()  # kill now, skip the grace period
+        self.all_exited = threading.Event()
+        self.stop_lock = threading.Lock()
+        self.stopper: threading.Thread | None = None
+        self.signalled: str | None = None
+        self.tmpdir = tempfile.mkdtemp(prefix="dslaunch-agent-")
+
+    # ---- output ----------------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        with self.out_lock:
+            if self.out_broken:
+                return
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (OSError, ValueError):
+                # The launcher (or the ssh connection) is gone: nobody to report to, stop the ranks.
+                self.out_broken = True
+                self.queue.put(("command", "eof"))
+
+    def event(self, name: str, **fields) -> None:
+        fields.setdefault("node_rank", self.node_rank)
+        fields.setdefault("host", self.host)
+        self.write(events.format_event(name, **fields))
+
+    # ---- starting ranks ------------------------------------------------------------------------
+    def rank_env(self, rank: int, local_rank: int, gpus: bool) -> dict:
+        plan, node = self.plan, self.node
+        env = dict(os.environ)
+        env.update(plan.env)
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(local_rank),
+            WORLD_SIZE=str(plan.world_size),
+            LOCAL_WORLD_SIZE=str(len(node["ranks"])),
+            NODE_RANK=str(self.node_rank),
+            GROUP_RANK=str(self.node_rank),
+            MASTER_ADDR=str(plan.master_addr),
+            MASTER_PORT=str(plan.master_port),
+            DSLAUNCH_RESTART_COUNT=str(self.restart_count),
+            TORCHELASTIC_RESTART_COUNT=str(self.restart_count),
+            PYTHONUNBUFFERED="1",  # lines reach the launcher as they are printed
+        )
+        if plan.config is not None:
+            env["DSLAUNCH_CONFIG"] = plan.config
+        if plan.config_path:
+            env["DSLAUNCH_CONFIG_PATH"] = plan.config_path
+        if plan.omp_threads is not None:
+            env["OMP_NUM_THREADS"] = str(plan.omp_threads)
+        elif "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // max(1, len(node["ranks"]))))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node["slots"])
+        return env
+
+    def start(self) -> None:
+        gpus = detect_gpus()
+        cwd = self.plan.cwd or None
+        if cwd and not os.path.isdir(cwd):
+            raise RuntimeError(f"working directory {cwd} does not exist on {self.host}")
+        for local_rank, rank in enumerate(self.node["ranks"]):
+            error_file = os.path.join(self.tmpdir, f"error_{rank}.json")
+            argv = [sys.executable, "-u", "-m", "dslaunch.launcher.bootstrap",
+                    "--error-file", error_file, *self.plan.program]
+            proc = subprocess.Popen(
+                argv,
+                env=self.rank_env(rank, local_rank, gpus),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,  # one pipe: stdout and stderr stay in order per rank
+                start_new_session=True,  # own process group: killpg reaches its children too
+            )
+            r = Rank(rank, local_rank, proc, error_file)
+            self.ranks.append(r)
+            r.reader = threading.Thread(target=self._read_rank, args=(r,), daemon=True)
+            r.reader.start()
+            threading.Thread(target=self._wait_rank, args=(r,), daemon=True).start()
+        self.event(events.STARTED, pids={str(r.rank): r.proc.pid for r in self.ranks},
+                   gpus=",".join(map(str, self.node["slots"])) if gpus else None)
+
+    def _read_rank(self, r: Rank) -> None:
+        prefix = self.plan.prefix(r.rank, self.host).encode()
+        for line in iter(lambda: r.proc.stdout.readline(65536), b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            r.tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+            self.write(prefix + line)
+
+    def _wait_rank(self, r: Rank) -> None:
+        rc = r.proc.wait()
+        failed_at = time.time()
+        stopped = self.stopping.is_set()
+        r.reader.join(READER_JOIN)  # its last lines go out before its exit event
+        self.queue.put(("exit", (r, rc, failed_at, stopped)))
+
+    # ---- stopping ------------------------------------------------------------------------------
+    def stop(self, dump: bool, kill: bool = False) -> None:
+        with self.stop_lock:
+            self.stopping.set()
+            if kill:
+                self.escalate.set()
+            if self.stopper is None:
+                self.stopper = threading.Thread(target=self._stop, args=(dump,), daemon=True)
+                self.stopper.start()
+
+    def _alive(self) -> list:
+        return [r for r in self.ranks if r.proc.poll() is None]
+
+    def _signal_groups(self, sig: int, ranks) -> None:
+        for r in ranks:
+            try:
+                os.killpg(r.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _stop(self, dump: bool) -> None:
+        alive = self._alive()
+        if dump and alive and not self.escalate.is_set():
+            for r in alive:  # the rank itself only: its children may not handle SIGUSR1
+                try:
+                    os.kill(r.proc.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+            self.escalate.wait(DUMP_WAIT)
+        if not self.escalate.is_set():
+            self._signal_groups(signal.SIGTERM, self._alive())
+            deadline = time.monotonic() + self.plan.grace_period
+            while self._alive() and not self.escalate.is_set() and time.monotonic() < deadline:
+                self.escalate.wait(0.05)
+        self._signal_groups(signal.SIGKILL, self._alive())
+
+    # ---- main loop -----------------------------------------------------------------------------
+    def _read_stdin(self) -> None:
+        for raw in sys.stdin.buffer:
+            self.queue.put(("command", raw.decode("utf-8", "replace").strip()))
+        self.queue.put(("command", "eof"))
+
+    def _heartbeat(self) -> None:
+        while not self.all_exited.wait(self.plan.heartbeat_interval):
+            self.event(events.HEARTBEAT, time=time.time())
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signalled = signal.Signals(signum).name
+
+    def _exit_event(self, r: Rank, rc: int, failed_at: float, stopped: bool) -> None:
+        error = None
+        try:
+            with open(r.error_file) as f:
+                error = json.load(f)
+        except (OSError, ValueError):
+            pass
+        if error:
+            failed_at = error.get("time", failed_at)  # when the exception happened, not the exit
+            lines = error.get("traceback", "").rstrip("\n").splitlines()
+            error["traceback_tail"] = lines[-TAIL_LINES:]
+            error.pop("traceback", None)  # the full text is in the rank's own output already
+        self.event(events.EXIT, rank=r.rank, local_rank=r.local_rank, returncode=rc,
+                   signal=events.signal_name(rc), time=failed_at, stopped=stopped,
+                   error=error, output_tail=list(r.tail))
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        threading.Thread(target=self._read_stdin, daemon=True).start()
+        try:
+            self.start()
+        except (OSError, RuntimeError) as exc:
+            self.event(events.ERROR, message=f"cannot start ranks on {self.host}: {exc}")
+            self.stop(dump=False, kill=True)
+            self._reap_all()
+            return 2
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+        returncodes: dict = {}
+        while len(returncodes) < len(self.ranks):
+            if self.signalled:
+                self.signalled = None
+                self.stop(dump=False)
+            try:
+                kind, item = self.queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if kind == "exit":
+                r, rc, failed_at, stopped = item
+                returncodes[str(r.rank)] = rc
+                self._exit_event(r, rc, failed_at, stopped)
+                if rc != 0 and not self.stopping.is_set():
+                    self.stop(dump=True)  # fail fast on this node
+            elif item == events.CMD_KILL:
+                self.stop(dump=False, kill=True)
+            elif item == events.CMD_STOP_FAILURE:
+                self.stop(dump=True)
+            elif item in (events.CMD_STOP, "eof"):
+                self.stop(dump=False)
+        self.all_exited.set()
+        self._reap_all()
+        self.event(events.DONE, returncodes=returncodes)
+        return 0 if all(rc == 0 for rc in returncodes.values()) else 1
+
+    def _reap_all(self) -> None:
+        # A rank's leftover children (same process group) must not outlive the job.
+        self._signal_groups(signal.SIGKILL, self.ranks)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def main(argv: list | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dslaunch.launcher.agent")
+    p.add_argument("--plan", required=True, help="base64 WorldPlan (WorldPlan.encode())")
+    p.add_argument("--node-rank", type=int, required=True)
+    p.add_argument("--restart-count", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        plan = WorldPlan.decode(args.plan)
+        plan.node(args.node_rank)
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        sys.stderr.write(f"dslaunch agent: bad plan or node rank: {exc}\n")
+        return 2
+    return Agent(plan, args.node_rank, args.restart_count).run()
+
+
+if __name__ == "__main__":
+    code = main()
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass
+    # Skip interpreter shutdown: the stdin reader thread may be blocked in read(), and finalising
+    # would abort on its buffer lock. Every rank has been reaped by now.
+    os._exit(code)

@@ -1,0 +1,108 @@
+"""Runs one rank's program unchanged: ``python -m dslaunch.launcher.bootstrap [--error-file F]
+[-m module | script] args...``.
+
+- The script runs as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set as ``python script``
+  would set them (``-m``: as ``python -m`` would), so user code cannot tell the difference.
+- An uncaught exception is written, with its full traceback, the rank and the time, to the error
+  file the agent reads (what torchrun needs ``@record`` for), then printed as Python would print
+  it, and the rank exits 1.
+- SIGUSR1 dumps every thread's Python stack to stderr (faulthandler): the agent sends it before
+  stopping ranks after a failure, so a hung rank shows where it was stuck.
+- ``--local_rank`` is NOT added to argv (torchrun does not either): LOCAL_RANK is in the env, and a
+  script that declares ``--local_rank`` with a default keeps working.
+
+No torch here: the rank's own script decides what to import.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+
+USAGE = "usage: python -m dslaunch.launcher.bootstrap [--error-file FILE] [-m MODULE | SCRIPT] [ARGS...]"
+
+
+def _parse(argv: list) -> tuple:
+    error_file = None
+    while argv and argv[0].startswith("--error-file"):
+        if argv[0] == "--error-file" and len(argv) > 1:
+            error_file, argv = argv[1], argv[2:]
+        elif argv[0].startswith("--error-file="):
+            error_file, argv = argv[0].split("=", 1)[1], argv[1:]
+        else:
+            break
+    if argv and argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit(USAGE)
+        return error_file, argv[1], None, argv[2:]
+    if not argv:
+        raise SystemExit(USAGE)
+    return error_file, None, argv[0], argv[1:]
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without this module's and runpy's frames (the user never called them)."""
+    tb = exc.__traceback__
+    skip = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+
+    def ours(name: str) -> bool:
+        return name in skip or os.path.abspath(name) in skip
+
+    while tb is not None and ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _write_error_file(path: str, exc: BaseException, text: str) -> None:
+    record = {
+        "rank": os.environ.get("RANK"),
+        "local_rank": os.environ.get("LOCAL_RANK"),
+        "pid": os.getpid(),
+        "time": time.time(),
+        "exc_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": text,
+    }
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)  # the agent never reads a half-written file
+    except OSError:
+        pass  # the error still reaches stderr below
+
+
+def main(argv: list | None = None) -> None:
+    error_file, module, script, args = _parse(list(sys.argv[1:] if argv is None else argv))
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    try:
+        if module is not None:
+            # python -m puts the cwd first on sys.path; run_module(alter_sys) sets argv[0] itself.
+            sys.path[0] = os.getcwd()
+            sys.argv = [module, *args]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            sys.argv = [script, *args]
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every uncaught error is the rank's failure
+        text = _user_traceback(exc)
+        if error_file:
+            _write_error_file(error_file, exc, text)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        # Exit as Python would: 130 after Ctrl-C, 1 otherwise.
+        raise SystemExit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+
+
+if __name__ == "__main__":
+    main()

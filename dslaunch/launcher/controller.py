@@ -1,0 +1,291 @@
+"""The job controller, shared by every runner: start the agents, show their ranks' output, watch
+their events, fail fast, report.
+
+- Root cause: of all rank failures that were not caused by our own stop, the one with the earliest
+  failure time (from the exit events: the time the exception was recorded, or the exit), not the
+  first to arrive — a peer that merely lost its connection to the failed rank fails later.
+- A node whose agent sends nothing for ``heartbeat_timeout`` seconds is declared lost, by host.
+- Ctrl-C / SIGTERM: the first stops every rank gracefully, the second kills them.
+- ``max_restarts``: after a failure the whole job starts again, the budget counted across the job.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from dslaunch.launcher import events
+from dslaunch.launcher.plan import WorldPlan
+
+TAIL_LINES = 20
+POLL = 0.1  # main-loop tick: signal flags and heartbeat deadlines are checked this often
+KILL_SLACK = 10.0  # after a stop, agents get grace_period + this long before being killed
+
+
+@dataclass
+class AgentProcess:
+    """One started agent process; ``node_ranks`` are the nodes whose events it carries."""
+
+    argv: list
+    node_ranks: list
+    label: str
+    popen_kwargs: dict = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    finished: bool = False
+    pids: dict = field(default_factory=dict)  # rank -> pid, from the agents' started events
+
+
+@dataclass
+class Failure:
+    time: float
+    kind: str  # "rank", "lost", "agent"
+    text: str  # the one-line headline
+    detail: list = field(default_factory=list)  # traceback tail or last output lines
+    detail_title: str = ""
+
+
+class JobController:
+    def __init__(self, plan: WorldPlan, runner, *, heartbeat_timeout: float = 10.0,
+                 out=None, err=None):
+        self.plan, self.runner = plan, runner
+        self.heartbeat_timeout = heartbeat_timeout
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.out_lock = threading.Lock()
+        self.prefixes = plan.prefixes()
+        self.logs: dict = {}
+        self.interrupts = 0
+        self.interrupt_name = ""
+
+    # ---- public --------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the job (with restarts); the launcher's exit code."""
+        restore = self._install_signals()
+        try:
+            attempt = 0
+            while True:
+                code, failure = self._run_once(attempt)
+                if code == 0 or self.interrupts or attempt >= self.plan.max_restarts:
+                    return code
+                attempt += 1
+                self._say(f"restarting the whole job (restart {attempt} of {self.plan.max_restarts}) "
+                          f"after: {failure.text if failure else 'failure'}")
+        finally:
+            restore()
+            for f in self.logs.values():
+                f.close()
+
+    # ---- one attempt ---------------------------------------------------------------------------
+    def _run_once(self, attempt: int) -> tuple:
+        self.q: queue.Queue = queue.Queue()
+        self.failures: list[Failure] = []
+        self.stop_sent: str | None = None
+        self.stop_deadline: float | None = None
+        self._open_logs(attempt)
+        agents = [AgentProcess(**spec) for spec in self.runner.agent_specs(attempt)]
+        now = time.monotonic()
+        last_seen = {n: now for a in agents for n in a.node_ranks}
+        node_done: set = set()
+        exits: dict = {}  # rank -> exit event
+        for a in agents:
+            try:
+                a.proc = subprocess.Popen(
+                    a.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    start_new_session=True,  # Ctrl-C in the terminal reaches only the launcher
+                    **a.popen_kwargs,
+                )
+            except OSError as exc:
+                self._fail(Failure(time.time(), "agent", f"cannot start the agent for {a.label}: {exc}"))
+                a.finished = True
+                continue
+            threading.Thread(target=self._read_stdout, args=(a,), daemon=True).start()
+            threading.Thread(target=self._read_stderr, args=(a,), daemon=True).start()
+
+        lost: set = set()
+        while not all(a.finished for a in agents):
+            self._check_interrupts(agents)
+            now = time.monotonic()
+            for n, seen in last_seen.items():
+                if n not in node_done and n not in lost and now - seen > self.heartbeat_timeout:
+                    lost.add(n)
+                    host = self.plan.node(n)["host"]
+                    self._fail(Failure(time.time() - (now - seen), "lost",
+                                       f"host {host} (node {n}) lost: no heartbeat for "
+                                       f"{self.heartbeat_timeout:g} s"), agents)
+                    for a in agents:  # its agent is unreachable: drop the connection too
+                        if n in a.node_ranks:
+                            self._kill_agent(a)
+            if self.stop_deadline is not None and now > self.stop_deadline:
+                for a in agents:
+                    if not a.finished:
+                        self._kill_agent(a)
+            try:
+                kind, a, item = self.q.get(timeout=POLL)
+            except queue.Empty:
+                continue
+            if kind == "eof":
+                a.finished = True
+                rc = a.proc.wait()
+                missing = [n for n in a.node_ranks if n not in node_done and n not in lost]
+                if missing and not self.stop_sent:
+                    tail = list(a.stderr_tail)
+                    self._fail(Failure(time.time(), "agent",
+                                       f"the agent for {a.label} exited (code {rc}) before its ranks "
+                                       f"finished", tail, "agent stderr:"), agents)
+                node_done.update(a.node_ranks)  # nothing more will come from it
+                continue
+            ev = item
+            n = ev.get("node_rank")
+            if n in last_seen:
+                last_seen[n] = time.monotonic()
+            name = ev.get("event")
+            if name == events.STARTED:
+                a.pids.update(ev.get("pids") or {})
+            elif name == events.EXIT:
+                exits[ev["rank"]] = ev
+                if ev.get("returncode") != 0 and not ev.get("stopped"):
+                    self._fail(self._rank_failure(ev), agents)
+            elif name == events.DONE:
+                node_done.add(n)
+            elif name == events.ERROR:
+                self._fail(Failure(time.time(), "agent", ev.get("message", "agent error")), agents)
+
+        return self._finish(exits)
+
+    def _finish(self, exits: dict) -> tuple:
+        if self.interrupts:
+            self._say(f"interrupted ({self.interrupt_name}): stopped all {self.plan.world_size} ranks")
+            return (130 if self.interrupt_name == "SIGINT" else 143), None
+        if not self.failures:
+            missing = self.plan.world_size - len(exits)
+            if missing == 0 and all(e.get("returncode") == 0 for e in exits.values()):
+                return 0, None
+            root = Failure(time.time(), "agent", f"{missing} rank(s) never reported their exit")
+        else:
+            root = min(self.failures, key=lambda f: f.time)
+        stopped = sum(1 for e in exits.values() if e.get("stopped"))
+        self._report(root, stopped)
+        return 1, root
+
+    # ---- failures ------------------------------------------------------------------------------
+    def _rank_failure(self, ev: dict) -> Failure:
+        rank, host = ev["rank"], ev.get("host", "?")
+        how = (f"was killed by {ev['signal']}" if ev.get("signal")
+               else f"exited with code {ev.get('returncode')}")
+        err = ev.get("error")
+        if err:
+            headline = f"rank {rank} (host {host}) {how}: {err.get('exc_type')}: {err.get('message')}"
+            return Failure(ev.get("time", time.time()), "rank", headline,
+                           err.get("traceback_tail") or [], "traceback (last lines):")
+        return Failure(ev.get("time", time.time()), "rank", f"rank {rank} (host {host}) {how}",
+                       ev.get("output_tail") or [], "last output lines:")
+
+    def _fail(self, failure: Failure, agents=None) -> None:
+        self.failures.append(failure)
+        if agents is not None:
+            self._stop(agents, events.CMD_STOP_FAILURE)
+
+    def _stop(self, agents, command: str) -> None:
+        if self.stop_sent == command or (self.stop_sent == events.CMD_KILL):
+            return
+        self.stop_sent = command
+        if self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + self.plan.grace_period + KILL_SLACK
+        for a in agents:
+            self.runner.send(a, command)
+
+    def _kill_agent(self, a: AgentProcess) -> None:
+        if a.proc is not None and a.proc.poll() is None:
+            self.runner.kill(a)
+
+    def _report(self, root: Failure, stopped: int) -> None:
+        lines = [f"job failed: {root.text}"]
+        if root.detail:
+            lines.append(f"  {root.detail_title}")
+            lines += [f"    {line}" for line in root.detail]
+        others = [f for f in self.failures if f is not root]
+        if others:
+            lines.append(f"  later failures (consequences): {len(others)}")
+            lines += [f"    {f.text}" for f in sorted(others, key=lambda f: f.time)[:5]]
+        if stopped:
+            lines.append(f"  stopped {stopped} other rank(s)")
+        self._say("\n".join(lines))
+
+    def _say(self, text: str) -> None:
+        with self.out_lock:
+            self.out.flush()
+            for line in text.splitlines():
+                self.err.write(f"dslaunch: {line}\n")
+            self.err.flush()
+
+    # ---- signals -------------------------------------------------------------------------------
+    def _install_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def handler(signum, frame):
+            self.interrupts += 1
+            self.interrupt_name = self.interrupt_name or signal.Signals(signum).name
+
+        for s in old:
+            signal.signal(s, handler)
+        return lambda: [signal.signal(s, h) for s, h in old.items()]
+
+    def _check_interrupts(self, agents) -> None:
+        if self.interrupts == 1 and self.stop_sent is None:
+            self._say(f"{self.interrupt_name}: stopping all ranks (again to kill them now)")
+            self._stop(agents, events.CMD_STOP)
+        elif self.interrupts >= 2 and self.stop_sent != events.CMD_KILL:
+            self._stop(agents, events.CMD_KILL)
+            self.stop_deadline = time.monotonic() + 2.0
+
+    # ---- streams -------------------------------------------------------------------------------
+    def _read_stdout(self, a: AgentProcess) -> None:
+        for raw in a.proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            ev = events.parse_event(line)
+            if ev is not None:
+                self.q.put(("event", a, ev))
+            else:
+                self._show(line if line.endswith("\n") else line + "\n")
+        self.q.put(("eof", a, None))
+
+    def _read_stderr(self, a: AgentProcess) -> None:
+        for raw in a.proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            a.stderr_tail.append(line)
+            with self.out_lock:
+                self.err.write(f"[agent {a.label}] {line}\n")
+                self.err.flush()
+
+    def _show(self, line: str) -> None:
+        with self.out_lock:
+            self.out.write(line)
+            self.out.flush()
+            if self.logs:
+                end = line.find("] ")
+                rank = self.prefixes.get(line[:end + 2]) if end > 0 else None
+                f = self.logs.get(rank)
+                if f is not None:
+                    f.write(line[end + 2:])
+                    f.flush()
+
+    def _open_logs(self, attempt: int) -> None:
+        if not self.plan.log_dir:
+            return
+        os.makedirs(self.plan.log_dir, exist_ok=True)
+        for n in self.plan.nodes:
+            for r in n["ranks"]:
+                if r not in self.logs:
+                    self.logs[r] = open(os.path.join(self.plan.log_dir, f"rank_{r}.log"), "w")
+                if attempt:
+                    self.logs[r].write(f"--- dslaunch: restart {attempt} ---\n")

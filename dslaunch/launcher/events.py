@@ -1,0 +1,60 @@
+"""The agent <-> launcher protocol: text lines over the agent's stdout and stdin.
+
+Agent stdout carries rank output lines (already prefixed for display) and event lines
+``@@dslaunch-event {json}``. Agent stdin carries commands, one per line:
+
+- ``stop failure``   a rank failed somewhere: dump every rank's Python stacks (SIGUSR1), then
+                     SIGTERM, grace period, SIGKILL;
+- ``stop``           stop without the dump (Ctrl-C, SIGTERM to the launcher);
+- ``kill``           SIGKILL every rank now (second Ctrl-C);
+- EOF                the launcher or the connection is gone: same as ``stop``.
+
+Plain text on purpose: it crosses ssh, pdsh and srun unchanged, and a human can read it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+EVENT_PREFIX = "@@dslaunch-event "
+EVENT_PREFIX_B = EVENT_PREFIX.encode()
+
+# Event names (the "event" field).
+STARTED = "started"  # node_rank, host, pids {rank: pid}, gpus (CUDA_VISIBLE_DEVICES or null)
+EXIT = "exit"  # rank, local_rank, node_rank, host, returncode, signal, time, stopped, error, output_tail
+HEARTBEAT = "heartbeat"  # node_rank, host, time
+DONE = "done"  # node_rank, host, returncodes {rank: rc}
+ERROR = "error"  # node_rank, host, message: the agent could not start its ranks
+
+# Commands (agent stdin).
+CMD_STOP = "stop"
+CMD_STOP_FAILURE = "stop failure"
+CMD_KILL = "kill"
+
+
+def format_event(event: str, **fields) -> bytes:
+    """One event line (bytes, newline-terminated); JSON keeps it on one line whatever the values."""
+    fields["event"] = event
+    return EVENT_PREFIX_B + json.dumps(fields, separators=(",", ":")).encode() + b"\n"
+
+
+def parse_event(line: str) -> dict | None:
+    """The event in ``line``, or None if it is not an event line (a malformed one is not an event)."""
+    if not line.startswith(EVENT_PREFIX):
+        return None
+    try:
+        data = json.loads(line[len(EVENT_PREFIX):])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and "event" in data else None
+
+
+def signal_name(returncode: int | None) -> str | None:
+    """'SIGKILL' for a Popen returncode of -9; None when the process exited normally."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"

@@ -1,0 +1,161 @@
+"""WorldPlan: everything a job needs, resolved once on the launching host.
+
+The plan is plain data (JSON). ``--dry-run --json`` prints it, and each agent receives it whole
+(base64 of the JSON, one argv word), so the program argv, the environment and the config travel as
+data and are never spliced into a shell string: hostile arguments arrive byte-identical.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+
+# How each rank's output lines are prefixed. The local runner uses the first; multi-host runners
+# set the second so users see which host a line came from.
+LOCAL_PREFIX = "[rank {rank}] "
+HOST_PREFIX = "[{host}:{rank}] "
+
+# Hosts that mean "this machine"; a plan made only of these runs with the local runner and
+# defaults MASTER_ADDR to 127.0.0.1 (as torchrun does) rather than a name that may resolve to ::1.
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass
+class WorldPlan:
+    world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    nodes: list  # [{"host", "node_rank", "slots": [...], "ranks": [...]}]
+    env: dict = field(default_factory=dict)  # name -> value, set on every rank
+    env_sources: dict = field(default_factory=dict)  # name -> where the value came from
+    commands: list = field(default_factory=list)  # the runner's per-node command lines (display)
+    # What the agent needs to start ranks.
+    program: list = field(default_factory=list)  # ["-m", module, *args] or [script, *args]
+    cwd: str = ""
+    python: str = sys.executable
+    config: str | None = None  # the resolved config JSON (DSLAUNCH_CONFIG), or None
+    config_path: str | None = None
+    log_dir: str | None = None
+    omp_threads: int | None = None  # None: cores // local ranks unless OMP_NUM_THREADS is set
+    grace_period: float = 5.0
+    heartbeat_interval: float = 1.0
+    line_prefix: str = LOCAL_PREFIX
+    max_restarts: int = 0
+
+    # ---- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WorldPlan":
+        names = {f.name for f in dataclasses.fields(cls)}
+        # Unknown keys are ignored so a newer launcher can talk to an older agent.
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorldPlan":
+        return cls.from_dict(json.loads(text))
+
+    def encode(self) -> str:
+        """base64 of the JSON (without display-only fields): safe as one argv word, even over ssh."""
+        data = self.to_dict()
+        data.pop("commands", None)
+        data.pop("env_sources", None)
+        raw = json.dumps(data, separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode("ascii")
+
+    @classmethod
+    def decode(cls, text: str) -> "WorldPlan":
+        return cls.from_json(base64.urlsafe_b64decode(text.encode("ascii")).decode())
+
+    # ---- queries -------------------------------------------------------------------------------
+    def node(self, node_rank: int) -> dict:
+        return self.nodes[node_rank]
+
+    def prefix(self, rank: int, host: str) -> str:
+        return self.line_prefix.format(rank=rank, host=host)
+
+    def prefixes(self) -> dict:
+        """Display prefix -> global rank, for every rank (the controller routes lines to log files)."""
+        return {self.prefix(r, n["host"]): r for n in self.nodes for r in n["ranks"]}
+
+    def host_of(self, rank: int) -> str:
+        for n in self.nodes:
+            if rank in n["ranks"]:
+                return n["host"]
+        raise KeyError(rank)
+
+    def rank_command(self) -> str:
+        """What each rank runs (display only; the agent builds the real argv)."""
+        argv = [self.python, "-u", "-m", "dslaunch.launcher.bootstrap", *self.program]
+        return shlex.join(argv)
+
+
+def build_plan(
+    selection: dict,
+    *,
+    program: list,
+    launcher: str = "local",
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    env: dict | None = None,
+    env_sources: dict | None = None,
+    cwd: str | None = None,
+    python: str | None = None,
+    config: str | None = None,
+    config_path: str | None = None,
+    log_dir: str | None = None,
+    omp_threads: int | None = None,
+    grace_period: float = 5.0,
+    line_prefix: str | None = None,
+    max_restarts: int = 0,
+) -> WorldPlan:
+    """Number ranks host by host in plan order; ``selection`` is host -> slot ids (ordered)."""
+    nodes, next_rank = [], 0
+    for node_rank, (host, slots) in enumerate(selection.items()):
+        ranks = list(range(next_rank, next_rank + len(slots)))
+        next_rank += len(slots)
+        nodes.append({"host": host, "node_rank": node_rank, "slots": list(slots), "ranks": ranks})
+    all_local = all(n["host"] in LOCAL_HOSTS for n in nodes)
+    if master_addr is None:
+        master_addr = "127.0.0.1" if all_local else nodes[0]["host"]
+    if master_port is None:
+        master_port = free_port()
+    if line_prefix is None:
+        line_prefix = LOCAL_PREFIX if len(nodes) == 1 and all_local else HOST_PREFIX
+    return WorldPlan(
+        world_size=next_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        launcher=launcher,
+        nodes=nodes,
+        env=dict(env or {}),
+        env_sources=dict(env_sources or {}),
+        program=list(program),
+        cwd=cwd or os.getcwd(),
+        python=python or sys.executable,
+        config=config,
+        config_path=config_path,
+        log_dir=log_dir,
+        omp_threads=omp_threads,
+        grace_period=grace_period,
+        line_prefix=line_prefix,
+        max_restarts=max_restarts,
+    )
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (the kernel picks it; torchrun does the same)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
