@@ -10,7 +10,9 @@ Rules, in order (the batch triad's autos are left to ``batch.py``):
 3. optimizer.params.lr, scheduler total_num_steps and other required values with no default:
    rejected, naming the key and what to put there (guessing a learning rate or a training
    length would silently change the run).
-4. scheduler warmup_max_lr: the optimizer's lr when that is a number, else rejected.
+4. scheduler warmup_max_lr: the optimizer's lr when that is a number, else rejected;
+   warmup_num_steps: 0, the Hugging Face Trainer's default (no warmup), because DeepSpeed's default
+   of 1000 can exceed a short run's total_num_steps.
 5. Any other key with a documented default: that default (optimizer betas/eps/weight_decay take
    torch's Adam defaults). A key of a free-form section with no known meaning: rejected.
 """
@@ -66,6 +68,8 @@ def _auto_value(path: str, values: dict, model_num_params: Optional[int]):
             return float(lr)
         raise _Reject("the peak learning rate (a number; it is taken from optimizer.params.lr "
                       "when that is a number)")
+    if path == "scheduler.params.warmup_num_steps":
+        return 0
     name = path.rsplit(".", 1)[-1]
     if path.startswith("optimizer.params.") and name in OPTIMIZER_DEFAULTS:
         return OPTIMIZER_DEFAULTS[name]
