@@ -310,11 +310,17 @@ def test_dict_and_json_string_sources():
     assert resolve_config(json.dumps(raw), world_size=2).values == cfg.values
 
 
-def test_to_json_round_trips_through_resolve():
-    cfg = resolve_config(HF_STYLE, world_size=4)
+@pytest.mark.parametrize("raw", [HF_STYLE, BASE], ids=["hf", "minimal"])
+def test_to_json_round_trips_through_resolve(raw):
+    cfg = resolve_config(raw, world_size=4)
     again = resolve_config(cfg.to_json(), world_size=4)
     assert isinstance(again, ResolvedConfig) and again.values == cfg.values
     assert cfg.get("no.such.key", "x") == "x" and cfg["steps_per_print"] == 10
+
+
+def test_null_sections_mean_absent():
+    cfg = resolve_config({**BASE, "optimizer": None, "zero_optimization": {"offload_param": None}}, world_size=1)
+    assert cfg.get("optimizer") is None and cfg.get("zero_optimization.offload_param.device") == "none"
 
 
 def test_defaults_are_deepspeeds_and_marked_default():

@@ -82,7 +82,12 @@ NOT_SUPPORTED_YET = [
     Feature("eigenvalue.enabled", "eigenvalue computation", "", _enabled("eigenvalue")),
     Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine", "", _enabled("hybrid_engine")),
     Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),
-    Feature("compile.enabled", "compiled (deepcompile) mode", "", _enabled("compile")),
+    Feature("compile.deepcompile", "DeepCompile", "", lambda get: bool(get("compile.deepcompile"))),
+    Feature("expert_parallel.enabled", "expert parallelism (AutoEP)", "", _enabled("expert_parallel")),
+    Feature("gradient_allreduce_op", "summed (not averaged) gradients", "",
+            lambda get: get("gradient_allreduce_op") == "sum"),
+    Feature("managed_gradient_accumulation", "client-managed accumulation boundaries", "",
+            lambda get: get("managed_gradient_accumulation") is False),
     Feature("autotuning.enabled", "autotuning", "", _enabled("autotuning")),
 ]
 

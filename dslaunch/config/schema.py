@@ -96,7 +96,7 @@ def _enabled_open(**extra):
 OFFLOAD_PARAM = Section({
     "device": S("none", OFFLOAD_DEVICES),
     "nvme_path": S(None),
-    "pin_memory": B(),
+    "pin_memory": B(True),  # DeepSpeed's current default (it was false before)
     "buffer_count": I(5, 0),
     "buffer_size": I(int(1e8), 0),
     "max_in_cpu": I(int(1e9), 0),
@@ -105,7 +105,7 @@ OFFLOAD_PARAM = Section({
 OFFLOAD_OPTIMIZER = Section({
     "device": S("none", OFFLOAD_DEVICES),
     "nvme_path": S(None),
-    "pin_memory": B(),
+    "pin_memory": B(True),  # DeepSpeed's current default (it was false before)
     "buffer_count": I(4, 0),
     "pipeline_read": B(),
     "pipeline_write": B(),
@@ -153,6 +153,13 @@ ZERO = Section({
     "override_module_apply": B(True),
     "log_trace_cache_warnings": B(),
     "enable_sanity_checks": B(),
+    "compute_grad_norm": B(True),
+    "parameter_alignment": B(),
+    "save_muon_momentum_buffer_in_memory": B(),
+    "stage3_allgather_sequential": B(),
+    "stage3_partition_stream_chunk_size": I(0, 0),
+    "zenflow": Leaf("any", None),
+    "leaf_module": Leaf("any", None),
 }, aliases={"stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save"})
 
 # Optimizer params: a free dict (any torch.optim keyword passes through); these known ones are typed.
@@ -258,7 +265,8 @@ FP16 = Section({
     "fp16_master_weights_and_grads": B(),
 })
 
-BF16 = Section({"enabled": B(), "immediate_grad_update": B(), "check_grad_overflow": B()})
+BF16 = Section({"enabled": B(), "immediate_grad_update": B(), "check_grad_overflow": B(),
+                "bf16_master_weights_and_grads": B(), "bf16_optimizer_states": B()})
 
 ACTIVATION_CHECKPOINTING = Section({
     "partition_activations": B(),
@@ -295,14 +303,19 @@ PIPELINE = Section({
 }, aliases={"partition": "partition_method"})
 
 TENSOR_PARALLEL = Section({
-    "autotp_size": I(1, 1),
+    "autotp_size": I(0, 0),  # DeepSpeed: 0 (or 1) means no tensor parallelism
     "tp_grain_size": I(1, 1),
+    "preset_model": S(None),
+    "tp_overlap_comm": B(),
+    "vocab_parallel_lm_head": B(),
+    "partition_config": Leaf("any", None),
 }, open=True, aliases={"tp_size": "autotp_size"})
 
 TOP = Section({
     "train_batch_size": I(None, 1),
     "train_micro_batch_size_per_gpu": I(None, 1),
     "gradient_accumulation_steps": I(None, 1),
+    "managed_gradient_accumulation": B(True),
     "optimizer": OPTIMIZER,
     "scheduler": SCHEDULER,
     "fp16": FP16,
@@ -311,6 +324,7 @@ TOP = Section({
     "torch_autocast": _enabled_open(),
     "gradient_clipping": F(0.0, 0.0),
     "prescale_gradients": B(),
+    "gradient_allreduce_op": S("mean", ("mean", "sum")),
     "gradient_predivide_factor": F(1.0, 0.0),
     "sparse_gradients": B(),
     "zero_optimization": ZERO,
@@ -321,6 +335,7 @@ TOP = Section({
     "dump_state": B(),
     "memory_breakdown": B(),
     "disable_allgather": B(),
+    "disable_python_gc": B(),
     "communication_data_type": S(None, DTYPES + (None,)),
     "seq_parallel_communication_data_type": S("fp32", DTYPES),
     "gradient_accumulation_dtype": S(None, DTYPES + (None,)),
@@ -349,7 +364,8 @@ TOP = Section({
     "autotuning": _enabled_open(),
     "hybrid_engine": _enabled_open(),
     "nebula": _enabled_open(),
-    "compile": _enabled_open(),
+    "compile": Section({"deepcompile": B()}, open=True),
+    "expert_parallel": _enabled_open(),
     "dslaunch": Section({}, open=True),  # reserved for dslaunch's own settings
 }, aliases={"bfloat16": "bf16"})
 

@@ -78,7 +78,7 @@ def _walk(spec: Section, raw: dict, prefix: str, ck: Checked) -> dict:
     for name, sub in spec.fields.items():
         path = prefix + name
         if isinstance(sub, Section):
-            if name not in given:  # absent: all defaults (optional sections stay None)
+            if given.get(name) is None:  # absent or null: all defaults (optional sections stay None)
                 values[name] = None if sub.optional else _walk(sub, {}, path + ".", ck)
                 if sub.optional:
                     ck.sources[path] = "default"
