@@ -396,3 +396,19 @@ def test_config_package_does_not_import_torch():
             "from dslaunch.config import resolve_config; resolve_config({'train_batch_size': 2}, world_size=2); "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("[1, 2]", "<config JSON string>: the config must be a mapping of keys at the top level, got list"),
+    ({**BASE, "scheduler": "WarmupLR"}, 'scheduler: expected a section (a mapping of keys), got "WarmupLR"'),
+    ({**BASE, "optimizer": {"params": {"lr": 1}}}, "optimizer.type: missing; put a string here"),
+    ({**BASE, "optimizer": {"type": "auto"}}, 'optimizer.type: "auto" cannot be resolved here; put an optimizer name'),
+    ({**BASE, "fp16": {3: 1}}, "fp16.3: keys must be strings"),
+    ({"train_batch_size": [8]}, "train_batch_size: [8] is not allowed; expected an integer >= 1"),
+    ({**BASE, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1, "cycle_max_lr": 0.1}}},
+     "scheduler.params.cycle_min_lr: 1.0 is above cycle_max_lr=0.1"),
+    ({**BASE, "zero_optimization": {"offload_param": {"device": "cpu"}}},
+     "zero_optimization.offload_param.device: parameter offload needs zero_optimization.stage 3 (stage is 0)"),
+])
+def test_odd_input_gives_one_clear_problem_first(raw, expected):
+    assert problems(raw)[0].startswith(expected)

@@ -27,6 +27,9 @@ from .batch import TRIAD
 OPTIMIZER_DEFAULTS = {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0}
 BUCKETS = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size")
 WHAT_TO_PUT = {
+    "optimizer.type": "an optimizer name, e.g. AdamW (or remove the optimizer section and pass "
+                      "your own optimizer to dslaunch.initialize)",
+    "scheduler.type": "a scheduler name: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest",
     "optimizer.params.lr": "the learning rate, e.g. 1e-3 (the Hugging Face Trainer fills it from "
                            "--learning_rate)",
     "scheduler.params.total_num_steps": "the number of optimizer steps of the run (the Hugging Face "

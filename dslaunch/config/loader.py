@@ -30,7 +30,7 @@ def load_config_with_origin(source: Any) -> Tuple[dict, Optional[str]]:
         return copy.deepcopy(source), None
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
-        if isinstance(source, str) and text.lstrip().startswith("{"):
+        if isinstance(source, str) and text.lstrip()[:1] in ("{", "["):
             return _parse_json(text, "<config JSON string>"), None
         return _load_file(Path(text)), text
     raise ConfigError([f"config: expected a file path, a dict or a JSON string, got {type(source).__name__}"])

@@ -77,7 +77,8 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
     values, sources, problems = checked.values, checked.sources, checked.problems
     resolve_autos(values, sources, checked.autos, problems, model_num_params)
     notes: list = []
-    resolve_batch(values, sources, problems, notes, dp, world_size)
+    if not any(p.split(":", 1)[0] in TRIAD for p in problems):  # a bad triad value is reported once
+        resolve_batch(values, sources, problems, notes, dp, world_size)
     for key in TRIAD:  # whatever the triad could not settle depends on the world size
         if values[key] == "auto":
             values[key] = None

@@ -85,7 +85,8 @@ BIG = int(5e8)
 
 
 def _monitor(job="DeepSpeedJobName"):
-    return Section({"enabled": B(), "output_path": S(""), "job_name": S(job)})
+    # output_path null (DeepSpeed's default): under the directory the job was launched from.
+    return Section({"enabled": B(), "output_path": S(None), "job_name": S(job)})
 
 
 def _enabled_open(**extra):
@@ -191,7 +192,7 @@ OPTIMIZER_PARAMS = Section({
 }, open=True, fill=False)
 
 OPTIMIZER = Section({
-    "type": S(None, required=True),  # checked loosely by validate.check_optimizer_type
+    "type": S(None, required=True),  # checked loosely by validate._check_optimizer
     "params": OPTIMIZER_PARAMS,
     "legacy_fusion": B(),
 }, optional=True)

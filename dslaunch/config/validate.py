@@ -181,6 +181,8 @@ def _in_range(spec: Leaf, number) -> bool:
 
 def unknown_key_message(prefix: str, key: str, spec: Section) -> str:
     candidates = list(spec.fields) + list(spec.aliases)
+    if not isinstance(key, str):
+        return f"{prefix}{key!r}: keys must be strings"
     near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     if near:
         return f"{prefix}{key}: unknown key; did you mean {near[0]}?"
