@@ -75,7 +75,8 @@ class Agent:
         self.out_broken = False
         self.queue: queue.Queue = queue.Queue()
         self.ranks: list[Rank] = []
-        self.stopping = threading.Event()  # set once a stop has begun: later exits are ours
+        self.stopping = threading.Event()  # set once a stop has begun
+        self.stop_time: float | None = None  # failures recorded after this are our stop's doing
         self.escalate = threading.Event()  # kill now, skip the grace period
         self.all_exited = threading.Event()
         self.stop_lock = threading.Lock()
@@ -167,14 +168,15 @@ class Agent:
 
     def _wait_rank(self, r: Rank) -> None:
         rc = r.proc.wait()
-        failed_at = time.time()
-        stopped = self.stopping.is_set()
+        exited_at = time.time()
         r.reader.join(READER_JOIN)  # its last lines go out before its exit event
-        self.queue.put(("exit", (r, rc, failed_at, stopped)))
+        self.queue.put(("exit", (r, rc, exited_at)))
 
     # ---- stopping ------------------------------------------------------------------------------
     def stop(self, dump: bool, kill: bool = False) -> None:
         with self.stop_lock:
+            if self.stop_time is None:
+                self.stop_time = time.time()
             self.stopping.set()
             if kill:
                 self.escalate.set()
@@ -221,7 +223,7 @@ class Agent:
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signal.Signals(signum).name
 
-    def _exit_event(self, r: Rank, rc: int, failed_at: float, stopped: bool) -> None:
+    def _exit_event(self, r: Rank, rc: int, failed_at: float) -> None:
         error = None
         try:
             with open(r.error_file) as f:
@@ -233,6 +235,9 @@ class Agent:
             lines = error.get("traceback", "").rstrip("\n").splitlines()
             error["traceback_tail"] = lines[-TAIL_LINES:]
             error.pop("traceback", None)  # the full text is in the rank's own output already
+        # A rank whose error was recorded before any stop began failed by itself (a root-cause
+        # candidate), even if it only exited after our stop reached it.
+        stopped = self.stop_time is not None and failed_at >= self.stop_time
         self.event(events.EXIT, rank=r.rank, local_rank=r.local_rank, returncode=rc,
                    signal=events.signal_name(rc), time=failed_at, stopped=stopped,
                    error=error, output_tail=list(r.tail))
@@ -259,9 +264,9 @@ class Agent:
             except queue.Empty:
                 continue
             if kind == "exit":
-                r, rc, failed_at, stopped = item
+                r, rc, exited_at = item
                 returncodes[str(r.rank)] = rc
-                self._exit_event(r, rc, failed_at, stopped)
+                self._exit_event(r, rc, exited_at)
                 if rc != 0 and not self.stopping.is_set():
                     self.stop(dump=True)  # fail fast on this node
             elif item == events.CMD_KILL:

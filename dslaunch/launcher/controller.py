@@ -185,8 +185,9 @@ class JobController:
             headline = f"rank {rank} (host {host}) {how}: {err.get('exc_type')}: {err.get('message')}"
             return Failure(ev.get("time", time.time()), "rank", headline,
                            err.get("traceback_tail") or [], "traceback (last lines):")
+        tail = ev.get("output_tail") or []
         return Failure(ev.get("time", time.time()), "rank", f"rank {rank} (host {host}) {how}",
-                       ev.get("output_tail") or [], "last output lines:")
+                       tail, "last output lines:" if tail else "(it printed nothing)")
 
     def _fail(self, failure: Failure, agents=None) -> None:
         self.failures.append(failure)
@@ -208,7 +209,7 @@ class JobController:
 
     def _report(self, root: Failure, stopped: int) -> None:
         lines = [f"job failed: {root.text}"]
-        if root.detail:
+        if root.detail or root.detail_title:
             lines.append(f"  {root.detail_title}")
             lines += [f"    {line}" for line in root.detail]
         others = [f for f in self.failures if f is not root]
