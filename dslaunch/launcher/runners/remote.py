@@ -1,0 +1,42 @@
+"""What every multi-host runner shares: the remote agent command line and the ssh client argv.
+
+The remote command is ONE shell word list built with shlex.quote: only our own words (interpreter
+path, module name, base64 plan, node rank) ever reach the remote shell. The user's program
+arguments and environment are inside the base64 plan, so no value of theirs is parsed by a shell.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from dslaunch.launcher.runners.base import RunnerError
+
+# ssh client options every connection gets: never prompt (a password prompt would hang the job),
+# no tty (stdin is our command channel), no X11/agent forwarding.
+SSH_BASE = ["-T", "-x", "-a", "-o", "BatchMode=yes"]
+
+
+def user_words(text: str | None, what: str) -> list:
+    """Split a user's ``--ssh-args``/``--launcher-args`` into argv words (no shell involved)."""
+    if not text:
+        return []
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise RunnerError(f"{what}: {exc}") from None
+
+
+def ssh_argv(host: str, options: dict, connect_timeout: float | None = None) -> list:
+    """``ssh [opts] HOST`` (the remote command is appended by the caller after ``--``)."""
+    argv = ["ssh", *SSH_BASE]
+    if connect_timeout:
+        argv += ["-o", f"ConnectTimeout={int(max(1, connect_timeout))}"]
+    if options.get("ssh_port"):
+        argv += ["-p", str(options["ssh_port"])]
+    argv += user_words(options.get("ssh_args"), "--ssh-args")
+    return argv + [host]
+
+
+def agent_words(argv: list) -> str:
+    """The agent argv as a remote shell command (each word quoted; ``exec``: no extra shell)."""
+    return "exec " + shlex.join(argv)
