@@ -252,3 +252,11 @@ def test_agent_stops_ranks_when_its_stdin_closes(tmp_path):
     assert agent.wait(timeout=30) != 0
     assert '"event":"done"' in rest
     assert_no_leftovers(marker)
+
+
+def test_local_launcher_refuses_remote_hosts(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\nnode7 slots=2\n")
+    r = dslaunch("run", "-H", hostfile, "--dry-run", SCRIPTS / "launch_env.py", tmp_path)
+    assert r.returncode != 0
+    assert "the local launcher runs only on this host" in r.stderr and "node7" in r.stderr

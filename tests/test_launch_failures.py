@@ -125,3 +125,12 @@ def test_root_cause_is_earliest_failure_not_first_reported(tmp_path):
     assert "job failed: rank 1 (host localhost)" in r.stderr, r.stderr
     assert "RuntimeError: the real root cause" in r.stderr
     assert "rank 0 (host localhost) exited with code 5" in r.stderr  # listed as a consequence
+
+
+def test_missing_module_is_reported_as_the_ranks_failure(tmp_path):
+    marker, env = marker_env()
+    r = dslaunch("run", "--nproc-per-node", 2, "-m", "no_such_module_xyz", cwd=tmp_path, env=env)
+    assert r.returncode != 0
+    assert "job failed: rank" in r.stderr
+    assert "No module named no_such_module_xyz" in r.stderr
+    assert_no_leftovers(marker)
