@@ -1,0 +1,118 @@
+"""MPI runners (``openmpi``, ``mpich``): mpirun / mpiexec is only the fan-out.
+
+Choice: mpirun starts ONE process per node (``--map-by ppr:1:node`` / ``-ppn 1``): the nodeshim,
+which finds its node rank in OMPI_COMM_WORLD_RANK / PMI_RANK and execs the ordinary agent, which
+spawns that node's ranks. So fail-fast, heartbeats, logs, the traceback report and the
+no-orphan guarantees are the same code as with ssh, and ranks get the torchrun variables (RANK,
+LOCAL_RANK, ...) rather than having to read MPI's. The MPI runtime's per-process rank variables
+are removed before the agent starts (they would describe the agent, not the rank).
+
+Control channel: Open MPI forwards the launcher's stdin to every agent (``--stdin all``). MPICH's
+hydra forwards stdin to its rank 0 only, so a stop is also sent as SIGINT to mpiexec, which hydra
+passes to every process (the agent stops its ranks on SIGINT).
+
+Options: ``--launcher-args`` go to mpirun/mpiexec (e.g. ``--mca btl_tcp_if_include eth0`` or
+``-iface eth0``); MCA settings can also come from ``OMPI_MCA_*`` variables and hydra's from
+``HYDRA_*`` ones in the launcher's environment. ``--ssh-port/--ssh-args`` reach the runtime's ssh
+launcher (Open MPI: ``plm_rsh_args``; hydra: HYDRA_LAUNCHER_EXTRA_ARGS).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+from dslaunch.launcher.runners import remote
+from dslaunch.launcher.runners.base import Runner, RunnerError
+
+
+class MPIRunner(Runner):
+    name = "mpi"
+    binaries: tuple = ()
+    rank_from = ""
+
+    def binary(self) -> str:
+        for b in self.binaries:
+            path = shutil.which(b)
+            if path:
+                return path
+        raise RunnerError(f"--launcher {self.name}: none of {', '.join(self.binaries)} is installed")
+
+    def validate(self) -> None:
+        self.binary()
+        remote.user_words(self.options.get("launcher_args"), "--launcher-args")
+        remote.user_words(self.options.get("ssh_args"), "--ssh-args")
+
+    def shim_argv(self, restart_count: int) -> list:
+        argv = [self.plan.python, "-m", "dslaunch.launcher.runners.nodeshim", "--plan",
+                self.plan.encode(), "--rank-from", self.rank_from]
+        if restart_count:
+            argv += ["--restart-count", str(restart_count)]
+        return argv
+
+    def ssh_words(self) -> list:
+        words = []
+        if self.options.get("ssh_port"):
+            words += ["-p", str(self.options["ssh_port"])]
+        return words + remote.user_words(self.options.get("ssh_args"), "--ssh-args")
+
+    def fanout_argv(self, hosts: list) -> list:
+        raise NotImplementedError
+
+    def fanout_env(self) -> dict:
+        return dict(os.environ)
+
+    def agent_specs(self, restart_count: int = 0) -> list:
+        hosts = [n["host"] for n in self.plan.nodes]
+        argv = (self.fanout_argv(hosts)
+                + remote.user_words(self.options.get("launcher_args"), "--launcher-args")
+                + self.shim_argv(restart_count))
+        return [{"argv": argv, "node_ranks": [n["node_rank"] for n in self.plan.nodes],
+                 "label": self.name, "popen_kwargs": {"env": self.fanout_env()}}]
+
+    def preflight(self) -> None:
+        from dslaunch.launcher.preflight import run_preflight
+
+        run_preflight(self.plan, self.options)
+
+
+class OpenMPIRunner(MPIRunner):
+    name = "openmpi"
+    binaries = ("mpirun.openmpi", "mpirun")
+    rank_from = "openmpi"
+
+    def fanout_argv(self, hosts: list) -> list:
+        argv = [self.binary()]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        argv += ["-np", str(len(hosts)), "--host", ",".join(f"{h}:1" for h in hosts),
+                 "--map-by", "ppr:1:node", "--bind-to", "none",  # the agent's ranks use every core
+                 "--stdin", "all"]
+        words = self.ssh_words()
+        if words:
+            argv += ["--mca", "plm_rsh_args", " ".join(words)]
+        return argv
+
+
+class MPICHRunner(MPIRunner):
+    name = "mpich"
+    binaries = ("mpiexec.mpich", "mpiexec.hydra")
+    rank_from = "mpich"
+
+    def fanout_argv(self, hosts: list) -> list:
+        return [self.binary(), "-n", str(len(hosts)), "-ppn", "1", "-hosts", ",".join(hosts)]
+
+    def fanout_env(self) -> dict:
+        env = dict(os.environ)
+        words = self.ssh_words()
+        if words:
+            env["HYDRA_LAUNCHER_EXTRA_ARGS"] = " ".join(words)
+        return env
+
+    def send(self, agent, command: str) -> None:
+        super().send(agent, command)  # reaches node 0's agent (with the stack dump on failure)
+        try:
+            os.kill(agent.proc.pid, signal.SIGINT)  # hydra passes it to every agent
+        except ProcessLookupError:
+            pass

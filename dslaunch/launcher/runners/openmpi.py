@@ -1,0 +1,5 @@
+"""``--launcher openmpi``: see ``runners/mpi.py``."""
+
+from dslaunch.launcher.runners.mpi import OpenMPIRunner
+
+RUNNER = OpenMPIRunner
