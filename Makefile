@@ -31,7 +31,7 @@ test-fast:
 	$(BIN)/python -m pytest -q -m "not slow and not multihost" tests
 
 lint:
-	$(BIN)/python -m compileall -q dslaunch tests benchmarks examples
+	$(BIN)/python -m compileall -q -x '/\.peer-venv/' dslaunch tests benchmarks examples
 
 bench:
 	$(BIN)/python benchmarks/bench_train.py
