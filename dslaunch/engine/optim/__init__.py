@@ -1,0 +1,73 @@
+"""Optimizers by config name, DeepSpeed's way.
+
+- ``Adam`` (also ``FusedAdam``, ``CPUAdam``): DeepSpeed's ``adam_w_mode`` defaults to true, so the
+  config type "Adam" means decoupled weight decay (AdamW) unless ``adam_w_mode: false`` (then L2
+  weight decay added to the gradient, torch's Adam). ``AdamW`` is always decoupled.
+- ``SGD``, ``Adagrad``: torch's. ``Lamb``, ``Lion``: small reference implementations here.
+- Any other name: the ``torch.optim`` class of that name (case-insensitive), params passed as is.
+torch's fused kernels are used where torch has them for the device (Adam/AdamW ``fused=True`` is
+about 5x the foreach path on CPU here); otherwise torch's default (foreach).
+A user-passed optimizer is used as is (``dslaunch.initialize(optimizer=...)``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .lamb import Lamb
+from .lion import Lion
+
+# DeepSpeed-only knobs that are not torch keyword arguments
+_DS_ONLY = ("adam_w_mode", "torch_adam", "bias_correction", "legacy_fusion", "max_grad_norm")
+
+
+def _clean(params: dict) -> dict:
+    return {k: (tuple(v) if k == "betas" else v) for k, v in params.items() if v is not None}
+
+
+def _first_device(model_parameters):
+    for item in model_parameters:
+        if isinstance(item, dict):
+            for p in item["params"]:
+                return p.device
+        else:
+            return item.device
+    return torch.device("cpu")
+
+
+def build_optimizer(model_parameters, optimizer_cfg: dict) -> torch.optim.Optimizer:
+    """``optimizer_cfg``: the config's ``optimizer`` section ({"type": ..., "params": {...}})."""
+    model_parameters = list(model_parameters)
+    name = str(optimizer_cfg["type"])
+    kind = name.lower()
+    params = _clean(dict(optimizer_cfg.get("params") or {}))
+    device = _first_device(model_parameters)
+
+    if kind in ("adam", "adamw", "fusedadam", "cpuadam"):
+        adam_w_mode = True if kind == "adamw" else bool(params.get("adam_w_mode", True))
+        if params.get("bias_correction", True) is False:
+            raise ValueError(f"optimizer.params.bias_correction: false is not supported for {name}")
+        kw = {k: v for k, v in params.items() if k not in _DS_ONLY}
+        cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+        if device.type in ("cpu", "cuda") and "fused" not in kw and "foreach" not in kw:
+            kw["fused"] = True
+        return cls(model_parameters, **kw)
+    if kind == "lamb":
+        kw = {k: v for k, v in params.items() if k not in ("legacy_fusion",)}
+        return Lamb(model_parameters, **kw)
+    if kind == "lion":
+        return Lion(model_parameters, **{k: v for k, v in params.items() if k in
+                                         ("lr", "betas", "weight_decay")})
+    if kind == "sgd":
+        return torch.optim.SGD(model_parameters, **{k: v for k, v in params.items()
+                                                    if k not in _DS_ONLY})
+    for attr in dir(torch.optim):
+        cls = getattr(torch.optim, attr)
+        if (attr.lower() == kind and isinstance(cls, type)
+                and issubclass(cls, torch.optim.Optimizer)):
+            return cls(model_parameters, **{k: v for k, v in params.items() if k not in _DS_ONLY})
+    raise ValueError(f"optimizer.type: unknown optimizer {name!r} (DeepSpeed's names: Adam, AdamW, "
+                     "SGD, Lamb, Adagrad, Lion; or any torch.optim class)")
+
+
+__all__ = ["build_optimizer", "Lamb", "Lion"]

@@ -1,0 +1,280 @@
+"""Checkpoint save and load, crash-safe.
+
+Layout of ``<dir>/<tag>/`` (default tag ``global_step{N}``):
+- ``model_states.pt`` (rank 0): module weights, step counters, lr scheduler, loss scaler,
+  client_state.
+- ``rank_{r}_optim_states.pt`` (every rank): that rank's strategy state (optimizer, fp32 masters,
+  a ZeRO shard) and its RNG states (torch, CUDA, python ``random``, numpy when imported).
+- ``metadata.json`` (rank 0): world size, ZeRO stage, dtype, dslaunch version, file list.
+``<dir>/latest`` holds the newest tag.
+
+Crash safety: every rank writes into ``<dir>/.<tag>.tmp/`` (each file written under a temporary
+name and renamed); after a barrier rank 0 renames the directory to ``<dir>/<tag>`` and only then
+rewrites ``latest`` (temporary file + ``os.replace``). A process that dies before the rename
+leaves the previous checkpoint and ``latest`` untouched; a stale ``.tmp`` directory is removed
+by the next save. (Assumes ``<dir>`` is one shared filesystem for all ranks, as DeepSpeed does.)
+
+Files are read with ``torch.load(weights_only=True)``; anything unreadable is an error that names
+the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+
+import torch
+
+TMP_SUFFIX = ".tmp"
+CRASH_ENV = "DSLAUNCH_TEST_CRASH_IN_SAVE"  # tests: "after_files" exits mid-save (see _crash_point)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, unreadable or does not fit the model."""
+
+
+def _version() -> str:
+    try:
+        import dslaunch
+
+        return dslaunch.__version__
+    except Exception:  # pragma: no cover
+        return "unknown"
+
+
+def _atomic_torch_save(obj, path: str) -> None:
+    tmp = path + ".part"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_text(path: str, text: str) -> None:
+    tmp = path + ".part"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _crash_point(name: str) -> None:
+    """Test hook: with DSLAUNCH_TEST_CRASH_IN_SAVE=<name> the process dies here (os._exit)."""
+    if os.environ.get(CRASH_ENV) == name:
+        os._exit(17)
+
+
+# -- RNG ---------------------------------------------------------------------------------------
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if "numpy" in sys.modules:
+        kind, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
+        state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")),
+                          "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        s = state["numpy"]
+        np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"],
+                             s["has_gauss"], s["cached"]))
+
+
+# -- save --------------------------------------------------------------------------------------
+
+def model_file(ckpt_dir: str) -> str:
+    return os.path.join(ckpt_dir, "model_states.pt")
+
+
+def rank_file(ckpt_dir: str, rank: int) -> str:
+    return os.path.join(ckpt_dir, f"rank_{rank}_optim_states.pt")
+
+
+def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
+    save_dir = os.fspath(save_dir)
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    if os.sep in tag or tag in ("", ".", "..") or tag.startswith("."):
+        raise CheckpointError(f"checkpoint tag {tag!r} is not a plain directory name")
+    comm, rank = engine.comm, engine.global_rank
+    final = os.path.join(save_dir, tag)
+    tmp = os.path.join(save_dir, "." + tag + TMP_SUFFIX)
+    if rank == 0:
+        os.makedirs(save_dir, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a crashed save's leftovers
+        os.makedirs(tmp)
+    comm.barrier()
+
+    strategy = engine.strategy
+    module_sd = strategy.module_state_dict()  # every rank calls it (stage 3 gathers)
+    if rank == 0:
+        sched = engine.lr_scheduler
+        _atomic_torch_save({
+            "module": module_sd,
+            "global_steps": engine.global_steps,
+            "global_samples": engine.global_samples,
+            "micro_steps": engine.micro_steps,
+            "skipped_steps": engine.skipped_steps,
+            "lr_scheduler": sched.state_dict() if sched is not None else None,
+            "loss_scaler": engine.precision.scaler.state_dict(),
+            "client_state": dict(client_state or {}),
+            "dslaunch_version": _version(),
+        }, model_file(tmp))
+    _atomic_torch_save({"strategy": strategy.state_dict(), "rng": rng_state(),
+                        "rank": rank, "world_size": engine.world_size}, rank_file(tmp, rank))
+    _crash_point("after_files")
+    comm.barrier()
+    if rank == 0:
+        meta = {"format": "dslaunch-checkpoint/1", "tag": tag, "world_size": engine.world_size,
+                "dp_world_size": engine.dp_world_size, "zero_stage": engine.zero_stage,
+                "dtype": engine.precision.name, "global_steps": engine.global_steps,
+                "dslaunch_version": _version(),
+                "files": ["model_states.pt"] + [os.path.basename(rank_file(tmp, r))
+                                                for r in range(engine.world_size)]}
+        _atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
+        _fsync_dir(tmp)
+        _crash_point("before_rename")
+        old = None
+        if os.path.exists(final):
+            old = os.path.join(save_dir, "." + tag + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(save_dir)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        if save_latest:
+            _crash_point("before_latest")
+            _atomic_text(os.path.join(save_dir, "latest"), tag)
+            _fsync_dir(save_dir)
+    comm.barrier()
+    return True
+
+
+# -- load --------------------------------------------------------------------------------------
+
+def _load(path: str):
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: checkpoint file not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, not a torch file, unsafe pickle...
+        raise CheckpointError(f"{path}: cannot read checkpoint file "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                              ) from None
+
+
+def resolve_tag(load_dir: str, tag=None) -> str:
+    if not os.path.isdir(load_dir):
+        raise CheckpointError(f"{load_dir}: checkpoint directory not found")
+    if tag is None:
+        latest = os.path.join(load_dir, "latest")
+        if not os.path.isfile(latest):
+            raise CheckpointError(f"{latest}: no 'latest' file; pass tag= to choose a checkpoint")
+        with open(latest) as f:
+            tag = f.read().strip()
+        if not tag:
+            raise CheckpointError(f"{latest}: empty 'latest' file")
+    path = os.path.join(load_dir, str(tag))
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: checkpoint tag {tag!r} not found")
+    return str(tag)
+
+
+def check_module(sd: dict, model: torch.nn.Module, path: str, strict: bool) -> None:
+    """Raise naming the first tensor whose name or shape does not match the model."""
+    own = model.state_dict()
+    for name, t in own.items():
+        if name not in sd:
+            if strict:
+                raise CheckpointError(f"{path}: model tensor {name!r} is missing from the "
+                                      "checkpoint")
+            continue
+        if tuple(sd[name].shape) != tuple(t.shape):
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(sd[name].shape)} in "
+                                  f"the checkpoint but {list(t.shape)} in the model")
+    if strict:
+        for name in sd:
+            if name not in own:
+                raise CheckpointError(f"{path}: checkpoint tensor {name!r} does not exist in the "
+                                      "model")
+
+
+def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
+                    load_lr_scheduler_states=True, load_module_only=False):
+    """Returns ``(path, client_state)`` as DeepSpeed does."""
+    load_dir = os.fspath(load_dir)
+    tag = resolve_tag(load_dir, tag)
+    path = os.path.join(load_dir, tag)
+    meta_path = os.path.join(path, "metadata.json")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{meta_path}: checkpoint metadata not found") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{meta_path}: cannot read checkpoint metadata ({e})") from None
+
+    mpath = model_file(path)
+    states = _load(mpath)
+    if not isinstance(states, dict) or "module" not in states:
+        raise CheckpointError(f"{mpath}: not a dslaunch model checkpoint (no 'module')")
+    check_module(states["module"], engine.module, mpath, strict)
+    engine.strategy.load_module_state_dict(states["module"], strict=strict)
+    engine.strategy.sync_from_model()
+    if load_module_only:
+        return path, states.get("client_state", {})
+
+    rank = engine.global_rank
+    same_layout = (meta.get("world_size") == engine.world_size
+                   and meta.get("zero_stage") == engine.zero_stage)
+    if load_optimizer_states:
+        if not same_layout:
+            raise CheckpointError(
+                f"{meta_path}: saved with world size {meta.get('world_size')} and ZeRO stage "
+                f"{meta.get('zero_stage')}, this job has {engine.world_size} and stage "
+                f"{engine.zero_stage}; load with load_optimizer_states=False or reshape it")
+        rpath = rank_file(path, rank)
+        rstate = _load(rpath)
+        try:
+            engine.strategy.load_state_dict(rstate["strategy"], load_optimizer_states=True)
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{rpath}: optimizer state does not fit ({e})") from None
+        if meta.get("world_size") == engine.world_size:
+            set_rng_state(rstate["rng"])
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler"):
+        engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
+    if states.get("loss_scaler"):
+        engine.precision.scaler.load_state_dict(states["loss_scaler"])
+    engine.global_steps = int(states["global_steps"])
+    engine.global_samples = int(states["global_samples"])
+    engine.micro_steps = int(states["micro_steps"])
+    engine.skipped_steps = int(states.get("skipped_steps", 0))
+    engine.strategy.zero_grad()
+    return path, states.get("client_state", {})

@@ -1,0 +1,176 @@
+"""Process-group set-up and the accounting of every collective the runtime makes.
+
+``init_distributed`` learns the rank layout from the environment only (the launcher's torchrun
+names, else MPI's or SLURM's), so a script runs the same under dslaunch, torchrun, srun or mpirun.
+A single process with no launcher variables gets a one-rank gloo group over an in-memory store
+(no network, no port), so the rest of the runtime never special-cases "not distributed".
+
+``Comm`` wraps the collectives the engine and the ZeRO strategies use and counts, per collective,
+the calls, the payload bytes (the size of the tensor handed to the collective on this rank — what
+the caller asked to move, not the algorithm's wire bytes) and the seconds this rank spent from the
+call until the result was ready (for an async call: until ``wait()`` returned).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+# (rank, world size, local rank) spellings, most specific first.
+_ENV_LAYOUTS = (
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # dslaunch, torchrun
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),  # MPICH / Intel MPI (hydra)
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),  # srun
+)
+
+
+def env_layout(environ=None) -> tuple[int, int, int, str]:
+    """(rank, world_size, local_rank, source) read from the environment; (0, 1, 0, "none") when no
+    launcher variables are set."""
+    env = os.environ if environ is None else environ
+    for rank_name, size_name, local_name in _ENV_LAYOUTS:
+        if rank_name in env and size_name in env:
+            rank, size = int(env[rank_name]), int(env[size_name])
+            local = int(env.get(local_name, env.get("LOCAL_RANK", rank)))
+            return rank, size, local, rank_name
+    return 0, 1, 0, "none"
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True,
+                     distributed_port: int = 29500, verbose: bool = False,
+                     timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+                     init_method: str | None = None, dist_init_required: bool | None = None,
+                     rank: int = -1, world_size: int = -1) -> None:
+    """Initialise torch.distributed once (DeepSpeed's signature). Does nothing if already done."""
+    if dist.is_initialized():
+        return
+    if dist_init_required is False:
+        return
+    env_rank, env_size, local, source = env_layout()
+    rank = env_rank if rank < 0 else rank
+    world_size = env_size if world_size < 0 else world_size
+    backend = dist_backend or default_backend()
+    if source not in ("RANK", "none") and auto_mpi_discovery:
+        # Other launchers: give torch the names env:// reads.
+        os.environ.setdefault("RANK", str(rank))
+        os.environ.setdefault("WORLD_SIZE", str(world_size))
+        os.environ.setdefault("LOCAL_RANK", str(local))
+        os.environ.setdefault("MASTER_PORT", str(distributed_port))
+        if "MASTER_ADDR" not in os.environ and world_size > 1:
+            raise RuntimeError(
+                f"launched by {source} with {world_size} ranks but MASTER_ADDR is not set: export "
+                "MASTER_ADDR (the first host's address) so the ranks can meet")
+    if world_size == 1 and init_method is None and "MASTER_ADDR" not in os.environ:
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+    else:
+        if "MASTER_ADDR" not in os.environ and init_method is None:
+            raise RuntimeError(f"WORLD_SIZE={world_size} but MASTER_ADDR is not set; start the "
+                               "script with `dslaunch run` (or torchrun / srun / mpirun)")
+        if torch.cuda.is_available() and backend == "nccl":
+            torch.cuda.set_device(local)
+        dist.init_process_group(backend, init_method=init_method or "env://", rank=rank,
+                                world_size=world_size, timeout=timeout)
+    if verbose and rank == 0:
+        print(f"[dslaunch] torch.distributed initialised: backend={backend} world={world_size}",
+              flush=True)
+
+
+def local_rank() -> int:
+    return env_layout()[2]
+
+
+class _TimedWork:
+    """An async collective's handle that books the wait time when it completes."""
+
+    def __init__(self, work, record, start):
+        self._work, self._record, self._start = work, record, start
+        self._done = False
+
+    def wait(self):
+        if not self._done:
+            self._work.wait()
+            self._record["seconds"] += time.perf_counter() - self._start
+            self._done = True
+        return True
+
+    def is_completed(self):
+        return self._done or self._work.is_completed()
+
+
+class Comm:
+    """The collectives of one process group (default: the world), with accounting."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        self._stats: dict = defaultdict(lambda: {"calls": 0, "bytes": 0, "seconds": 0.0})
+
+    # -- accounting ---------------------------------------------------------------------------
+    def _book(self, name: str, nbytes: int) -> dict:
+        rec = self._stats[name]
+        rec["calls"] += 1
+        rec["bytes"] += int(nbytes)
+        return rec
+
+    def _run(self, name, nbytes, fn, async_op):
+        rec = self._book(name, nbytes)
+        start = time.perf_counter()
+        work = fn(async_op)
+        if async_op:
+            return _TimedWork(work, rec, start)
+        rec["seconds"] += time.perf_counter() - start
+        return None
+
+    def stats(self) -> dict:
+        """{collective: {"calls", "bytes", "seconds"}} since start (or the last reset)."""
+        return {k: dict(v) for k, v in self._stats.items()}
+
+    def reset_stats(self) -> None:
+        self._stats.clear()
+
+    # -- collectives --------------------------------------------------------------------------
+    @staticmethod
+    def _nbytes(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    def all_reduce(self, tensor, op=dist.ReduceOp.SUM, async_op=False):
+        return self._run("all_reduce", self._nbytes(tensor),
+                         lambda a: dist.all_reduce(tensor, op=op, group=self.group, async_op=a),
+                         async_op)
+
+    def broadcast(self, tensor, src=0, async_op=False):
+        return self._run("broadcast", self._nbytes(tensor),
+                         lambda a: dist.broadcast(tensor, src, group=self.group, async_op=a),
+                         async_op)
+
+    def all_gather_into_tensor(self, output, input, async_op=False):
+        return self._run("all_gather", self._nbytes(input),
+                         lambda a: dist.all_gather_into_tensor(output, input, group=self.group,
+                                                               async_op=a), async_op)
+
+    def reduce_scatter_tensor(self, output, input, op=dist.ReduceOp.SUM, async_op=False):
+        return self._run("reduce_scatter", self._nbytes(input),
+                         lambda a: dist.reduce_scatter_tensor(output, input, op=op,
+                                                              group=self.group, async_op=a),
+                         async_op)
+
+    def all_gather_object(self, obj) -> list:
+        out = [None] * self.world_size
+        self._run("all_gather_object", 0,
+                  lambda a: dist.all_gather_object(out, obj, group=self.group), False)
+        return out
+
+    def barrier(self):
+        self._run("barrier", 0, lambda a: dist.barrier(group=self.group), False)

@@ -1,0 +1,217 @@
+"""The training engine: orchestration only (forward, backward, step, counters, logging).
+
+Everything with an idea of its own lives elsewhere: gradients, reduction, clipping and the
+optimizer step in the ZeRO strategy (``zero/``), precision and loss scaling in ``precision.py``,
+optimizers and schedules in ``optim/``, collectives in ``comm.py``, monitors and timers in
+``monitor.py``, checkpoint files in ``checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import checkpoint as ckpt
+from .monitor import Monitors, WallClock
+from .optim import build_optimizer
+from .optim.schedules import build_scheduler
+from .precision import build_precision
+from .zero import build_optimizer_strategy
+
+
+class DSLaunchEngine(torch.nn.Module):
+    """What ``dslaunch.initialize`` returns: call it like the model, then ``backward(loss)`` and
+    ``step()`` on every micro-batch (DeepSpeed's contract)."""
+
+    def __init__(self, args, model, optimizer, model_parameters, training_data, lr_scheduler,
+                 collate_fn, cfg, comm):
+        super().__init__()
+        self.args = args
+        self.module = model
+        self.config = cfg
+        values = cfg.values if hasattr(cfg, "values") else dict(cfg)
+        self._values = values
+        self.comm = comm
+        self.global_rank = comm.rank
+        self.world_size = comm.world_size
+        self.dp_world_size = comm.world_size
+        from .comm import local_rank
+
+        self.local_rank = local_rank()
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if torch.cuda.is_available() else torch.device("cpu"))
+        model.to(self.device)
+
+        self._micro_batch = int(values["train_micro_batch_size_per_gpu"])
+        self._gas = int(values["gradient_accumulation_steps"])
+        self._train_batch = int(values["train_batch_size"])
+        self.gradient_clipping = float(values.get("gradient_clipping") or 0.0)
+        self.steps_per_print = int(values.get("steps_per_print") or 10)
+        self.precision = build_precision(values)
+
+        # optimizer: user object, user factory, or the config's
+        if optimizer is None and values.get("optimizer"):
+            params = model_parameters if model_parameters is not None else model.parameters()
+            optimizer = build_optimizer(params, values["optimizer"])
+        elif callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+            optimizer = optimizer(model_parameters if model_parameters is not None
+                                  else model.parameters())
+        if optimizer is None:
+            raise ValueError("dslaunch.initialize: no optimizer; pass optimizer= or put an "
+                             "\"optimizer\" section in the config")
+        zero = values.get("zero_optimization") or {}
+        self.zero_stage = int(zero.get("stage") or 0)
+        self.strategy = build_optimizer_strategy(self.zero_stage, model, optimizer, values, comm,
+                                                 self.precision)
+        self.optimizer = self.strategy.optimizer
+
+        if lr_scheduler is None and values.get("scheduler"):
+            lr_scheduler = build_scheduler(values["scheduler"], self.optimizer)
+        elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+            lr_scheduler = lr_scheduler(self.optimizer)
+        self.lr_scheduler = lr_scheduler
+
+        self.training_dataloader = None
+        if training_data is not None:
+            self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
+
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self.monitors = Monitors(values, self.global_rank)
+        self.timers = WallClock(bool(values.get("wall_clock_breakdown")))
+        self._losses: list = []
+        self._tokens = 0
+        self._last_print = (time.perf_counter(), 0)
+        self._allreduce_seconds = 0.0
+
+    # -- DeepSpeed's accessors ---------------------------------------------------------------
+    def train_batch_size(self) -> int:
+        return self._train_batch
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._micro_batch
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._gas
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self._gas == 0
+
+    def get_lr(self) -> list:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    @property
+    def loss_scale(self) -> float:
+        return self.precision.scaler.loss_scale
+
+    def get_global_grad_norm(self):
+        return self.strategy.grad_norm()
+
+    def memory_breakdown(self) -> dict:
+        return self.strategy.memory_breakdown()
+
+    def comm_stats(self) -> dict:
+        return self.comm.stats()
+
+    def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(dataset, num_replicas=self.dp_world_size,
+                                     rank=self.global_rank, shuffle=shuffle)
+        return DataLoader(dataset, batch_size=batch_size or self._micro_batch, sampler=sampler,
+                          collate_fn=collate_fn)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        self.timers.start("forward")
+        args = self.precision.cast_inputs(args)
+        kwargs = self.precision.cast_inputs(kwargs)
+        if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
+            self._tokens += args[0].numel()  # token ids: counted for tokens/s
+        out = self.module(*args, **kwargs)
+        self.timers.stop("forward")
+        return out
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False):
+        """Backward of ``loss * loss_scale / gradient_accumulation_steps``; at a boundary the
+        strategy then reduces the gradients over the data-parallel ranks."""
+        self.timers.start("backward")
+        boundary = self.is_gradient_accumulation_boundary()
+        self._losses.append(loss.detach().float())
+        scale = self.precision.scaler.loss_scale / self._gas
+        scaled = loss.float() * scale if scale != 1.0 else loss
+        self.strategy.prepare_backward(boundary)
+        scaled.backward(retain_graph=retain_graph)
+        before = self._reduce_seconds()
+        self.strategy.after_backward(boundary)
+        self.timers.stop("backward")
+        self.timers.add("allreduce", (self._reduce_seconds() - before) * 1e3)
+        return loss
+
+    def _reduce_seconds(self) -> float:
+        rec = self.comm._stats.get("all_reduce") or self.comm._stats.get("reduce_scatter")
+        return rec["seconds"] if rec else 0.0
+
+    def step(self, lr_kwargs=None):
+        """Optimizer step at an accumulation boundary; in between only counts the micro-step."""
+        if self.is_gradient_accumulation_boundary():
+            self.timers.start("step")
+            applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
+            self.strategy.zero_grad()
+            if applied:
+                if self.lr_scheduler is not None:
+                    self.lr_scheduler.step(**(lr_kwargs or {}))
+            else:
+                self.skipped_steps += 1
+            self.global_steps += 1
+            self.global_samples += self._train_batch
+            self.timers.stop("step")
+            self._after_step(applied)
+        self.micro_steps += 1
+
+    def zero_grad(self):
+        self.strategy.zero_grad()
+
+    def _after_step(self, applied: bool) -> None:
+        loss = torch.stack(self._losses).mean().item() if self._losses else float("nan")
+        self._losses.clear()
+        lr = self.get_lr()[0] if self.optimizer.param_groups else 0.0
+        if self.monitors.enabled:
+            events = [("Train/Samples/train_loss", loss, self.global_samples),
+                      ("Train/Samples/lr", lr, self.global_samples)]
+            if self.precision.name == "fp16":
+                events.append(("Train/Samples/loss_scale", self.loss_scale, self.global_samples))
+            self.monitors.write_events(events)
+        if self.global_steps % self.steps_per_print == 0:
+            now = time.perf_counter()
+            t0, tok0 = self._last_print
+            rate = (self._tokens - tok0) * self.dp_world_size / max(now - t0, 1e-9)
+            self._last_print = (now, self._tokens)
+            if self.global_rank == 0:
+                msg = f"[dslaunch] step {self.global_steps} loss {loss:.4f} lr {lr:.4g}"
+                if self.precision.name == "fp16":
+                    msg += f" loss_scale {self.loss_scale:g}"
+                if not applied:
+                    msg += " (skipped: overflow)"
+                if rate > 0:
+                    msg += f" tokens/s {rate:,.0f}"
+                print(msg, flush=True)
+                if self.timers.enabled:
+                    print(f"[dslaunch] {self.timers.report()}", flush=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        return ckpt.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                                    save_latest=save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False):
+        return ckpt.load_checkpoint(self, load_dir, tag=tag, strict=load_module_strict,
+                                    load_optimizer_states=load_optimizer_states,
+                                    load_lr_scheduler_states=load_lr_scheduler_states,
+                                    load_module_only=load_module_only)

@@ -1,0 +1,115 @@
+"""Training monitors (CSV, TensorBoard) and the wall-clock breakdown timers.
+
+Monitors receive events ``(name, value, step)`` from rank 0 after each optimizer step, with
+DeepSpeed's names: ``Train/Samples/train_loss``, ``Train/Samples/lr``,
+``Train/Samples/loss_scale`` (step = global samples). CSV: one file per event under
+``<output_path>/<job_name>/``, named after the event with "/" -> "_", columns ``step,<last part of
+the name>``. TensorBoard: ``SummaryWriter(<output_path>/<job_name>)``; the ``tensorboard``
+package is optional and enabling it without the package is a clear error.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from collections import defaultdict
+
+
+class CSVMonitor:
+    def __init__(self, output_path: str, job_name: str):
+        self.dir = os.path.join(output_path or "csv_monitor", job_name or "DeepSpeedJobName")
+        os.makedirs(self.dir, exist_ok=True)
+
+    def write_events(self, events) -> None:
+        for name, value, step in events:
+            path = os.path.join(self.dir, name.replace("/", "_") + ".csv")
+            new = not os.path.exists(path)
+            with open(path, "a", newline="") as f:
+                w = csv.writer(f)
+                if new:
+                    w.writerow(["step", name.split("/")[-1]])
+                w.writerow([step, value])
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardMonitor:
+    def __init__(self, output_path: str, job_name: str):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:  # torch's module needs the tensorboard package
+            raise RuntimeError(
+                "tensorboard.enabled: the tensorboard package is not installed; "
+                "`pip install tensorboard` or disable the tensorboard section") from e
+        self.writer = SummaryWriter(os.path.join(output_path or "runs", job_name or
+                                                 "DeepSpeedJobName"))
+
+    def write_events(self, events) -> None:
+        for name, value, step in events:
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Monitors:
+    """All enabled monitors; only rank 0 writes."""
+
+    def __init__(self, values: dict, rank: int):
+        self.monitors = []
+        if rank != 0:
+            return
+        for key, cls in (("csv_monitor", CSVMonitor), ("tensorboard", TensorBoardMonitor)):
+            section = values.get(key) or {}
+            if section.get("enabled"):
+                self.monitors.append(cls(section.get("output_path", ""),
+                                         section.get("job_name", "DeepSpeedJobName")))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.monitors)
+
+    def write_events(self, events) -> None:
+        for m in self.monitors:
+            m.write_events(events)
+
+    def close(self) -> None:
+        for m in self.monitors:
+            m.close()
+
+
+class WallClock:
+    """Accumulated milliseconds per phase (forward, backward, allreduce, step) between reports."""
+
+    PHASES = ("forward", "backward", "allreduce", "step")
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.ms: dict = defaultdict(float)
+        self.counts: dict = defaultdict(int)
+        self._t0: dict = {}
+
+    def start(self, name: str) -> None:
+        if self.enabled:
+            self._t0[name] = time.perf_counter()
+
+    def stop(self, name: str) -> None:
+        if self.enabled and name in self._t0:
+            self.ms[name] += (time.perf_counter() - self._t0.pop(name)) * 1e3
+            self.counts[name] += 1
+
+    def add(self, name: str, ms: float) -> None:
+        if self.enabled:
+            self.ms[name] += ms
+            self.counts[name] += 1
+
+    def report(self) -> str:
+        """Mean ms per call of each phase since the last report, then reset."""
+        parts = [f"{k}: {self.ms[k] / max(1, self.counts[k]):.2f}" for k in self.PHASES
+                 if self.counts[k]]
+        self.ms.clear()
+        self.counts.clear()
+        return "time (ms) | " + " | ".join(parts)

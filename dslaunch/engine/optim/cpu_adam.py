@@ -1,0 +1,181 @@
+"""CPU optimizers backed by dslaunch's compiled ops (DeepSpeedCPUAdam-like), torch fallback.
+
+    DSCPUAdam(params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+              weight_decay=0, amsgrad=False, adamw_mode=True, fp32_optimizer_states=True)
+    DSCPUAdagrad(params, lr=1e-2, eps=1e-10, weight_decay=0, lr_decay=0, fp32_optimizer_states=True)
+    DSCPULion(params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0, fp32_optimizer_states=True)
+
+Parameters live on the CPU, fp32 or bf16. With ``fp32_optimizer_states`` (the default) states are
+fp32 whatever the parameter dtype and the compiled op updates a bf16 parameter directly (rounding
+to nearest even once per step). When the op is unavailable (no compiler, odd CPU) the same
+formula runs with torch ops and ``self.compiled`` is False. fp32 results equal
+torch.optim.Adam / AdamW / Adagrad (and the reference Lion) to float rounding.
+
+For ZeRO-Offload's fused form (fp32 master + bf16 grad in, bf16 copy out, one pass) call
+:func:`dslaunch.kernels.cpu_optim.adam_step` with ``copy_out=``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dslaunch.kernels import cpu_optim
+
+
+class _CPUOptimizer(torch.optim.Optimizer):
+    _op_name = ""
+
+    def __init__(self, params, defaults, fp32_optimizer_states: bool):
+        super().__init__(params, defaults)
+        self.fp32_optimizer_states = fp32_optimizer_states
+        from dslaunch.kernels import load_op
+
+        self.compiled = load_op(self._op_name) is not None
+
+    def _state_tensor(self, p):
+        dtype = torch.float32 if self.fp32_optimizer_states else p.dtype
+        return torch.zeros(p.numel(), dtype=dtype, device=p.device)
+
+    def _params_with_grad(self, group):
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            if p.device.type != "cpu":
+                raise RuntimeError(f"{type(self).__name__} needs CPU parameters, got {p.device}")
+            yield p
+
+    @staticmethod
+    def _flat(t):
+        return t.detach().view(-1) if t.is_contiguous() else t.detach().contiguous().view(-1)
+
+    def _run(self, p, states: list, fn):
+        """Call fn(param_flat, grad_flat, *fp32_states) and write back whatever needed copying."""
+        param, grad = self._flat(p), self._flat(p.grad)
+        fp32 = [s if s.dtype == torch.float32 else s.float() for s in states]
+        # low-precision states (fp32_optimizer_states=False) take the torch path in fp32
+        use_compiled = all(s is f for s, f in zip(states, fp32))
+        work = param if (use_compiled or param.dtype == torch.float32) else param.float()
+        fn(work, grad, *fp32, use_compiled=use_compiled)
+        if work is not param:
+            param.copy_(work)
+        if param.data_ptr() != p.data_ptr():
+            p.detach().copy_(param.view_as(p))
+        for s, f in zip(states, fp32):
+            if s is not f:
+                s.copy_(f)
+
+    def state_steps(self) -> list[int]:
+        return [s["step"] for s in self.state.values() if "step" in s]
+
+
+class DSCPUAdam(_CPUOptimizer):
+    _op_name = "cpu_adam"
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
+        if amsgrad:
+            raise ValueError("DSCPUAdam does not support amsgrad (nor does DeepSpeedCPUAdam)")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        bias_correction=bias_correction)
+        self.adamw_mode = adamw_mode
+        super().__init__(params, defaults, fp32_optimizer_states)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in self._params_with_grad(group):
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = self._state_tensor(p)
+                    state["exp_avg_sq"] = self._state_tensor(p)
+                state["step"] += 1
+                step = state["step"]
+
+                def fn(param, grad, m, v, use_compiled):
+                    cpu_optim.adam_step(param, grad, m, v, step=step, lr=group["lr"], beta1=beta1,
+                                        beta2=beta2, eps=group["eps"],
+                                        weight_decay=group["weight_decay"], adamw=self.adamw_mode,
+                                        bias_correction=group["bias_correction"],
+                                        use_compiled=use_compiled)
+
+                self._run(p, [state["exp_avg"], state["exp_avg_sq"]], fn)
+        return loss
+
+
+class DSCPUAdagrad(_CPUOptimizer):
+    _op_name = "cpu_adagrad"
+
+    def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0, lr_decay=0.0,
+                 initial_accumulator_value=0.0, amsgrad=False, fp32_optimizer_states=True):
+        if amsgrad:
+            raise ValueError("DSCPUAdagrad does not support amsgrad")
+        defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, lr_decay=lr_decay,
+                        initial_accumulator_value=initial_accumulator_value)
+        super().__init__(params, defaults, fp32_optimizer_states)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in self._params_with_grad(group):
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["sum"] = self._state_tensor(p).fill_(group["initial_accumulator_value"])
+                state["step"] += 1
+                step = state["step"]
+
+                def fn(param, grad, s, use_compiled):
+                    cpu_optim.adagrad_step(param, grad, s, step=step, lr=group["lr"],
+                                           lr_decay=group["lr_decay"], eps=group["eps"],
+                                           weight_decay=group["weight_decay"],
+                                           use_compiled=use_compiled)
+
+                self._run(p, [state["sum"]], fn)
+        return loss
+
+
+class DSCPULion(_CPUOptimizer):
+    _op_name = "cpu_lion"
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
+                 fp32_optimizer_states=True):
+        defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay)
+        super().__init__(params, defaults, fp32_optimizer_states)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in self._params_with_grad(group):
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = self._state_tensor(p)
+                state["step"] += 1
+
+                def fn(param, grad, m, use_compiled):
+                    cpu_optim.lion_step(param, grad, m, lr=group["lr"], beta1=beta1, beta2=beta2,
+                                        weight_decay=group["weight_decay"],
+                                        use_compiled=use_compiled)
+
+                self._run(p, [state["exp_avg"]], fn)
+        return loss
+
+
+__all__ = ["DSCPUAdam", "DSCPUAdagrad", "DSCPULion"]

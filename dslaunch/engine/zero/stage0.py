@@ -1,0 +1,227 @@
+"""ZeRO stage 0: plain data parallelism with bucketed gradient all-reduce.
+
+Gradients live in one flat fp32 buffer laid out in reverse registration order (roughly the order
+backward produces them), cut into buckets of at most ``reduce_bucket_size`` elements.
+- fp32: each parameter's ``.grad`` is a view into the buffer, so autograd accumulates micro-steps
+  in place and a bucket is all-reduced straight from the buffer (no flatten/unflatten copies).
+  With ``overlap_comm`` (default on for stage 0) a post-accumulate-grad hook launches a bucket's
+  async all-reduce as soon as its last gradient of the boundary micro-step is ready, in bucket
+  order on every rank (as DDP does), so communication overlaps the rest of backward.
+- bf16/fp16: the model's parameters are low precision; the optimizer steps fp32 masters whose
+  ``.grad`` are the buffer's views; after each micro-step's backward the low-precision gradients
+  are added into the buffer (fp32 accumulation) and dropped; buckets are reduced at the boundary.
+Gradients are reduced once per accumulation boundary and averaged over the data-parallel ranks
+(``prescale_gradients`` divides by ``gradient_predivide_factor`` before the sum and by
+world/factor after, as DeepSpeed does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..memory import breakdown, optimizer_state_tensors
+from .base import OptimizerStrategy, broadcast_model, clip_coefficient
+
+
+class _Bucket:
+    __slots__ = ("start", "end", "params", "pending", "handle")
+
+    def __init__(self, start):
+        self.start, self.end, self.params, self.pending, self.handle = start, start, [], 0, None
+
+
+class Stage0Strategy(OptimizerStrategy):
+    stage = 0
+
+    def __init__(self, model, optimizer, cfg, comm, precision):
+        super().__init__(model, optimizer, cfg, comm, precision)
+        zcfg = cfg.get("zero_optimization") or {}
+        self.bucket_elems = max(1, int(zcfg.get("reduce_bucket_size") or int(5e8)))
+        overlap = zcfg.get("overlap_comm")
+        self.overlap = (True if overlap is None else bool(overlap)) and not precision.mixed
+        self.prescale = bool(cfg.get("prescale_gradients", False))
+        self.predivide = float(cfg.get("gradient_predivide_factor", 1.0) or 1.0)
+
+        broadcast_model(model, comm)
+        seen, params = set(), []
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        self.params = params
+        total = sum(p.numel() for p in params)
+        self.flat = torch.zeros(total, dtype=torch.float32, device=params[0].device if params
+                                else torch.device("cpu"))
+        # layout + buckets in reverse registration order
+        self.views, self.buckets, self._bucket_of = {}, [], {}
+        offset, bucket = 0, None
+        for p in reversed(params):
+            n = p.numel()
+            if bucket is None or (bucket.end - bucket.start + n > self.bucket_elems
+                                  and bucket.params):
+                bucket = _Bucket(offset)
+                self.buckets.append(bucket)
+            self.views[p] = self.flat[offset:offset + n].view_as(p)
+            bucket.params.append(p)
+            bucket.end = offset + n
+            self._bucket_of[p] = bucket
+            offset += n
+
+        if precision.mixed:
+            self.masters = {}
+            for p in params:
+                m = p.detach().clone().float().requires_grad_(True)
+                m.grad = self.views[p]
+                self.masters[p] = m
+            self._swap_optimizer_params()
+            precision.cast_model(model)
+        else:
+            self.masters = None
+            for p in params:
+                p.grad = self.views[p]
+        self._sync_now = False
+        self._next_launch = 0
+        self._hooks = []
+        if self.overlap and comm.world_size > 1:
+            for p in params:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _swap_optimizer_params(self):
+        if any(len(s) for s in self.optimizer.state.values()):
+            raise RuntimeError("mixed precision: the optimizer already has state; pass a fresh "
+                               "optimizer to dslaunch.initialize")
+        for group in self.optimizer.param_groups:
+            group["params"] = [self.masters.get(p, p) for p in group["params"]]
+
+    # -- backward ------------------------------------------------------------------------------
+    def prepare_backward(self, is_boundary: bool) -> None:
+        self._sync_now = is_boundary and self.overlap and self.comm.world_size > 1
+        if self._sync_now:
+            self._next_launch = 0
+            for b in self.buckets:
+                b.pending = len(b.params)
+                b.handle = None
+
+    def _attach(self, p):
+        """Make sure ``p.grad`` is our buffer view (a user may have replaced or dropped it)."""
+        view = self.views[p]
+        g = p.grad
+        if g is not None and g.data_ptr() != view.data_ptr():
+            view.copy_(g)
+            p.grad = view
+
+    def _grad_ready(self, p):
+        if not self._sync_now:
+            return
+        self._attach(p)
+        bucket = self._bucket_of[p]
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            # launch in bucket order only, so every rank issues the same sequence
+            while (self._next_launch < len(self.buckets)
+                   and self.buckets[self._next_launch].pending == 0):
+                self._launch(self.buckets[self._next_launch])
+                self._next_launch += 1
+
+    def _launch(self, bucket, async_op=True):
+        chunk = self.flat[bucket.start:bucket.end]
+        if self.prescale and self.predivide != 1.0:
+            chunk.mul_(1.0 / self.predivide)
+        bucket.handle = self.comm.all_reduce(chunk, async_op=async_op)
+
+    def after_backward(self, is_boundary: bool) -> None:
+        if self.masters is not None:
+            with torch.no_grad():
+                for p in self.params:
+                    if p.grad is not None:
+                        self.views[p].add_(p.grad)
+                        p.grad = None
+        else:
+            for p in self.params:
+                self._attach(p)
+        if is_boundary:
+            self._reduce()
+        self._sync_now = False
+
+    def _reduce(self):
+        world = self.comm.world_size
+        if world == 1:
+            return
+        if self._sync_now:
+            for b in self.buckets[self._next_launch:]:  # unused params: never got a hook call
+                self._launch(b)
+            for b in self.buckets:
+                b.handle.wait()
+                b.handle = None
+        else:
+            for b in self.buckets:
+                self._launch(b, async_op=False)
+        post = (self.predivide / world) if self.prescale else (1.0 / world)
+        if post != 1.0:
+            self.flat.mul_(post)
+
+    # -- step ----------------------------------------------------------------------------------
+    def step(self, clip_norm: float, loss_scaler) -> bool:
+        scale = loss_scaler.loss_scale
+        norm = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
+        if self.precision.name == "fp16" and not math.isfinite(norm):
+            self._grad_norm = None
+            loss_scaler.update(True)
+            return False
+        self._grad_norm = norm / scale
+        coef = clip_coefficient(self._grad_norm, clip_norm) / scale
+        if coef != 1.0:
+            self.flat.mul_(coef)
+        self.optimizer.step()
+        if self.masters is not None:
+            with torch.no_grad():
+                torch._foreach_copy_([p.data for p in self.params],
+                                     [self.masters[p] for p in self.params])
+        loss_scaler.update(False)
+        return True
+
+    def zero_grad(self) -> None:
+        self.flat.zero_()
+        for p in self.params:
+            if self.masters is not None:
+                p.grad = None
+            elif p.grad is None or p.grad.data_ptr() != self.views[p].data_ptr():
+                p.grad = self.views[p]
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        sd = {"optimizer": self.optimizer.state_dict()}
+        if self.masters is not None:
+            sd["fp32_masters"] = [self.masters[p].detach() for p in self.params]
+        return sd
+
+    def load_state_dict(self, sd: dict, load_optimizer_states: bool = True) -> None:
+        if load_optimizer_states:
+            self.optimizer.load_state_dict(sd["optimizer"])
+            if self.masters is not None and "fp32_masters" in sd:
+                saved = sd["fp32_masters"]
+                if len(saved) != len(self.params):
+                    raise RuntimeError(f"checkpoint holds {len(saved)} fp32 master tensors, the "
+                                       f"model has {len(self.params)} trainable parameters")
+                with torch.no_grad():
+                    for p, m in zip(self.params, saved):
+                        self.masters[p].copy_(m)
+                        p.data.copy_(m)
+                return
+        self.sync_from_model()
+
+    def sync_from_model(self) -> None:
+        if self.masters is not None:
+            with torch.no_grad():
+                for p in self.params:
+                    self.masters[p].copy_(p.data)
+
+    def memory_breakdown(self) -> dict:
+        opt = optimizer_state_tensors(self.optimizer)
+        if self.masters is not None:
+            opt = list(self.masters.values()) + opt
+        grads = [self.flat] + [p.grad for p in self.params if p.grad is not None]
+        return breakdown(list(self.model.parameters()), grads, opt)
