@@ -246,6 +246,8 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         threading.Thread(target=self._read_stdin, daemon=True).start()
+        # Heartbeats from the start: GPU detection (nvidia-smi) alone can take seconds.
+        threading.Thread(target=self._heartbeat, daemon=True).start()
         try:
             self.start()
         except (OSError, RuntimeError) as exc:
@@ -253,7 +255,6 @@ class Agent:
             self.stop(dump=False, kill=True)
             self._reap_all()
             return 2
-        threading.Thread(target=self._heartbeat, daemon=True).start()
         returncodes: dict = {}
         while len(returncodes) < len(self.ranks):
             if self.signalled:
