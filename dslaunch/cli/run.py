@@ -122,9 +122,12 @@ def _print_summary(plan: WorldPlan) -> None:
         click.echo(f"config: {plan.config_path} (resolved, passed in DSLAUNCH_CONFIG)")
     omp = plan.omp_threads if plan.omp_threads is not None else "cores // local ranks, unless set"
     click.echo(f"OMP_NUM_THREADS: {omp}")
+    from dslaunch.launcher.environment import is_secret
+
     click.echo(f"environment propagated ({len(plan.env)}):")
     for k in sorted(plan.env):
-        click.echo(f"  {k}={shlex.quote(plan.env[k])}   [{plan.env_sources.get(k, '?')}]")
+        shown = "*** (hidden; --json shows it)" if is_secret(k) else shlex.quote(plan.env[k])
+        click.echo(f"  {k}={shown}   [{plan.env_sources.get(k, '?')}]")
     click.echo("agent commands:")
     for c in plan.commands:
         click.echo(f"  {c if len(c) < 300 else c[:297] + '...'}")
