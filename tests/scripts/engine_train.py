@@ -51,7 +51,7 @@ if args.load_dir:
     start = engine.global_steps
 
 rec = {"rank": rank, "world": world, "start": start, "losses": [], "lrs": [], "scales": [],
-       "skipped": [], "client_state": client}
+       "skipped": [], "param_sums": [], "client_state": client}
 for step in range(start, args.steps):
     tokens, targets = batches.batch_at(step, rank, world)
     total = torch.zeros(())
@@ -74,6 +74,8 @@ for step in range(start, args.steps):
     rec["losses"].append(mean.item() / world)
     rec["lrs"].append(engine.get_lr()[0])
     rec["skipped"].append(engine.skipped_steps - skipped_before)
+    rec["param_sums"].append(sum(t.detach().double().abs().sum().item()
+                                 for g in engine.optimizer.param_groups for t in g["params"]))
     if args.save_dir and step + 1 == args.save_at:
         engine.save_checkpoint(args.save_dir, tag=args.save_tag, client_state={"step": step + 1})
 
@@ -83,7 +85,6 @@ rec["memory"] = engine.memory_breakdown()
 rec["global_steps"] = engine.global_steps
 rec["global_samples"] = engine.global_samples
 rec["micro_steps"] = engine.micro_steps
-rec["params"] = [t.detach().float().flatten().tolist() for t in engine.module.parameters()][:3]
 rec["param_dtype"] = str(next(engine.module.parameters()).dtype)
 rec["num_params"] = sum(t.numel() for t in engine.module.parameters())
 rec["num_tensors"] = len(list(engine.module.parameters()))
