@@ -1,0 +1,54 @@
+"""Checkpoint resume exactness and crash-during-save safety, with real 2-rank jobs via `dslaunch run`.
+
+A: 6 uninterrupted steps. B: 3 steps, save. Then a job that loads B, trains to step 5 and dies
+in the middle of saving (every rank exits after writing its files, before the rename). C: loads
+`latest` (still B's checkpoint), trains steps 3-5: its losses must equal A's bit for bit (fp32).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from engine_launch import launch, results  # noqa: E402
+
+CFG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+       "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01}},
+       "scheduler": {"type": "WarmupDecayLR",
+                     "params": {"warmup_num_steps": 3, "total_num_steps": 10,
+                                "warmup_max_lr": 2e-3, "warmup_type": "linear"}},
+       "gradient_clipping": 1.0}
+
+
+def test_resume_is_bit_identical_and_crash_leaves_previous(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    launch(tmp_path, CFG, "engine_train.py", ["--out", tmp_path / "a", "--steps", 6])
+    launch(tmp_path, CFG, "engine_train.py", ["--out", tmp_path / "b", "--steps", 3,
+                                              "--save-dir", ckpt, "--save-at", 3])
+    assert (ckpt / "latest").read_text() == "global_step3"
+    meta = json.loads((ckpt / "global_step3" / "metadata.json").read_text())
+    assert meta["world_size"] == 2 and meta["zero_stage"] == 0 and meta["dtype"] == "fp32"
+    assert sorted(p.name for p in (ckpt / "global_step3").iterdir()) == [
+        "metadata.json", "model_states.pt", "rank_0_optim_states.pt", "rank_1_optim_states.pt"]
+
+    crashed = launch(tmp_path, CFG, "engine_train.py",
+                     ["--out", tmp_path / "crash", "--steps", 5, "--load-dir", ckpt,
+                      "--save-dir", ckpt, "--save-at", 5],
+                     env={"DSLAUNCH_TEST_CRASH_IN_SAVE": "after_files"}, check=False)
+    assert crashed.returncode != 0, crashed.stdout
+    tmp = ckpt / ".global_step5.tmp"
+    assert (tmp / "model_states.pt").exists()  # it really died mid-save
+    assert not (ckpt / "global_step5").exists()
+    assert (ckpt / "latest").read_text() == "global_step3"
+
+    launch(tmp_path, CFG, "engine_train.py", ["--out", tmp_path / "c", "--steps", 6,
+                                              "--load-dir", ckpt])
+    a, c = results(tmp_path / "a"), results(tmp_path / "c")
+    for ra, rc in zip(a, c):
+        assert rc["start"] == 3 and rc["client_state"] == {"step": 3}
+        assert rc["losses"] == ra["losses"][3:]  # bit-identical
+        assert rc["lrs"] == ra["lrs"][3:]
+        assert rc["param_sums"] == ra["param_sums"][3:]
+        assert rc["global_steps"] == 6 and rc["global_samples"] == 48
+    b = results(tmp_path / "b")
+    assert b[0]["losses"] == a[0]["losses"][:3]
