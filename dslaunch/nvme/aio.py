@@ -1,0 +1,289 @@
+"""Async file I/O handle (DeepNVMe's ``aio_handle``) over the compiled op ``async_io``.
+
+    from dslaunch.nvme.aio import AsyncIOHandle
+    h = AsyncIOHandle(block_size=1 << 20, queue_depth=8, single_submit=False,
+                      overlap_events=True, intra_op_parallelism=4)
+    buf = h.new_cpu_locked_tensor(n, torch.float32)     # page-aligned (pinned where CUDA exists)
+    h.sync_pwrite(buf, "/nvme/x.bin")                   # -> 1 (ops completed)
+    h.async_pread(buf, "/nvme/x.bin"); ...; h.wait()    # -> number of ops completed
+
+The engine (``cpp/aio``) moves each op in ``block_size`` requests with up to ``queue_depth`` in
+flight, split over ``intra_op_parallelism`` threads, using kernel AIO (``h.backend ==
+"linux-aio"``) or a pread/pwrite thread pool (``"threads"``; ``h.backend_note`` says why).
+O_DIRECT is used where the file system accepts it; elsewhere, and for the part of a size past the
+last 4 KiB boundary, buffered I/O. ``h.stats()`` counts the bytes each way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+OP_NAME = "async_io"
+ALIGN = 4096
+BACKENDS = ("auto", "linux-aio", "threads")
+DEFAULTS = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+            "single_submit": False, "overlap_events": True}
+
+
+class AioUnavailable(RuntimeError):
+    """The async_io op cannot be built or loaded here."""
+
+
+def _register_op() -> None:
+    """Make sure the builder's op table knows async_io (the table may predate this op)."""
+    from dslaunch.kernels.ops import OPS, OpSpec
+
+    if OP_NAME not in OPS:
+        OPS[OP_NAME] = OpSpec(OP_NAME, "cpu", ("aio/aio_engine.cpp", "aio/aio_py.cpp"),
+                              "async file I/O (kernel AIO / thread pool, O_DIRECT)")
+
+
+def load_engine():
+    """The compiled engine module (built through dslaunch.kernels on first use)."""
+    _register_op()
+    from dslaunch.kernels import builder
+
+    try:
+        return builder.load(OP_NAME)
+    except (builder.OpUnavailable, builder.BuildError) as exc:
+        raise AioUnavailable(f"async_io op unavailable: {exc}") from None
+
+
+def probe_direct(directory) -> tuple[bool, str]:
+    """(True, "") when O_DIRECT works for files in `directory`, else (False, why)."""
+    return load_engine().probe_direct(os.fspath(directory))
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _tensor_span(tensor, what: str) -> tuple[int, int]:
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{what}: tensor must be on the CPU, not {tensor.device}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what}: tensor must be contiguous")
+    return tensor.data_ptr(), tensor.numel() * tensor.element_size()
+
+
+class AsyncIOHandle:
+    """DeepNVMe-style async I/O handle. One handle may have many async ops in flight; `wait()`
+    collects them. Tensors of pending ops are kept alive by the handle until waited for."""
+
+    def __init__(self, block_size: int = 1048576, queue_depth: int = 8, single_submit: bool = False,
+                 overlap_events: bool = True, intra_op_parallelism: int = 1, *,
+                 use_direct: bool = True, backend: str | None = None):
+        _check_int("block_size", block_size, ALIGN)
+        if block_size % ALIGN:
+            raise ValueError(f"block_size must be a multiple of {ALIGN}, got {block_size}")
+        _check_int("queue_depth", queue_depth, 1)
+        _check_int("intra_op_parallelism", intra_op_parallelism, 1)
+        backend = backend or os.environ.get("DSLAUNCH_AIO_BACKEND", "auto")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        self._eng = load_engine()
+        self.block_size, self.queue_depth = block_size, queue_depth
+        self.single_submit, self.overlap_events = bool(single_submit), bool(overlap_events)
+        self.intra_op_parallelism = intra_op_parallelism
+        self._h = self._eng.new_handle(block_size, queue_depth, self.single_submit,
+                                       self.overlap_events, intra_op_parallelism, bool(use_direct),
+                                       backend)
+        self.backend, self.backend_note = self._eng.backend(self._h)
+        self._pending: dict[int, object] = {}   # op id -> tensor kept alive
+        self._locked: dict[int, tuple] = {}     # data_ptr -> (base tensor, nbytes, mlocked)
+
+    # DeepSpeed's getters
+    def get_block_size(self): return self.block_size
+    def get_queue_depth(self): return self.queue_depth
+    def get_single_submit(self): return self.single_submit
+    def get_overlap_events(self): return self.overlap_events
+    def get_intra_op_parallelism(self): return self.intra_op_parallelism
+    get_thread_count = get_intra_op_parallelism
+
+    def config(self) -> dict:
+        """This handle's settings as the keys of the config's ``aio`` section."""
+        return {"block_size": self.block_size, "queue_depth": self.queue_depth,
+                "intra_op_parallelism": self.intra_op_parallelism,
+                "single_submit": self.single_submit, "overlap_events": self.overlap_events,
+                "use_gds": False}
+
+    # ---- I/O -------------------------------------------------------------------------------------
+
+    def _submit(self, is_read: bool, tensor, path, offset: int) -> int:
+        ptr, nbytes = _tensor_span(tensor, "pread" if is_read else "pwrite")
+        _check_int("offset", offset, 0)
+        op_id = self._eng.submit(self._h, is_read, ptr, nbytes, os.fspath(path), offset)
+        self._pending[op_id] = tensor
+        return op_id
+
+    def _sync(self, is_read, tensor, path, offset) -> int:
+        op_id = self._submit(is_read, tensor, path, offset)
+        try:
+            self._eng.wait_op(self._h, op_id)
+        finally:
+            self._pending.pop(op_id, None)
+        return 1
+
+    def sync_pread(self, tensor, path, offset: int = 0) -> int:
+        """Read the file range into `tensor` now; returns 1 (ops completed)."""
+        return self._sync(True, tensor, path, offset)
+
+    def sync_pwrite(self, tensor, path, offset: int = 0) -> int:
+        """Write `tensor` to the file (created if absent, not truncated); returns 1."""
+        return self._sync(False, tensor, path, offset)
+
+    def async_pread(self, tensor, path, offset: int = 0) -> int:
+        """Start reading into `tensor`; returns 0 at once. Do not touch `tensor` before wait()."""
+        self._submit(True, tensor, path, offset)
+        return 0
+
+    def async_pwrite(self, tensor, path, offset: int = 0) -> int:
+        """Start writing `tensor`; returns 0 at once. Do not modify `tensor` before wait()."""
+        self._submit(False, tensor, path, offset)
+        return 0
+
+    def pread(self, tensor, path, validate: bool = False, async_op: bool = False, offset: int = 0):
+        del validate  # accepted for DeepSpeed compatibility
+        return (self.async_pread if async_op else self.sync_pread)(tensor, path, offset)
+
+    def pwrite(self, tensor, path, validate: bool = False, async_op: bool = False, offset: int = 0):
+        del validate
+        return (self.async_pwrite if async_op else self.sync_pwrite)(tensor, path, offset)
+
+    read = pread
+    write = pwrite
+
+    def wait(self) -> int:
+        """Block until every async op is done; return how many completed. OSError (after all
+        are done) names the first op that failed."""
+        try:
+            return self._eng.wait_all(self._h)
+        finally:
+            self._pending.clear()
+
+    def pending(self) -> int:
+        return self._eng.pending(self._h)
+
+    def stats(self) -> dict:
+        """Bytes moved with O_DIRECT / buffered / through bounce buffers, ops, block requests."""
+        return self._eng.stats(self._h)
+
+    def io_mode(self, directory) -> str:
+        """How this handle will move aligned data in `directory`: "O_DIRECT" or
+        "buffered (<why>)"."""
+        ok, why = probe_direct(directory)
+        return "O_DIRECT" if ok else f"buffered ({why})"
+
+    # ---- page-aligned (pinned) buffers -----------------------------------------------------------
+
+    def new_cpu_locked_tensor(self, num_elem: int, dtype_or_tensor):
+        """A page-aligned CPU tensor of `num_elem` elements. Pinned with CUDA's allocator where CUDA
+        is available, else locked with mlock(2) when RLIMIT_MEMLOCK allows (unlocked otherwise:
+        still aligned, so O_DIRECT works without bounce buffers)."""
+        import torch
+
+        dtype = dtype_or_tensor.dtype if isinstance(dtype_or_tensor, torch.Tensor) else dtype_or_tensor
+        _check_int("num_elem", num_elem, 0)
+        nbytes = num_elem * torch.empty((), dtype=dtype).element_size()
+        if torch.cuda.is_available():
+            base = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+            skew, locked = 0, False
+        else:
+            base = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
+            skew = (-base.data_ptr()) % ALIGN
+            locked = nbytes > 0 and _libc().mlock(ctypes.c_void_p(base.data_ptr() + skew),
+                                                  ctypes.c_size_t(nbytes)) == 0
+        out = base[skew:skew + nbytes].view(dtype)
+        self._locked[out.data_ptr()] = (base, nbytes, locked)
+        return out
+
+    def free_cpu_locked_tensor(self, tensor) -> bool:
+        """Release a tensor from new_cpu_locked_tensor (munlock); False if it was not one."""
+        entry = self._locked.pop(tensor.data_ptr(), None)
+        if entry is None:
+            return False
+        _base, nbytes, locked = entry
+        if locked:
+            _libc().munlock(ctypes.c_void_p(tensor.data_ptr()), ctypes.c_size_t(nbytes))
+        return True
+
+    def is_locked(self, tensor) -> bool:
+        entry = self._locked.get(tensor.data_ptr())
+        return bool(entry and entry[2])
+
+    # ---- lifetime --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for pending ops (errors ignored) and stop the worker threads."""
+        h, self._h = getattr(self, "_h", None), None
+        if h is None:
+            return
+        try:
+            self._eng.wait_all(h)
+        except OSError:
+            pass
+        self._pending.clear()
+        for ptr in list(self._locked):
+            base, nbytes, locked = self._locked.pop(ptr)
+            if locked:
+                _libc().munlock(ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes))
+        del h  # the capsule's destructor joins the threads
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def __repr__(self):
+        return (f"AsyncIOHandle(block_size={self.block_size}, queue_depth={self.queue_depth}, "
+                f"single_submit={self.single_submit}, overlap_events={self.overlap_events}, "
+                f"intra_op_parallelism={self.intra_op_parallelism}, backend={self.backend!r})")
+
+
+aio_handle = AsyncIOHandle  # DeepSpeed's spelling
+
+_LIBC = None
+
+
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.mlock.argtypes = _LIBC.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return _LIBC
+
+
+def report_status() -> dict:
+    """For ``dslaunch report``: is the op built, which backend a handle gets here. Never compiles:
+    an op not built yet is reported as such."""
+    _register_op()
+    from dslaunch.kernels import builder
+
+    out = {"op": OP_NAME, "built": False, "backend": None, "note": "", "status": ""}
+    st = builder.op_status(OP_NAME)
+    out["built"], out["status"] = st["built"] or st["loaded"], st["status"]
+    if not out["built"]:
+        out["note"] = st.get("reason") or "not built yet (python -m dslaunch.kernels.builder --build-all)"
+        return out
+    try:
+        eng = load_engine()
+    except AioUnavailable as exc:
+        out["note"] = str(exc)
+        return out
+    kernel = eng.kernel_aio()
+    if kernel is True:
+        out["backend"] = "linux-aio"
+    else:
+        out["backend"], out["note"] = "threads", str(kernel)
+    return out
