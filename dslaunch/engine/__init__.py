@@ -1,0 +1,7 @@
+"""dslaunch's training runtime (one idea per module; see docs/interfaces.md, "Engine").
+
+api.py (initialize, init_distributed, add_config_arguments) · engine.py (the loop, orchestration
+only) · comm.py (process groups, collective accounting) · precision.py (bf16/fp16, loss scale) ·
+zero/ (gradient reduction + optimizer step per ZeRO stage) · optim/ (optimizers, LR schedules) ·
+checkpoint.py · monitor.py (CSV/TensorBoard, wall clock) · memory.py (bytes held per kind).
+"""

@@ -1,0 +1,87 @@
+"""Train the small byte-level GPT of examples/gpt.py on the Python standard library's source.
+
+    dslaunch run --nproc-per-node 2 examples/train_gpt.py --config configs/gpt_small.json
+
+Uses only dslaunch's public, DeepSpeed-compatible API (``import dslaunch as deepspeed`` style):
+``add_config_arguments``, ``initialize``, ``engine(...)``, ``engine.backward``, ``engine.step``,
+``save_checkpoint`` / ``load_checkpoint``. The config comes from ``--config`` (or
+``--deepspeed_config``) or, when the launcher was given ``--config``, from the environment.
+Every rank reads the global batch of step ``s`` and keeps its own rows, so the loss curve does not
+depend on the number of ranks.
+"""
+
+import argparse
+import time
+
+import torch
+
+import dslaunch
+from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # examples/ is the script's directory
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps to run in total")
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-bytes", type=int, default=4 << 20, help="bytes of stdlib text to use")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--save-every", type=int, default=0, help="save every N steps (0: at the end)")
+    p.add_argument("--resume", action="store_true", help="load the latest checkpoint first")
+    p.add_argument("--log-every", type=int, default=50, help="print loss and tokens/s every N steps")
+    dslaunch.add_config_arguments(p)
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    torch.manual_seed(args.seed)
+    cfg = GPTConfig(seq_len=args.seq_len, n_layer=args.n_layer, n_head=args.n_head,
+                    d_model=args.d_model)
+    model = GPT(cfg)
+    engine, _, _, _ = dslaunch.initialize(args=args, model=model,
+                                          model_parameters=model.parameters())
+    rank, world = engine.global_rank, engine.world_size
+    micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    data = TextBatches(stdlib_bytes(args.data_bytes), seq_len=args.seq_len,
+                       global_batch=engine.train_batch_size(), seed=args.seed)
+    if rank == 0:
+        print(f"model {model.num_params() / 1e6:.2f}M params | world {world} | micro {micro} x "
+              f"accum {accum} x ranks {world} = batch {engine.train_batch_size()} x seq "
+              f"{args.seq_len}", flush=True)
+
+    if args.resume and args.checkpoint_dir:
+        path, client = engine.load_checkpoint(args.checkpoint_dir)
+        if rank == 0:
+            print(f"resumed from {path} at step {engine.global_steps}", flush=True)
+
+    tokens_per_step = engine.train_batch_size() * args.seq_len
+    t0, start = time.perf_counter(), engine.global_steps
+    for step in range(engine.global_steps, args.steps):
+        tokens, targets = data.batch_at(step, rank, world)
+        for i in range(accum):
+            sl = slice(i * micro, (i + 1) * micro)
+            loss = engine(tokens[sl], targets[sl])
+            engine.backward(loss)
+            engine.step()
+        done = step + 1
+        if args.checkpoint_dir and args.save_every and done % args.save_every == 0:
+            engine.save_checkpoint(args.checkpoint_dir, client_state={"step": done})
+        if rank == 0 and (done % args.log_every == 0 or done == args.steps):
+            rate = (done - start) * tokens_per_step / (time.perf_counter() - t0)
+            print(f"step {done:5d} | loss {loss.item():.4f} | lr {engine.get_lr()[0]:.2e} | "
+                  f"{rate:,.0f} tokens/s", flush=True)
+    if args.checkpoint_dir and not args.save_every:
+        engine.save_checkpoint(args.checkpoint_dir, client_state={"step": engine.global_steps})
+    if rank == 0:
+        elapsed = time.perf_counter() - t0
+        print(f"done: {args.steps - start} steps in {elapsed:.1f}s, "
+              f"{(args.steps - start) * tokens_per_step / max(elapsed, 1e-9):,.0f} tokens/s",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
