@@ -60,14 +60,23 @@ def parse_args(argv=None):
     return args
 
 
-def fio_gbps(path: Path, rw: str, size: int, cfg: dict) -> float:
-    """One fio run with the op's block size / queue depth / threads; GB/s (1e9 B/s)."""
-    jobs = cfg["intra_op_parallelism"]
+def fio_cmd(path, rw: str, size: int, cfg: dict) -> list[str]:
+    """fio with the op's block size, queue depth, threads (numjobs, each a contiguous 1/T of the
+    file) and submission mode (batched submits unless single_submit; reap from 1 completion when
+    overlap_events, else the whole batch)."""
+    jobs, qd = cfg["intra_op_parallelism"], cfg["queue_depth"]
     per = size // jobs
-    cmd = ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", f"--bs={cfg['block_size']}",
-           "--direct=1", "--ioengine=libaio", f"--iodepth={cfg['queue_depth']}",
-           f"--numjobs={jobs}", f"--size={per}", f"--offset_increment={per}", "--group_reporting",
-           "--output-format=json"]
+    return ["fio", "--name=bench", f"--filename={path}", f"--rw={rw}", f"--bs={cfg['block_size']}",
+            "--direct=1", "--ioengine=libaio", f"--iodepth={qd}",
+            f"--iodepth_batch_submit={1 if cfg['single_submit'] else qd}",
+            f"--iodepth_batch_complete_min={1 if cfg['overlap_events'] else qd}",
+            f"--numjobs={jobs}", f"--size={per}", f"--offset_increment={per}", "--group_reporting",
+            "--output-format=json"]
+
+
+def fio_gbps(path: Path, rw: str, size: int, cfg: dict) -> float:
+    """One fio run (fio_cmd); GB/s (1e9 B/s)."""
+    cmd = fio_cmd(path, rw, size, cfg)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0][rw]
     return job["io_bytes"] / (job["runtime"] / 1e3) / 1e9  # runtime in ms
@@ -157,6 +166,7 @@ def main(argv=None) -> int:
         "repeats": args.repeats,
         "config": best,
         "fio": subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip(),
+        "fio_commands": {rw: " ".join(fio_cmd("FILE", rw, size, best[rw])) for rw in ("write", "read")},
         "gbps_runs": runs,
         "gbps_median": {k: round(v, 4) for k, v in med.items()},
         "ratio_op_over_fio": {rw: bu.ratio(med[f"op_{rw}"], med[f"fio_{rw}"]) for rw in ("write", "read")},
