@@ -54,8 +54,10 @@ NOT_SUPPORTED_YET = [
             lambda get: (get("zero_optimization.zero_hpz_partition_size") or 1) > 1),
     Feature("zero_optimization.mics_shard_size", "MiCS sharding", "",
             lambda get: (get("zero_optimization.mics_shard_size") or -1) > 0),
-    Feature("optimizer.type", "1-bit Adam, 0/1 Adam and 1-bit LAMB", "issue 6",
-            lambda get: get("optimizer.type") in ONE_BIT),
+    Feature("zero_optimization.stage", "1-bit Adam, 0/1 Adam and 1-bit LAMB with ZeRO stage >= 1 "
+            "(they need the whole optimizer state on every rank; DeepSpeed refuses it too)", "",
+            lambda get: get("optimizer.type") in ONE_BIT
+            and (get("zero_optimization.stage") or 0) >= 1),
     Feature("pipeline.stages", "pipeline parallelism (stages > 1)", "issue 7",
             lambda get: (get("pipeline.stages") or 1) > 1),
     Feature("tensor_parallel.autotp_size", "tensor parallelism (size > 1)", "issue 7",

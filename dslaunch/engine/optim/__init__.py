@@ -52,6 +52,9 @@ def build_optimizer(model_parameters, optimizer_cfg: dict) -> torch.optim.Optimi
         if device.type in ("cpu", "cuda") and "fused" not in kw and "foreach" not in kw:
             kw["fused"] = True
         return cls(model_parameters, **kw)
+    if kind in ("onebitadam", "zerooneadam", "onebitlamb"):  # 1-bit optimizers: optim/onebit.py
+        from .onebit import build_onebit
+        return build_onebit(model_parameters, name, params)
     if kind == "lamb":
         kw = {k: v for k, v in params.items() if k not in ("legacy_fusion",)}
         return Lamb(model_parameters, **kw)

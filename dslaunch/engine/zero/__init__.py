@@ -21,6 +21,9 @@ def build_optimizer_strategy(stage: int, model, optimizer, cfg: dict, comm,
     to the training dtype itself when it needs to (after taking its fp32 masters).
     """
     stage = int(stage or 0)
+    if hasattr(optimizer, "wants_grad_allreduce"):  # 1-bit optimizers: zero/onebit_strategy.py
+        from .onebit_strategy import build_onebit_strategy
+        return build_onebit_strategy(stage, model, optimizer, cfg, comm, precision)
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_optimization.stage: {stage} is not a ZeRO stage (0-3)")
     try:

@@ -1,0 +1,184 @@
+"""1-bit optimizers: the shared base and construction by config name.
+
+``OneBitAdam`` (Tang et al. 2021), ``ZeroOneAdam`` (Lu et al. 2022) and ``OneBitLamb`` (Li et al.
+2021) live in ``onebit_adam.py``, ``zero_one_adam.py`` and ``onebit_lamb.py``. All three:
+
+- run on the data-parallel group the engine hands them (``attach_comm``), with the engine's
+  ``engine/zero/onebit_strategy.py`` strategy, which all-reduces gradients in full precision only
+  on the steps where the optimizer asks for it (``wants_grad_allreduce()``); on the other steps the
+  optimizer communicates compressed tensors itself through one
+  ``engine/compressed.CompressedAllReduce`` over all its parameters (one call per step);
+- keep their per-rank error-feedback buffers and stage counters in ``state_dict()`` (key
+  ``"onebit"``), so a checkpoint resumes the compression stage where it stopped;
+- treat a parameter whose ``.grad`` is None as having a zero gradient (every rank must
+  communicate the same layout; the engine's strategy always gives every parameter a gradient).
+
+``comm_backend_name``: the compression runs over the torch.distributed group the job already has
+(gloo on CPU, NCCL on GPU), so ``"nccl"`` and ``"gloo"`` (and None) are accepted whatever the
+actual backend is; DeepSpeed's ``"mpi"``, ``"hccl"`` and ``"compressed"`` backends are not
+provided and are refused, as is ``cuda_aware: true`` (it only means something for MPI).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..compressed import CompressedAllReduce
+
+ONE_BIT_TYPES = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
+_BACKENDS_OK = (None, "nccl", "gloo")
+
+
+def check_comm_options(name: str, cuda_aware, comm_backend_name) -> None:
+    if comm_backend_name not in _BACKENDS_OK:
+        raise ValueError(
+            f"optimizer.params.comm_backend_name: {comm_backend_name!r} is not supported by "
+            f"{name}; dslaunch compresses over the job's torch.distributed group (gloo on CPU, "
+            "NCCL on GPU): use \"nccl\" or \"gloo\" (or leave it out)")
+    if cuda_aware:
+        raise ValueError(f"optimizer.params.cuda_aware: true is only meaningful with DeepSpeed's "
+                         f"MPI backend, which {name} here does not use; leave it false")
+
+
+class OneBitOptimizer(torch.optim.Optimizer):
+    """Base: step counter, the compressed all-reduce over all parameters, state."""
+
+    algorithm = "1-bit"
+
+    def __init__(self, params, defaults: dict, cuda_aware=False, comm_backend_name=None):
+        check_comm_options(type(self).__name__, cuda_aware, comm_backend_name)
+        super().__init__(params, defaults)
+        self.cuda_aware = bool(cuda_aware)
+        self.comm_backend_name = comm_backend_name
+        self.comm = None
+        self.onebit_step = 0  # optimizer steps applied so far
+        self._compressor: CompressedAllReduce | None = None
+        self._pending_errors: dict | None = None
+
+    # -- wiring ----------------------------------------------------------------------------------
+    def attach_comm(self, comm) -> None:
+        """The engine's data-parallel ``Comm`` (accounting included)."""
+        self.comm = comm
+        self._compressor = None
+
+    @property
+    def world_size(self) -> int:
+        if self.comm is not None:
+            return self.comm.world_size
+        import torch.distributed as dist
+
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    def all_params(self) -> list:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def wants_grad_allreduce(self) -> bool:
+        """Whether the gradients of the coming step must arrive averaged in full precision."""
+        raise NotImplementedError
+
+    def in_compression_stage(self) -> bool:
+        raise NotImplementedError
+
+    # -- compressed communication ------------------------------------------------------------------
+    @property
+    def compressor(self) -> CompressedAllReduce:
+        if self._compressor is None:
+            params = self.all_params()
+            numel = sum(p.numel() for p in params)
+            self._compressor = CompressedAllReduce(numel, device=params[0].device, comm=self.comm)
+            if self._pending_errors is not None:
+                self._compressor.load_state_dict(self._pending_errors)
+                self._pending_errors = None
+        return self._compressor
+
+    def compressed_average(self, tensors: list) -> None:
+        """Replace ``tensors`` (one per parameter, in ``all_params()`` order) by their 1-bit
+        error-compensated average over the data-parallel ranks (in place, one collective pair)."""
+        if self.world_size == 1:
+            return
+        comp = self.compressor
+        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        comp(flat)
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+    def reset_errors(self) -> None:
+        if self._compressor is not None:
+            self._compressor.reset_errors()
+        self._pending_errors = None
+
+    @staticmethod
+    def grad_of(p: torch.Tensor) -> torch.Tensor:
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+
+    # -- state -----------------------------------------------------------------------------------
+    def extra_state(self) -> dict:
+        """Optimizer-wide counters of the subclass (plain Python values)."""
+        return {}
+
+    def load_extra_state(self, extra: dict) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        errors = (self._compressor.state_dict() if self._compressor is not None
+                  else self._pending_errors)
+        sd["onebit"] = {"algorithm": type(self).__name__, "step": self.onebit_step,
+                        "extra": self.extra_state(), "errors": errors}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        sd = dict(state_dict)
+        extra = sd.pop("onebit", None)
+        super().load_state_dict(sd)
+        if extra is None:
+            return
+        if extra.get("algorithm") not in (None, type(self).__name__):
+            raise ValueError(f"optimizer state was saved by {extra['algorithm']}, this is "
+                             f"{type(self).__name__}")
+        self.onebit_step = int(extra.get("step", 0))
+        self.load_extra_state(dict(extra.get("extra") or {}))
+        errors = extra.get("errors")
+        if errors is not None:
+            if self._compressor is not None:
+                self._compressor.load_state_dict(errors)
+            else:
+                self._pending_errors = errors
+        else:
+            self.reset_errors()
+
+
+def build_onebit(model_parameters, name: str, params: dict) -> OneBitOptimizer:
+    """The optimizer for config ``optimizer.type`` ``name`` with ``optimizer.params``."""
+    from .onebit_adam import OneBitAdam
+    from .onebit_lamb import OneBitLamb
+    from .zero_one_adam import ZeroOneAdam
+
+    cls = {"onebitadam": OneBitAdam, "zerooneadam": ZeroOneAdam,
+           "onebitlamb": OneBitLamb}[name.lower()]
+    kw = {k: (tuple(v) if k == "betas" else v) for k, v in params.items() if v is not None}
+    import inspect
+
+    allowed = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+    unknown = sorted(set(kw) - allowed)
+    if unknown:
+        raise ValueError(f"optimizer.params.{unknown[0]}: not a parameter of {cls.__name__} "
+                         f"(it takes {', '.join(sorted(allowed))})")
+    return cls(model_parameters, **kw)
+
+
+def is_onebit(optimizer) -> bool:
+    return isinstance(optimizer, OneBitOptimizer)
+
+
+__all__ = ["ONE_BIT_TYPES", "OneBitOptimizer", "build_onebit", "is_onebit", "check_comm_options"]
+
+# the three optimizers, importable from here (defined after the base they extend)
+from .onebit_adam import OneBitAdam  # noqa: E402
+from .onebit_lamb import OneBitLamb  # noqa: E402
+from .zero_one_adam import ZeroOneAdam  # noqa: E402
+
+__all__ += ["OneBitAdam", "ZeroOneAdam", "OneBitLamb"]

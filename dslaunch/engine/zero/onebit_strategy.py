@@ -1,0 +1,108 @@
+"""The optimizer strategy of the 1-bit optimizers (OneBitAdam, ZeroOneAdam, OneBitLamb).
+
+Stage 0 data parallelism (``stage0.py``: flat fp32 gradient buffer, accumulation, bf16/fp16 fp32
+masters, bucketed all-reduce) with one change: the full-precision gradient all-reduce happens
+only on the steps where the optimizer asks for it (``optimizer.wants_grad_allreduce()``: the
+warmup of 1-bit Adam / 1-bit LAMB, the variance-update steps of 0/1 Adam). On every other step
+the gradients stay local (averaged over the accumulation micro-steps only) and the optimizer
+communicates compressed tensors itself.
+
+Gradient clipping and the fp16 overflow check on a local-gradient step use the root mean square
+of the ranks' local gradient norms (one float all-reduced, only when clipping or fp16 is on), so
+every rank takes the same decision and no rank skips a step the others take.
+
+ZeRO stages >= 1 partition the optimizer state, which the 1-bit optimizers need whole on every
+rank (DeepSpeed does not combine them either): refused with a config-path error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..memory import breakdown, optimizer_state_tensors
+from .base import clip_coefficient
+from .stage0 import Stage0Strategy
+
+
+def check_onebit_config(stage: int, cfg: dict, optimizer) -> None:
+    name = type(optimizer).__name__
+    if int(stage or 0) >= 1:
+        raise ValueError(f"zero_optimization.stage: {name} works with ZeRO stage 0 only (the "
+                         f"1-bit optimizers need the whole optimizer state on every rank); "
+                         f"got stage {stage}")
+    zero = (cfg or {}).get("zero_optimization") or {}
+    for key in ("offload_optimizer", "offload_param"):
+        dev = (zero.get(key) or {}).get("device")
+        if dev not in (None, "none"):
+            raise ValueError(f"zero_optimization.{key}.device: {dev!r} cannot be used with "
+                             f"{name} (stage 0 only, nothing to offload)")
+
+
+class OneBitStrategy(Stage0Strategy):
+    stage = 0
+
+    def __init__(self, model, optimizer, cfg, comm, precision):
+        if not hasattr(optimizer, "wants_grad_allreduce"):
+            raise TypeError("OneBitStrategy needs a 1-bit optimizer (OneBitAdam, ZeroOneAdam, "
+                            "OneBitLamb)")
+        super().__init__(model, optimizer, cfg, comm, precision)
+        optimizer.attach_comm(comm)
+        self._reduced = True
+
+    # -- backward: reduce only when the optimizer wants averaged gradients ---------------------
+    def prepare_backward(self, is_boundary: bool) -> None:
+        super().prepare_backward(is_boundary)
+        if is_boundary:
+            self._reduced = self.optimizer.wants_grad_allreduce()
+            if not self._reduced:
+                self._sync_now = False
+
+    def _reduce(self):
+        if self._reduced:
+            super()._reduce()
+
+    # -- step ----------------------------------------------------------------------------------
+    def step(self, clip_norm: float, loss_scaler) -> bool:
+        if self._reduced or self.comm.world_size == 1:
+            return super().step(clip_norm, loss_scaler)
+        scale = loss_scaler.loss_scale
+        local = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
+        fp16 = self.precision.name == "fp16"
+        norm = local
+        if fp16 or (clip_norm and clip_norm > 0):
+            sq = torch.tensor([local * local if math.isfinite(local) else math.inf],
+                              dtype=torch.float32, device=self.flat.device)
+            self.comm.all_reduce(sq)
+            norm = math.sqrt(sq.item() / self.comm.world_size)
+        if fp16 and not math.isfinite(norm):
+            self._grad_norm = None
+            loss_scaler.update(True)
+            return False
+        self._grad_norm = norm / scale
+        coef = clip_coefficient(self._grad_norm, clip_norm) / scale
+        if coef != 1.0:
+            self.flat.mul_(coef)
+        self.optimizer.step()
+        if self.masters is not None:
+            with torch.no_grad():
+                torch._foreach_copy_([p.data for p in self.params],
+                                     [self.masters[p] for p in self.params])
+        loss_scaler.update(False)
+        return True
+
+    def memory_breakdown(self) -> dict:
+        opt = optimizer_state_tensors(self.optimizer)
+        comp = getattr(self.optimizer, "_compressor", None)
+        if comp is not None:
+            opt += [comp.worker_error, comp.server_error, comp._buf]
+        if self.masters is not None:
+            opt = list(self.masters.values()) + opt
+        grads = [self.flat] + [p.grad for p in self.params if p.grad is not None]
+        return breakdown(list(self.model.parameters()), grads, opt)
+
+
+def build_onebit_strategy(stage, model, optimizer, cfg, comm, precision) -> OneBitStrategy:
+    check_onebit_config(stage, cfg, optimizer)
+    return OneBitStrategy(model, optimizer, cfg, comm, precision)
