@@ -17,8 +17,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ from pathlib import Path
 from dslaunch.nvme.aio import ALIGN, DEFAULTS
 
 WORKDIR_PREFIX = ".dslaunch-nvme-tune."
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 KEYS = ("block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events")
 ALIASES = {"io_parallel": "intra_op_parallelism", "thread_count": "intra_op_parallelism",
            "num_threads": "intra_op_parallelism"}
@@ -227,14 +230,21 @@ class Sweep:
         self.cleanup()
 
     def cleanup(self) -> None:
-        if self._alloc is not None:
-            self._alloc.close()
-            self._alloc = None
-        self._buffers = []
-        for t in self.targets:
-            if t.workdir is not None:
-                shutil.rmtree(t.workdir, ignore_errors=True)
-                t.workdir = None
+        """Remove the files. SIGINT/SIGTERM wait until this is done (then act as usual)."""
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS) if main else None
+        try:
+            if self._alloc is not None:
+                self._alloc.close()
+                self._alloc = None
+            self._buffers = []
+            for t in self.targets:
+                if t.workdir is not None:
+                    shutil.rmtree(t.workdir, ignore_errors=True)
+                    t.workdir = None
+        finally:
+            if old is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def total_runs(self) -> int:
         return len(self.configs) * len(self.ops) * self.loops
