@@ -67,11 +67,16 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     (the dataloader is None without ``training_data``; the scheduler None without one)."""
     if model is None:
         raise ValueError("dslaunch.initialize: model= is required")
-    if mpu is not None:
-        raise NotImplementedError("dslaunch.initialize: mpu= (model parallelism) comes with the "
-                                  "pipeline/tensor-parallel engine")
     source, _ = _config_source(args, config, config_params)
     init_distributed(dist_init_required=dist_init_required)
+    from .pipe.module import PipelineModule
+
+    if mpu is not None or isinstance(model, PipelineModule):  # pipeline / tensor parallel
+        from .pipe.engine import initialize_parallel
+
+        engine = initialize_parallel(args, model, optimizer, model_parameters, training_data,
+                                     lr_scheduler, mpu, collate_fn, source)
+        return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
     import torch.distributed as dist
 
     from .comm import Comm

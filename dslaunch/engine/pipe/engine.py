@@ -1,0 +1,279 @@
+"""``PipelineEngine``: runs a ``PipelineModule``'s stage on this rank through a schedule's
+instruction stream (``schedule.py``), moving activations and gradients with ``p2p.py``.
+
+One ``train_batch(data_iter)`` = ``gradient_accumulation_steps`` micro-batches pulled from
+``data_iter`` (on the first stage for the inputs, on the last for the labels; each item is
+``(inputs, labels)``), forward and backward per the schedule (1F1B by default, GPipe with
+``{"dslaunch": {"pipe_schedule": "gpipe"}}`` or ``engine.pipe_schedule = "gpipe"``), the tied
+weights' gradients summed over their owner stages, and one optimizer step. Gradients are
+averaged over the data-parallel group by the ZeRO strategy (stage 0's buckets), built on the
+grid's data-parallel ``Comm``. The batch loss (mean over micro-batches, averaged over the data
+ranks) is returned on every stage.
+
+Everything else (optimizer, precision, LR schedule, counters, monitors) is ``DSLaunchEngine``'s.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..engine import DSLaunchEngine
+from .module import PipelineModule
+from .p2p import P2P
+from .schedule import get_schedule, inference
+
+
+def _floats(obj) -> list:
+    items = obj if isinstance(obj, (tuple, list)) else (obj,)
+    return [t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+class PipelineEngine(DSLaunchEngine):
+    def __init__(self, *, args, model: PipelineModule, optimizer, model_parameters, training_data,
+                 lr_scheduler, collate_fn, cfg):
+        values = cfg.values if hasattr(cfg, "values") else dict(cfg)
+        grid = model.grid
+        stages_cfg = int((values.get("pipeline") or {}).get("stages") or 1)
+        if stages_cfg > 1 and stages_cfg != model.num_stages:
+            raise ValueError(f"pipeline.stages: {stages_cfg} but the PipelineModule has "
+                             f"{model.num_stages} stages")
+        if float(values.get("gradient_clipping") or 0.0) > 0 and \
+                grid.num_stages * grid.tp_world_size > 1:
+            raise ValueError("gradient_clipping: not supported yet with pipeline or tensor "
+                             "parallelism (the norm would be this stage's / TP slice's only)")
+        if not model.activation_checkpoint_interval:
+            model.activation_checkpoint_interval = int(
+                (values.get("pipeline") or {}).get("activation_checkpoint_interval") or 0)
+        model.sync_tied_weights()  # before the strategy takes fp32 masters
+        object.__setattr__(self, "grid", grid)  # deepspeed_io (called by super) needs it
+        super().__init__(args=args, model=model, optimizer=optimizer,
+                         model_parameters=model_parameters, training_data=training_data,
+                         lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg,
+                         comm=grid.data_parallel_comm())
+        self.global_rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.dp_world_size = grid.dp_world_size
+        self.num_stages, self.stage_id = grid.num_stages, grid.stage_id
+        self.micro_batches = self._gas
+        self.pipe_schedule = str((values.get("dslaunch") or {}).get("pipe_schedule") or "1f1b")
+        self.p2p = P2P(self.device)
+        self.peak_live_micro_batches = 0  # most micro-batches of activations held at once
+
+    def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(dataset, num_replicas=self.grid.dp_world_size,
+                                     rank=self.grid.dp_rank, shuffle=shuffle)
+        return DataLoader(dataset, batch_size=batch_size or self._micro_batch, sampler=sampler,
+                          collate_fn=collate_fn)
+
+    def is_first_stage(self) -> bool:
+        return self.stage_id == 0
+
+    def is_last_stage(self) -> bool:
+        return self.stage_id == self.num_stages - 1
+
+    # -- DeepSpeed's pipeline API --------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("PipelineEngine: call engine.train_batch(data_iter) / "
+                           "engine.eval_batch(data_iter), not engine(batch)")
+
+    def backward(self, *args, **kwargs):
+        raise RuntimeError("PipelineEngine: train_batch() runs backward itself")
+
+    def train_batch(self, data_iter=None):
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns the
+        batch's mean loss (a 0-dim tensor) on every stage."""
+        data_iter = self._data_iter(data_iter)
+        self.module.train()
+        schedule = get_schedule(self.pipe_schedule)
+        instrs = schedule(self.num_stages, self.stage_id, self.micro_batches)
+        losses = self._execute(instrs, data_iter, train=True)
+        loss = self._aggregate(losses)
+        self._optimizer_step(loss)
+        return loss
+
+    def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg"):
+        """Forward only over ``gradient_accumulation_steps`` micro-batches; the mean loss on every
+        stage (with ``return_logits``: ``(loss, [last stage outputs])``, outputs on the last
+        stage only)."""
+        data_iter = self._data_iter(data_iter)
+        was_training = self.module.training
+        self.module.eval()
+        self._eval_outputs = []
+        self._compute_loss = compute_loss
+        try:
+            with torch.no_grad():
+                losses = self._execute(inference(self.num_stages, self.stage_id,
+                                                 self.micro_batches), data_iter, train=False)
+        finally:
+            self.module.train(was_training)
+            self._compute_loss = True
+        loss = self._aggregate(losses) if compute_loss else None
+        return (loss, self._eval_outputs) if return_logits else loss
+
+    def _data_iter(self, data_iter):
+        if data_iter is None and self.training_dataloader is not None:
+            data_iter = iter(self.training_dataloader)
+        if data_iter is None and (self.is_first_stage() or self.is_last_stage()):
+            raise ValueError("PipelineEngine: train_batch() needs data_iter= on the first and "
+                             "last stages (or training_data= at initialize)")
+        return data_iter
+
+    # -- the executor --------------------------------------------------------------------------
+    def _execute(self, instrs, data_iter, train: bool) -> list:
+        inputs, outputs, labels, grads_in, grads_out = {}, {}, {}, {}, {}
+        losses, live, n_bwd = [], 0, 0
+        first, last = self.is_first_stage(), self.is_last_stage()
+        scale = self.precision.scaler.loss_scale / self.micro_batches
+        for ins in instrs:
+            m, op = ins.micro, ins.op
+            if op == "load":
+                batch = next(data_iter)
+                if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+                    raise TypeError("PipelineEngine: data_iter must yield (inputs, labels)")
+                x, y = batch
+                if first:
+                    x = self._to_device(x)
+                    inputs[m] = self.precision.cast_inputs(x)
+                    if isinstance(inputs[m], torch.Tensor) and not inputs[m].is_floating_point():
+                        self._tokens += inputs[m].numel()
+                if last:
+                    labels[m] = self._to_device(y)
+            elif op == "recv_act":
+                x = self.p2p.recv(self.grid.prev_rank, "act")
+                if train:
+                    for t in _floats(x):
+                        t.requires_grad_(True)
+                inputs[m] = x
+            elif op == "forward":
+                out = self.module(inputs[m])
+                if last:
+                    if not train:
+                        self._eval_outputs.append(out)
+                    if self.module.loss_fn is not None and getattr(self, "_compute_loss", True):
+                        out = self.module.loss_fn(out, labels.pop(m))
+                    if isinstance(out, torch.Tensor) and out.dim() == 0:
+                        losses.append(out.detach().float())
+                if train:
+                    outputs[m] = out
+                    live += 1
+                    self.peak_live_micro_batches = max(self.peak_live_micro_batches, live)
+                else:
+                    inputs.pop(m, None)
+                    if not last:
+                        outputs[m] = out
+            elif op == "send_act":
+                out = outputs[m] if train else outputs.pop(m)
+                self.p2p.send(_detach(out), self.grid.next_rank, "act")
+            elif op == "recv_grad":
+                grads_out[m] = self.p2p.recv(self.grid.next_rank, "grad")
+            elif op == "backward":
+                boundary = n_bwd == self.micro_batches - 1
+                self.strategy.prepare_backward(boundary)
+                out = outputs.pop(m)
+                if last:
+                    (out.float() * scale).backward()
+                else:
+                    g = grads_out.pop(m)
+                    g = list(g) if isinstance(g, tuple) else [g]
+                    pairs = [(t, gt) for t, gt in zip(_floats(out), g) if t.requires_grad]
+                    if pairs:
+                        torch.autograd.backward([t for t, _ in pairs], [gt for _, gt in pairs])
+                self.strategy.after_backward(boundary)
+                n_bwd += 1
+                live -= 1
+                x = inputs.pop(m)
+                if not first:
+                    ins_grads = tuple(t.grad if t.grad is not None else torch.zeros_like(t)
+                                      for t in _floats(x))
+                    grads_in[m] = ins_grads if isinstance(x, (tuple, list)) else ins_grads[0]
+            elif op == "send_grad":
+                self.p2p.send(grads_in.pop(m), self.grid.prev_rank, "grad")
+            elif op == "reduce_tied":
+                views = getattr(self.strategy, "views", None)
+                self.module.allreduce_tied_weight_gradients(
+                    grad_of=(lambda p: views.get(p)) if views is not None else None)
+            elif op == "step":
+                pass  # after the loss is aggregated (train_batch)
+            else:
+                raise RuntimeError(f"PipelineEngine: unknown instruction {ins}")
+        self.p2p.wait_all()
+        return losses
+
+    def _to_device(self, x):
+        if isinstance(x, torch.Tensor):
+            return x.to(self.device)
+        if isinstance(x, (tuple, list)):
+            return type(x)(self._to_device(t) for t in x)
+        return x
+
+    def _aggregate(self, losses: list) -> torch.Tensor:
+        """Mean over micro-batches on the last stage, averaged over its data-parallel group,
+        then broadcast from the last stage to every stage."""
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        if self.is_last_stage() and losses:
+            loss = torch.stack(losses).mean()
+            if self.grid.dp_world_size > 1:
+                dist.all_reduce(loss, group=self.grid.data_group)
+                loss /= self.grid.dp_world_size
+        if self.num_stages > 1:
+            dist.broadcast(loss, group=self.grid.pipe_group, group_src=self.num_stages - 1)
+        return loss
+
+    def _optimizer_step(self, loss) -> None:
+        self.timers.start("step")
+        applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
+        self.strategy.zero_grad()
+        if applied:
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+        else:
+            self.skipped_steps += 1
+        self.global_steps += 1
+        self.global_samples += self._train_batch
+        self.micro_steps += self.micro_batches
+        self.timers.stop("step")
+        self._losses = [loss.detach()]
+        self._after_step(applied)
+
+
+def _detach(out):
+    if isinstance(out, (tuple, list)):
+        return tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in out)
+    return out.detach()
+
+
+def initialize_parallel(args, model, optimizer, model_parameters, training_data, lr_scheduler,
+                        mpu, collate_fn, source):
+    """``dslaunch.initialize`` for a ``PipelineModule`` (-> ``PipelineEngine``) or a model with
+    an ``mpu`` (tensor parallel: ``DSLaunchEngine`` reducing gradients over the mpu's data
+    group). The batch size triad is resolved with the data-parallel world size."""
+    from dslaunch.config import resolve_config
+
+    from ..topology import GroupComm
+
+    num_params = sum(p.numel() for p in model.parameters())
+    if isinstance(model, PipelineModule):
+        cfg = resolve_config(source, world_size=dist.get_world_size(),
+                             dp_world_size=model.grid.dp_world_size, model_num_params=num_params)
+        return PipelineEngine(args=args, model=model, optimizer=optimizer,
+                              model_parameters=model_parameters, training_data=training_data,
+                              lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg)
+    dp_group = mpu.get_data_parallel_group()
+    cfg = resolve_config(source, world_size=dist.get_world_size(),
+                         dp_world_size=mpu.get_data_parallel_world_size(),
+                         model_num_params=num_params)
+    if float(cfg.values.get("gradient_clipping") or 0.0) > 0 and \
+            mpu.get_model_parallel_world_size() > 1:
+        raise ValueError("gradient_clipping: not supported yet with tensor parallelism (the "
+                         "norm would be this rank's slice only)")
+    engine = DSLaunchEngine(args=args, model=model, optimizer=optimizer,
+                            model_parameters=model_parameters, training_data=training_data,
+                            lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg,
+                            comm=GroupComm(dp_group))
+    engine.mpu = mpu
+    engine.global_rank, engine.world_size = dist.get_rank(), dist.get_world_size()
+    return engine

@@ -1,0 +1,404 @@
+"""Tensor (model) parallelism, Megatron's way: split the big matmuls across the ranks of the
+``model`` group so each rank holds and computes a 1/tp slice.
+
+- Region functions (autograd): ``copy_to_tp`` (forward identity, backward all-reduce),
+  ``reduce_from_tp`` (forward all-reduce, backward identity), ``gather_from_tp`` (forward
+  all-gather along the last dim, backward keep own slice), ``scatter_to_tp`` (the reverse).
+- ``ColumnParallelLinear``: output features split (weight rows); input copied in, output left
+  split (``gather_output=False``) or gathered. ``RowParallelLinear``: input features split
+  (weight columns); partial outputs all-reduced, then the (replicated) bias added.
+  Column then Row (attention's qkv -> proj, the MLP's fc -> proj) costs one all-reduce forward
+  and one backward per block half.
+- ``VocabParallelEmbedding``: each rank owns a contiguous vocabulary range; the partial lookups
+  are all-reduced. ``vocab_parallel_cross_entropy``: cross-entropy over vocabulary-split logits
+  without gathering them (max, sum of exp and the target logit are all-reduced).
+- ``RNGTracker`` / ``tp_manual_seed``: the default generator is seeded the same on every TP rank
+  (dropout on replicated activations agrees), ``tracker.fork()`` switches to a per-TP-rank
+  stream for dropout inside split regions (attention heads).
+- ``apply_tensor_parallel(model, group)``: converts examples/gpt.py's attention and MLP (and,
+  with ``vocab_parallel=True``, the token embedding and the head) in place, slicing the full
+  weights the model was built with, so a TP run starts from exactly a single process's init.
+
+Replicated parameters (LayerNorms, row-parallel biases, position embeddings) get the full,
+identical gradient on every TP rank through ``copy_to_tp``'s backward all-reduce: nothing else
+is reduced over the model group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _world(group) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def _rank(group) -> int:
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def _split_last(x: torch.Tensor, group) -> torch.Tensor:
+    w = _world(group)
+    if x.shape[-1] % w:
+        raise ValueError(f"tensor parallel: last dim {x.shape[-1]} is not divisible by {w}")
+    return x.chunk(w, dim=-1)[_rank(group)].contiguous()
+
+
+def _gather_last(x: torch.Tensor, group) -> torch.Tensor:
+    w = _world(group)
+    parts = [torch.empty_like(x) for _ in range(w)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_last(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split_last(grad, ctx.group), None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_last(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_last(grad, ctx.group), None
+
+
+def copy_to_tp(x, group):
+    return x if _world(group) == 1 else _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x, group):
+    return x if _world(group) == 1 else _ReduceFromTP.apply(x, group)
+
+
+def gather_from_tp(x, group):
+    return x if _world(group) == 1 else _GatherFromTP.apply(x, group)
+
+
+def scatter_to_tp(x, group):
+    return x if _world(group) == 1 else _ScatterToTP.apply(x, group)
+
+
+def _divide(n: int, w: int, what: str) -> int:
+    if n % w:
+        raise ValueError(f"tensor parallel: {what} ({n}) is not divisible by the tensor-parallel "
+                         f"size {w}")
+    return n // w
+
+
+# -- layers ------------------------------------------------------------------------------------
+
+class ColumnParallelLinear(nn.Module):
+    """``y = x A^T + b`` with A's rows (output features) split over the group."""
+
+    def __init__(self, in_features, out_features, bias=True, gather_output=False, group=None,
+                 init_method=None, dtype=None, device=None):
+        super().__init__()
+        self.group, self.gather_output = group, gather_output
+        self.in_features, self.out_features = in_features, out_features
+        self.out_per_rank = _divide(out_features, _world(group), "output features")
+        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features, dtype=dtype,
+                                               device=device))
+        self.bias = (nn.Parameter(torch.zeros(self.out_per_rank, dtype=dtype, device=device))
+                     if bias else None)
+        if init_method is not None:
+            init_method(self.weight)
+        else:
+            nn.init.normal_(self.weight, std=0.02)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group, gather_output=False, rows=None):
+        """Slice a full ``nn.Linear``: rank r keeps ``rows[r]`` (an index tensor; default the
+        r-th contiguous block of output features)."""
+        w = _world(group)
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.group, layer.gather_output = group, gather_output
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.out_per_rank = _divide(linear.out_features, w, "output features")
+        if rows is None:
+            r = _rank(group)
+            rows = torch.arange(r * layer.out_per_rank, (r + 1) * layer.out_per_rank)
+        with torch.no_grad():
+            layer.weight = nn.Parameter(linear.weight[rows].clone())
+            layer.bias = (nn.Parameter(linear.bias[rows].clone()) if linear.bias is not None
+                          else None)
+        return layer
+
+    def forward(self, x):
+        y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+        return gather_from_tp(y, self.group) if self.gather_output else y
+
+    def extra_repr(self):
+        return (f"in={self.in_features}, out={self.out_features} ({self.out_per_rank} per rank), "
+                f"gather_output={self.gather_output}")
+
+
+class RowParallelLinear(nn.Module):
+    """``y = x A^T + b`` with A's columns (input features) split over the group; the partial
+    products are all-reduced and the full bias is added once."""
+
+    def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, group=None,
+                 init_method=None, dtype=None, device=None):
+        super().__init__()
+        self.group, self.input_is_parallel = group, input_is_parallel
+        self.in_features, self.out_features = in_features, out_features
+        self.in_per_rank = _divide(in_features, _world(group), "input features")
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank, dtype=dtype,
+                                               device=device))
+        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
+                     if bias else None)
+        if init_method is not None:
+            init_method(self.weight)
+        else:
+            nn.init.normal_(self.weight, std=0.02)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group, input_is_parallel=True):
+        w, r = _world(group), _rank(group)
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.group, layer.input_is_parallel = group, input_is_parallel
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.in_per_rank = _divide(linear.in_features, w, "input features")
+        with torch.no_grad():
+            cols = slice(r * layer.in_per_rank, (r + 1) * layer.in_per_rank)
+            layer.weight = nn.Parameter(linear.weight[:, cols].clone())
+            layer.bias = nn.Parameter(linear.bias.clone()) if linear.bias is not None else None
+        return layer
+
+    def forward(self, x):
+        if not self.input_is_parallel:
+            x = scatter_to_tp(x, self.group)
+        y = reduce_from_tp(F.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self):
+        return f"in={self.in_features} ({self.in_per_rank} per rank), out={self.out_features}"
+
+
+class VocabParallelEmbedding(nn.Module):
+    """An embedding whose rows (the vocabulary) are split in contiguous ranges over the group."""
+
+    def __init__(self, num_embeddings, embedding_dim, group=None, init_method=None, dtype=None,
+                 device=None):
+        super().__init__()
+        self.group = group
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        per = _divide(num_embeddings, _world(group), "vocabulary size")
+        self.vocab_start, self.vocab_end = _rank(group) * per, (_rank(group) + 1) * per
+        self.weight = nn.Parameter(torch.empty(per, embedding_dim, dtype=dtype, device=device))
+        (init_method or (lambda t: nn.init.normal_(t, std=0.02)))(self.weight)
+
+    @classmethod
+    def from_embedding(cls, emb: nn.Embedding, group):
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.group = group
+        layer.num_embeddings, layer.embedding_dim = emb.num_embeddings, emb.embedding_dim
+        per = _divide(emb.num_embeddings, _world(group), "vocabulary size")
+        layer.vocab_start, layer.vocab_end = _rank(group) * per, (_rank(group) + 1) * per
+        with torch.no_grad():
+            layer.weight = nn.Parameter(emb.weight[layer.vocab_start:layer.vocab_end].clone())
+        return layer
+
+    def forward(self, tokens):
+        if _world(self.group) == 1:
+            return F.embedding(tokens, self.weight)
+        outside = (tokens < self.vocab_start) | (tokens >= self.vocab_end)
+        local = (tokens - self.vocab_start).masked_fill(outside, 0)
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out, self.group)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, group, vocab_start):
+        logits = logits.float()
+        local_max = logits.max(dim=-1).values
+        dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - local_max.unsqueeze(-1)
+        n_local = logits.shape[-1]
+        outside = (target < vocab_start) | (target >= vocab_start + n_local)
+        local_target = (target - vocab_start).masked_fill(outside, 0)
+        picked = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        dist.all_reduce(picked, group=group)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        dist.all_reduce(sum_exp, group=group)
+        loss = sum_exp.log() - picked
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local_target, outside)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local_target, outside = ctx.saved_tensors
+        g = softmax.clone()
+        hit = (~outside).to(g.dtype)
+        g.scatter_add_(-1, local_target.unsqueeze(-1), -hit.unsqueeze(-1))
+        return g * grad.unsqueeze(-1), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group=None,
+                                 vocab_start: int | None = None) -> torch.Tensor:
+    """Per-position cross-entropy (shape of ``target``) of logits split over the vocabulary:
+    ``logits[..., V/tp]`` holds this rank's range (``vocab_start`` defaults to rank * V/tp)."""
+    if vocab_start is None:
+        vocab_start = _rank(group) * logits.shape[-1]
+    if _world(group) == 1:
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
+                               reduction="none").view_as(target)
+    return _VocabParallelCrossEntropy.apply(logits, target, group, vocab_start)
+
+
+# -- RNG ---------------------------------------------------------------------------------------
+
+class RNGTracker:
+    """Named generator states to fork into: dropout inside split regions uses the per-TP-rank
+    stream, everything else the default generator (same seed on every TP rank)."""
+
+    def __init__(self):
+        self.states: dict = {}
+
+    def add(self, name: str, seed: int) -> None:
+        gen = torch.Generator().manual_seed(int(seed))
+        self.states[name] = gen.get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "tensor-parallel"):
+        if name not in self.states:
+            raise RuntimeError(f"RNG tracker: no state {name!r}; call tp_manual_seed(seed, "
+                               "group) first")
+        saved = torch.get_rng_state()
+        torch.set_rng_state(self.states[name])
+        try:
+            yield
+        finally:
+            self.states[name] = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+
+_TRACKER = RNGTracker()
+TP_SEED_OFFSET = 2718  # Megatron's offset of the tensor-parallel stream
+
+
+def get_rng_tracker() -> RNGTracker:
+    return _TRACKER
+
+
+def tp_manual_seed(seed: int, group=None) -> None:
+    """Seed the default generator with ``seed`` (identical on TP peers) and the tracker's
+    ``tensor-parallel`` stream with ``seed + 2718 + tp_rank`` (different per TP rank)."""
+    torch.manual_seed(seed)
+    _TRACKER.add("tensor-parallel", seed + TP_SEED_OFFSET + _rank(group))
+
+
+# -- applying TP to the example GPT ------------------------------------------------------------
+
+class ParallelSelfAttention(nn.Module):
+    """examples/gpt.py's CausalSelfAttention with its heads split over the group."""
+
+    def __init__(self, attn: nn.Module, group):
+        super().__init__()
+        w, r = _world(group), _rank(group)
+        c = attn.qkv.in_features
+        self.group = group
+        self.n_head = _divide(attn.n_head, w, "number of heads")
+        self.local = c // w
+        self.dropout = attn.dropout
+        # qkv's rows are [q; k; v]; rank r keeps its heads' rows of each
+        rows = torch.cat([torch.arange(part * c + r * self.local, part * c + (r + 1) * self.local)
+                          for part in range(3)])
+        self.qkv = ColumnParallelLinear.from_linear(attn.qkv, group, rows=rows)
+        self.proj = RowParallelLinear.from_linear(attn.proj, group)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split(self.local, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        ctx = _TRACKER.fork() if p > 0 and "tensor-parallel" in _TRACKER.states \
+            else contextlib.nullcontext()
+        with ctx:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        return self.proj(y.transpose(1, 2).reshape(b, t, self.local))
+
+
+class ParallelMLP(nn.Module):
+    def __init__(self, mlp: nn.Module, group):
+        super().__init__()
+        self.fc = ColumnParallelLinear.from_linear(mlp.fc, group)
+        self.proj = RowParallelLinear.from_linear(mlp.proj, group)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+def _is_attention(m) -> bool:
+    return all(hasattr(m, a) for a in ("qkv", "proj", "n_head")) and isinstance(m.qkv, nn.Linear)
+
+
+def _is_mlp(m) -> bool:
+    return hasattr(m, "fc") and hasattr(m, "proj") and isinstance(m.fc, nn.Linear)
+
+
+def apply_tensor_parallel(model: nn.Module, group, vocab_parallel: bool = False) -> nn.Module:
+    """Convert (in place) every attention and MLP of examples/gpt.py found in ``model`` to their
+    tensor-parallel forms, slicing the weights the model holds. With ``vocab_parallel`` also the
+    ``tok_emb`` embedding (vocab-parallel) and the ``head`` (column-parallel, logits gathered so
+    the model's own loss still works). Returns ``model``."""
+    if _world(group) == 1:
+        return model
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if _is_attention(child):
+                setattr(parent, name, ParallelSelfAttention(child, group))
+            elif _is_mlp(child):
+                setattr(parent, name, ParallelMLP(child, group))
+    if vocab_parallel:
+        if isinstance(getattr(model, "tok_emb", None), nn.Embedding):
+            model.tok_emb = VocabParallelEmbedding.from_embedding(model.tok_emb, group)
+        if isinstance(getattr(model, "head", None), nn.Linear):
+            model.head = ColumnParallelLinear.from_linear(model.head, group, gather_output=True)
+    return model
