@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_aio.py"
 
 
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio not installed (.ci/apt-install.sh)")
 def test_bench_aio_smoke(tmp_path):
     work = tmp_path / "dir"
     work.mkdir()
