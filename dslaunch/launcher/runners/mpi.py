@@ -71,6 +71,9 @@ class MPIRunner(Runner):
         return [{"argv": argv, "node_ranks": [n["node_rank"] for n in self.plan.nodes],
                  "label": self.name, "popen_kwargs": {"env": self.fanout_env()}}]
 
+    def kill(self, agent) -> None:
+        remote.terminate_then_kill(agent)
+
     def preflight(self) -> None:
         from dslaunch.launcher.preflight import run_preflight
 

@@ -40,3 +40,35 @@ def ssh_argv(host: str, options: dict, connect_timeout: float | None = None) -> 
 def agent_words(argv: list) -> str:
     """The agent argv as a remote shell command (each word quoted; ``exec``: no extra shell)."""
     return "exec " + shlex.join(argv)
+
+
+def terminate_then_kill(agent, after: float = 3.0) -> None:
+    """Stop a fan-out process (mpirun, srun) that carries several agents: close its stdin, SIGTERM
+    its process group (mpirun and srun pass SIGTERM on to every agent, which then stops its ranks
+    gracefully), and SIGKILL the group only if it is still there ``after`` seconds later. SIGKILL
+    first would make the MPI/SLURM daemons kill the agents before they can stop their ranks."""
+    import os
+    import signal
+    import subprocess
+    import threading
+
+    try:
+        agent.proc.stdin.close()
+    except (OSError, ValueError):
+        pass
+    try:
+        os.killpg(agent.proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+
+    def escalate():
+        try:
+            agent.proc.wait(after)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # the group may outlive its leader (e.g. an ssh child stuck on a dead host)
+            os.killpg(agent.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    threading.Thread(target=escalate, daemon=True).start()

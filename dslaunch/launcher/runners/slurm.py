@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
-import threading
 
 from dslaunch.launcher.runners import remote
 from dslaunch.launcher.runners.base import Runner, RunnerError
@@ -81,26 +79,8 @@ class SlurmRunner(Runner):
 
     def kill(self, agent) -> None:
         # srun cancels its step (every task on every node) on SIGTERM; SIGKILL would leave the
-        # step running until SLURM notices. Escalate only if it does not go.
-        try:
-            agent.proc.stdin.close()
-        except (OSError, ValueError):
-            pass
-        try:
-            os.killpg(agent.proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            return
-
-        def escalate():
-            try:
-                agent.proc.wait(KILL_AFTER)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(agent.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-        threading.Thread(target=escalate, daemon=True).start()
+        # step running until SLURM notices.
+        remote.terminate_then_kill(agent, KILL_AFTER)
 
     def preflight(self) -> None:
         from dslaunch.launcher.preflight import run_preflight
