@@ -26,7 +26,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -68,12 +67,6 @@ def parse_args(argv=None):
     return args
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def command(launcher: str, args, stamps: Path, peer_py, fail: bool) -> list:
     n = str(args.nproc)
     job = [str(TRIVIAL), "--stamps", str(stamps)] + (["--fail-rank", "1"] if fail else [])
@@ -86,7 +79,7 @@ def command(launcher: str, args, stamps: Path, peer_py, fail: bool) -> list:
     if launcher == "torchrun":
         return [bu.venv_bin("torchrun"), "--standalone", "--nproc-per-node", n] + job
     assert launcher == "deepspeed" and peer_py
-    return [str(Path(peer_py).parent / "deepspeed"), "--num_gpus", n, "--master_port", str(free_port())] + job
+    return [str(Path(peer_py).parent / "deepspeed"), "--num_gpus", n, "--master_port", str(bu.free_port())] + job
 
 
 def env_for(args) -> dict:

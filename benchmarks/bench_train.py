@@ -166,7 +166,7 @@ def command(c, args, out_dir: Path, peer_py: str | None, smoke_warmup: bool = Fa
     peer_bin = Path(peer_py).parent
     script = str(bu.PEER_SCRIPTS / "deepspeed_train.py")
     if args.ds_launcher == "deepspeed":
-        return [str(peer_bin / "deepspeed"), "--num_gpus", n, script] + script_args
+        return [str(peer_bin / "deepspeed"), "--num_gpus", n, "--master_port", str(bu.free_port()), script] + script_args
     return [str(peer_bin / "torchrun"), "--standalone", "--nproc-per-node", n, script] + script_args
 
 

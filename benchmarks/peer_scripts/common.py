@@ -41,6 +41,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab", type=int, default=8192)
+    # DeepSpeed's launcher appends --local_rank=N; ranks read LOCAL_RANK from the env instead
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--smoke", action="store_true",
                    help="tiny model (2 layers, hidden 64, vocab 512, seq 32) for a fast check")
     return p
