@@ -1,0 +1,146 @@
+"""1-bit optimizers, pure logic: bit packing, config-level refusals, optimizer construction and
+the single-process behaviour (no ranks to talk to: exact Adam/LAMB arithmetic)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dslaunch.config import resolve_config
+from dslaunch.config.errors import ConfigError
+from dslaunch.engine.compressed import CompressedAllReduce, pack_bits, unpack_bits
+from dslaunch.engine.optim import build_optimizer
+from dslaunch.engine.optim.onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
+from dslaunch.engine.zero.onebit_strategy import check_onebit_config
+
+
+@pytest.mark.parametrize("n", [8, 64, 1000 * 8, 12344])
+def test_pack_unpack_round_trip(n):
+    g = torch.Generator().manual_seed(n)
+    bits = torch.rand(n, generator=g) > 0.5
+    packed = pack_bits(bits)
+    assert packed.dtype == torch.uint8 and packed.numel() == n // 8
+    assert torch.equal(unpack_bits(packed), bits)
+
+
+def test_pack_layout_is_little_endian_within_a_byte():
+    bits = torch.zeros(16, dtype=torch.bool)
+    bits[0] = True   # byte 0, bit 0
+    bits[15] = True  # byte 1, bit 7
+    assert pack_bits(bits).tolist() == [1, 128]
+    assert pack_bits(torch.ones(8, dtype=torch.bool)).tolist() == [255]
+
+
+def test_pack_needs_whole_bytes():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack_bits(torch.ones(12, dtype=torch.bool))
+
+
+def test_one_rank_compression_is_sign_times_block_rms():
+    """World of 1 (no process group needed): worker and server compression still run, so the
+    result is the doubly-compressed value: sign(x) * rms(x) per block."""
+    x = torch.tensor([3.0, -1.0, 2.0, -2.0, 0.5, -0.5, 1.0, 0.0, 4.0, 4.0])
+    car = CompressedAllReduce(x.numel(), block_size=8)
+    car.rank, car.world = 0, 1  # default group absent: one rank
+    y = car(x.clone())
+    rms = x[:8].norm() / 8 ** 0.5
+    assert torch.allclose(y[:8], torch.where(x[:8] >= 0, rms, -rms))
+    assert torch.allclose(y[8:], torch.tensor([4.0, 4.0]))
+    # the error buffers hold exactly what was lost
+    assert torch.allclose(car.worker_error[:10] + car.server_error[:10] + y, x, atol=1e-6)
+
+
+def test_config_rejects_onebit_with_zero_stage():
+    cfg = {"train_micro_batch_size_per_gpu": 2,
+           "optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 3}},
+           "zero_optimization": {"stage": 2}}
+    with pytest.raises(ConfigError) as info:
+        resolve_config(cfg, world_size=2)
+    assert any(p.startswith("zero_optimization.stage: not supported yet (1-bit Adam")
+               for p in info.value.problems)
+    # and the engine refuses it even when the config was not checked
+    opt = build_optimizer(torch.nn.Linear(2, 2).parameters(), cfg["optimizer"])
+    with pytest.raises(ValueError, match="zero_optimization.stage: OneBitAdam works with ZeRO "
+                                         "stage 0 only"):
+        check_onebit_config(1, cfg, opt)
+    check_onebit_config(0, {}, opt)
+
+
+@pytest.mark.parametrize("kind", ["OneBitAdam", "ZeroOneAdam", "OneBitLamb"])
+def test_onebit_configs_resolve_without_zero(kind):
+    cfg = resolve_config({"train_micro_batch_size_per_gpu": 2,
+                          "optimizer": {"type": kind.lower(), "params": {"lr": 1e-3}}},
+                         world_size=2)
+    assert cfg.get("optimizer.type") == kind
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"comm_backend_name": "mpi"}, "comm_backend_name: 'mpi' is not supported"),
+    ({"cuda_aware": True}, "cuda_aware: true is only meaningful"),
+    ({"freeze_step": 0}, "freeze_step: must be >= 1"),
+    ({"amsgrad": True}, "amsgrad"),
+    ({"var_freeze_step": 10}, "var_freeze_step: not a parameter of OneBitAdam"),
+])
+def test_bad_params_are_named(params, message):
+    with pytest.raises(ValueError, match=message):
+        build_optimizer(torch.nn.Linear(2, 2).parameters(),
+                        {"type": "OneBitAdam", "params": params})
+
+
+def test_types_and_documented_params_are_accepted():
+    lin = torch.nn.Linear(2, 2)
+    a = build_optimizer(lin.parameters(), {"type": "OneBitAdam", "params": {
+        "lr": 1e-3, "freeze_step": 5, "cuda_aware": False, "comm_backend_name": "nccl"}})
+    z = build_optimizer(lin.parameters(), {"type": "ZeroOneAdam", "params": {
+        "var_freeze_step": 7, "var_update_scaler": 2, "local_step_scaler": 3,
+        "local_step_clipper": 4, "comm_backend_name": "gloo"}})
+    lamb = build_optimizer(lin.parameters(), {"type": "OneBitLamb", "params": {
+        "freeze_step": 5, "max_coeff": 5.0, "min_coeff": 0.1, "coeff_beta": 0.8,
+        "factor_max": 3.0, "factor_min": 0.6, "factor_threshold": 0.2}})
+    assert isinstance(a, OneBitAdam) and a.freeze_step == 5
+    assert isinstance(z, ZeroOneAdam) and (z.var_freeze_step, z.var_update_scaler,
+                                           z.local_step_scaler, z.local_step_clipper) == (7, 2, 3, 4)
+    assert isinstance(lamb, OneBitLamb) and (lamb.coeff_beta, lamb.factor_max, lamb.factor_min,
+                                             lamb.factor_threshold) == (0.8, 3.0, 0.6, 0.2)
+
+
+def _train(opt_factory, steps=12):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = opt_factory(model.parameters())
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 6, generator=g), torch.randn(32, 1, generator=g)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], opt
+
+
+def test_warmup_is_exact_adamw_and_lamb():
+    ref, _ = _train(lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01))
+    got, opt = _train(lambda p: OneBitAdam(p, lr=1e-2, weight_decay=0.01, freeze_step=100))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(ref, got))
+    assert not opt.in_compression_stage() and opt.wants_grad_allreduce()
+    from dslaunch.engine.optim.lamb import Lamb
+
+    ref, _ = _train(lambda p: Lamb(p, lr=1e-2))
+    got, _ = _train(lambda p: OneBitLamb(p, lr=1e-2, freeze_step=100))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(ref, got))
+
+
+def test_stage_switches_and_state_round_trip():
+    _, opt = _train(lambda p: OneBitAdam(p, lr=1e-2, freeze_step=5), steps=5)
+    assert opt.in_compression_stage() and not opt.wants_grad_allreduce()
+    _, z = _train(lambda p: ZeroOneAdam(p, lr=1e-2, var_freeze_step=100, var_update_scaler=2),
+                  steps=6)
+    # variance updated at steps 1, 2 (interval 1), then 4, 6 (interval 2), next at 8
+    assert (z.var_updates, z.var_interval) == (4, 4) and not z.wants_grad_allreduce()
+    sd = z.state_dict()
+    assert sd["onebit"]["extra"]["var_interval"] == 4 and sd["onebit"]["step"] == 6
+    _, z2 = _train(lambda p: ZeroOneAdam(p, lr=1e-2, var_freeze_step=100, var_update_scaler=2),
+                   steps=1)
+    z2.load_state_dict(sd)
+    assert (z2.onebit_step, z2.var_updates, z2.var_interval) == (6, 4, 4)
+    with pytest.raises(ValueError, match="saved by ZeroOneAdam"):
+        opt.load_state_dict(sd)
