@@ -6,7 +6,8 @@ backward produces them), cut into buckets of at most ``reduce_bucket_size`` elem
   in place and a bucket is all-reduced straight from the buffer (no flatten/unflatten copies).
   With ``overlap_comm`` (default on for stage 0) a post-accumulate-grad hook launches a bucket's
   async all-reduce as soon as its last gradient of the boundary micro-step is ready, in bucket
-  order on every rank (as DDP does), so communication overlaps the rest of backward.
+  order on every rank (as DDP does), so communication overlaps the rest of backward; buckets are
+  then capped at DDP's sizes (25 MiB, first 1 MiB) whatever ``reduce_bucket_size`` says.
 - bf16/fp16: the model's parameters are low precision; the optimizer steps fp32 masters whose
   ``.grad`` are the buffer's views; after each micro-step's backward the low-precision gradients
   are added into the buffer (fp32 accumulation) and dropped; buckets are reduced at the boundary.
@@ -23,6 +24,13 @@ import torch
 
 from ..memory import breakdown, optimizer_state_tensors
 from .base import OptimizerStrategy, broadcast_model, clip_coefficient
+
+
+# With overlap, buckets are capped as DDP caps them (bucket_cap_mb=25, first bucket 1 MiB), even
+# under DeepSpeed's default reduce_bucket_size of 5e8 elements: one 5e8 bucket would only be
+# ready when backward is over, so nothing would overlap.
+OVERLAP_BUCKET_CAP = 25 * 2**20 // 4
+OVERLAP_FIRST_BUCKET_CAP = 2**20 // 4
 
 
 class _Bucket:
@@ -57,10 +65,14 @@ class Stage0Strategy(OptimizerStrategy):
         # layout + buckets in reverse registration order
         self.views, self.buckets, self._bucket_of = {}, [], {}
         offset, bucket = 0, None
+        cap = self.bucket_elems
+        if self.overlap:
+            cap = min(cap, OVERLAP_BUCKET_CAP)
         for p in reversed(params):
             n = p.numel()
-            if bucket is None or (bucket.end - bucket.start + n > self.bucket_elems
-                                  and bucket.params):
+            limit = min(cap, OVERLAP_FIRST_BUCKET_CAP) if (self.overlap and
+                                                           len(self.buckets) == 1) else cap
+            if bucket is None or (bucket.end - bucket.start + n > limit and bucket.params):
                 bucket = _Bucket(offset)
                 self.buckets.append(bucket)
             self.views[p] = self.flat[offset:offset + n].view_as(p)
@@ -166,6 +178,15 @@ class Stage0Strategy(OptimizerStrategy):
     # -- step ----------------------------------------------------------------------------------
     def step(self, clip_norm: float, loss_scaler) -> bool:
         scale = loss_scaler.loss_scale
+        need_norm = (clip_norm and clip_norm > 0) or self.precision.name == "fp16"
+        if not need_norm:  # nothing reads it: spare a pass over the gradients
+            self._grad_norm = None
+            if scale != 1.0:
+                self.flat.mul_(1.0 / scale)
+            self.optimizer.step()
+            self._copy_masters_to_model()
+            loss_scaler.update(False)
+            return True
         norm = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
         if self.precision.name == "fp16" and not math.isfinite(norm):
             self._grad_norm = None
@@ -176,12 +197,15 @@ class Stage0Strategy(OptimizerStrategy):
         if coef != 1.0:
             self.flat.mul_(coef)
         self.optimizer.step()
+        self._copy_masters_to_model()
+        loss_scaler.update(False)
+        return True
+
+    def _copy_masters_to_model(self):
         if self.masters is not None:
             with torch.no_grad():
                 torch._foreach_copy_([p.data for p in self.params],
                                      [self.masters[p] for p in self.params])
-        loss_scaler.update(False)
-        return True
 
     def zero_grad(self) -> None:
         self.flat.zero_()
