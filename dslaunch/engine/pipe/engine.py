@@ -257,12 +257,14 @@ def initialize_parallel(args, model, optimizer, model_parameters, training_data,
 
     num_params = sum(p.numel() for p in model.parameters())
     if isinstance(model, PipelineModule):
+        source = _launcher_triad_fix(source, model.grid.dp_world_size)
         cfg = resolve_config(source, world_size=dist.get_world_size(),
                              dp_world_size=model.grid.dp_world_size, model_num_params=num_params)
         return PipelineEngine(args=args, model=model, optimizer=optimizer,
                               model_parameters=model_parameters, training_data=training_data,
                               lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg)
     dp_group = mpu.get_data_parallel_group()
+    source = _launcher_triad_fix(source, mpu.get_data_parallel_world_size())
     cfg = resolve_config(source, world_size=dist.get_world_size(),
                          dp_world_size=mpu.get_data_parallel_world_size(),
                          model_num_params=num_params)
@@ -277,3 +279,21 @@ def initialize_parallel(args, model, optimizer, model_parameters, training_data,
     engine.mpu = mpu
     engine.global_rank, engine.world_size = dist.get_rank(), dist.get_world_size()
     return engine
+
+
+def _launcher_triad_fix(source, dp: int):
+    """``dslaunch run`` resolves the config with data-parallel size = world size and hands the
+    ranks the result; with pipeline/TP stages the data-parallel size is smaller. A
+    ``train_batch_size`` equal to micro x accumulation x world size is the launcher's inference
+    for that assumption: drop it so it is inferred again for the real data-parallel size."""
+    from dslaunch.config import load_config
+
+    world = dist.get_world_size()
+    if dp == world:
+        return source
+    raw = dict(load_config(source))
+    tbs, mbs, gas = (raw.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                           "gradient_accumulation_steps"))
+    if all(isinstance(v, int) for v in (tbs, mbs, gas)) and tbs == mbs * gas * world:
+        raw.pop("train_batch_size")
+    return raw

@@ -1,0 +1,146 @@
+"""Rank script for the pipeline / tensor-parallel tests, and (``--reference``) the plain
+single-process PyTorch run they are compared with.
+
+--model pipe: the tiny GPT as PipelineModule layers (tests/scripts/pipe_model.py) on a
+  pipe x data x model grid, trained with engine.train_batch(data_iter); TP splits every Block
+  (and, with --vocab-parallel, the head + vocab-parallel cross-entropy).
+--model gpt: examples/gpt.py's GPT with apply_tensor_parallel (vocab-parallel embedding and
+  head), trained through dslaunch.initialize(mpu=grid) and engine(tokens, targets).
+Data: TextBatches(global batch = train_batch_size).batch_at(step, dp_rank, dp_world), cut into
+the micro-batches in order, so every layout sees the rows of one process's batch.
+Writes --out/rank_{r}.json (or ref.json).
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
+from pipe_model import CFG, layer_list, loss_fn, pipe_specs, reference_model  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--model", choices=["pipe", "gpt"], default="pipe")
+p.add_argument("--reference", action="store_true")
+p.add_argument("--pp", type=int, default=1)
+p.add_argument("--tp", type=int, default=1)
+p.add_argument("--steps", type=int, default=3)
+p.add_argument("--batch", type=int, default=8, help="reference: global batch")
+p.add_argument("--tied", action="store_true")
+p.add_argument("--vocab-parallel", action="store_true")
+p.add_argument("--blocks", type=int, default=2)
+p.add_argument("--partition", default="parameters")
+p.add_argument("--ckpt-interval", type=int, default=0)
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--varying-seq", action="store_true", help="sequence length changes per step")
+args, _ = p.parse_known_args()
+
+BASE_SEED = 1234
+out = Path(args.out)
+out.mkdir(parents=True, exist_ok=True)
+
+
+def seq_len(step):
+    return CFG.seq_len - (step % 3) * 4 if args.varying_seq else CFG.seq_len
+
+
+def batch_at(batches, step, rank, world):
+    tok, tgt = batches.batch_at(step, rank, world)
+    n = seq_len(step)
+    return tok[:, :n].contiguous(), tgt[:, :n].contiguous()
+
+
+if args.reference:
+    torch.manual_seed(args.seed)
+    if args.model == "gpt":
+        model = GPT(GPTConfig(seq_len=16, n_layer=1, d_model=32, n_head=2))
+        params = list(model.parameters())
+        forward = None
+    else:
+        forward, mods = reference_model(layer_list(tied=args.tied, n_blocks=args.blocks),
+                                        BASE_SEED)
+        params = list(mods.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
+    batches = TextBatches(stdlib_bytes(1 << 20), seq_len=16, global_batch=args.batch,
+                          seed=args.seed)
+    losses = []
+    for step in range(args.steps):
+        tok, tgt = batch_at(batches, step, 0, 1)
+        loss = model(tok, tgt) if args.model == "gpt" else loss_fn(forward(tok), tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    (out / "ref.json").write_text(json.dumps({"losses": losses}))
+    sys.exit(0)
+
+import torch.distributed as dist  # noqa: E402
+
+import dslaunch  # noqa: E402
+from dslaunch.engine.topology import get_grid, make_topology  # noqa: E402
+from dslaunch.engine.tensor_parallel import (apply_tensor_parallel,  # noqa: E402
+                                             vocab_parallel_cross_entropy)
+from dslaunch.pipe import PipelineModule  # noqa: E402
+
+dslaunch.init_distributed()
+torch.manual_seed(args.seed)
+grid = get_grid(make_topology(dist.get_world_size(), pipe=args.pp, model=args.tp))
+tp_group = grid.model_group if args.tp > 1 else None
+rec = {"rank": dist.get_rank(), "stage": grid.stage_id, "dp_rank": grid.dp_rank,
+       "tp_rank": grid.tp_rank, "coord": list(grid.coord), "losses": []}
+
+if args.model == "gpt":
+    model = GPT(GPTConfig(seq_len=16, n_layer=1, d_model=32, n_head=2))
+    apply_tensor_parallel(model, tp_group, vocab_parallel=True)
+    engine, _, _, _ = dslaunch.initialize(args=args, model=model, mpu=grid)
+else:
+    vocab_group = tp_group if args.vocab_parallel else None
+    specs = layer_list(tied=args.tied, tp_group=tp_group, n_blocks=args.blocks,
+                       vocab_group=vocab_group)
+    lf = loss_fn
+    if args.vocab_parallel:
+        def lf(logits, targets):
+            return vocab_parallel_cross_entropy(logits, targets, tp_group).mean()
+    module = PipelineModule(pipe_specs(specs), topology=grid.topology, loss_fn=lf,
+                            seed_layers=True, base_seed=BASE_SEED,
+                            partition_method=args.partition,
+                            activation_checkpoint_interval=args.ckpt_interval)
+    rec["parts"] = module.parts
+    rec["local_params"] = sum(p.numel() for p in module.parameters())
+    engine, _, _, _ = dslaunch.initialize(args=args, model=module)
+
+mb, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+batches = TextBatches(stdlib_bytes(1 << 20), seq_len=16, global_batch=engine.train_batch_size(),
+                      seed=args.seed)
+for step in range(args.steps):
+    tok, tgt = batch_at(batches, step, grid.dp_rank, grid.dp_world_size)
+    if args.model == "gpt":
+        total = torch.zeros(())
+        for i in range(gas):
+            loss = engine(tok[i * mb:(i + 1) * mb], tgt[i * mb:(i + 1) * mb])
+            total += loss.detach()
+            engine.backward(loss)
+            engine.step()
+        mean = total / gas
+        dist.all_reduce(mean, group=grid.data_group)
+        rec["losses"].append(mean.item() / grid.dp_world_size)
+    else:
+        it = iter([(tok[i * mb:(i + 1) * mb], tgt[i * mb:(i + 1) * mb]) for i in range(gas)])
+        loss = engine.train_batch(it)
+        rec["losses"].append(loss.item())
+if args.model == "pipe":
+    it = iter([(tok[i * mb:(i + 1) * mb], tgt[i * mb:(i + 1) * mb]) for i in range(gas)])
+    rec["eval_loss"] = engine.eval_batch(it).item()
+    rec["p2p"] = engine.p2p.stats
+    rec["peak_live"] = engine.peak_live_micro_batches
+    rec["schedule"] = engine.pipe_schedule
+rec["global_steps"] = engine.global_steps
+rec["comm"] = engine.comm_stats()
+(out / f"rank_{dist.get_rank()}.json").write_text(json.dumps(rec))

@@ -1,0 +1,112 @@
+"""Pipeline parallelism end to end: real gloo jobs through `dslaunch run`, the tiny GPT as
+PipelineModule layers (tests/scripts/pipe_model.py), compared with a plain single-process
+PyTorch run of the same layers (same per-layer seeds, same batches, AdamW) within 1e-5 relative.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+from engine_launch import launch, results, run_python  # noqa: E402
+
+ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}
+STEPS = 3
+
+
+def _cfg(micro, gas, **extra):
+    return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
+            "optimizer": ADAMW, **extra}
+
+
+def _reference(tmp_path, batch, *flags):
+    out = tmp_path / "ref"
+    run_python("pipe_train.py", ["--reference", "--out", out, "--batch", batch,
+                                 "--steps", STEPS, *flags])
+    return json.loads((out / "ref.json").read_text())["losses"]
+
+
+def _run(tmp_path, cfg, nproc, *flags):
+    out = tmp_path / "o"
+    launch(tmp_path, cfg, "pipe_train.py", ["--out", out, "--steps", STEPS, *flags],
+           nproc=nproc, timeout=240)
+    return results(out, nproc)
+
+
+def _assert_equal_losses(ranks, ref):
+    for r in ranks:
+        assert len(r["losses"]) == len(ref) == STEPS
+        for got, want in zip(r["losses"], ref):
+            assert abs(got - want) <= 1e-5 * abs(want), (r["rank"], r["losses"], ref)
+    assert len({tuple(r["losses"]) for r in ranks}) == 1  # the same loss on every stage
+
+
+def test_pipe2_1f1b_equals_single_process(tmp_path):
+    """2 stages, 1F1B, 4 micro-batches of 2 == one process on batch 8. Stage 0 holds at most 2
+    micro-batches of activations (P - s), the last stage 1; shapes travel once per direction."""
+    ref = _reference(tmp_path, 8)
+    ranks = _run(tmp_path, _cfg(2, 4), 2, "--pp", 2)
+    _assert_equal_losses(ranks, ref)
+    s0, s1 = ranks
+    assert (s0["stage"], s1["stage"]) == (0, 1)
+    assert s0["parts"] == [0, 2, 5]  # parameters method: embed+block | block, norm, head
+    assert s0["schedule"] == "1f1b" and s0["global_steps"] == STEPS
+    assert s0["peak_live"] == 2 and s1["peak_live"] == 1
+    # (STEPS train batches + 1 eval batch) x 4 micro-batches per direction, one shape header
+    assert s0["p2p"]["headers_with_shapes"] == 1 and s1["p2p"]["headers_with_shapes"] == 1
+    assert s0["p2p"]["messages"] == STEPS * 4 + 4  # activations: train + eval
+    assert s1["p2p"]["messages"] == STEPS * 4  # gradients: train only
+    assert s0["eval_loss"] == s1["eval_loss"] and 4 < s0["eval_loss"] < 7
+
+
+def test_pipe2_gpipe_tied_embedding_activation_checkpointing(tmp_path):
+    """GPipe, the embedding tied to the output head across the two stages (gradients summed
+    between the owners), activation checkpointing every layer, 3 micro-batches of 2."""
+    ref = _reference(tmp_path, 6, "--tied")
+    cfg = _cfg(2, 3, dslaunch={"pipe_schedule": "gpipe"})
+    ranks = _run(tmp_path, cfg, 2, "--pp", 2, "--tied", "--ckpt-interval", 1)
+    _assert_equal_losses(ranks, ref)
+    assert ranks[0]["schedule"] == "gpipe"
+    assert ranks[0]["peak_live"] == 3 and ranks[1]["peak_live"] == 3  # GPipe holds all
+
+
+def test_pipe2_varying_shapes_and_uniform_partition(tmp_path):
+    """The sequence length changes from step to step (16, 12, 8): new shapes are sent when they
+    change; one micro-batch per step; uniform partitioning over 3 blocks."""
+    ref = _reference(tmp_path, 4, "--varying-seq", "--blocks", 3)
+    ranks = _run(tmp_path, _cfg(4, 1), 2, "--pp", 2, "--varying-seq", "--blocks", 3,
+                 "--partition", "uniform")
+    _assert_equal_losses(ranks, ref)
+    assert ranks[0]["parts"] == [0, 3, 6]
+    # activations: 16, 12, 8 in training, then 8 again in eval -> 3 shape headers
+    assert ranks[0]["p2p"]["headers_with_shapes"] == 3
+    assert ranks[1]["p2p"]["headers_with_shapes"] == 3
+
+
+def test_pipe2_x_dp2_four_ranks(tmp_path):
+    """pipe 2 x data 2: each data replica takes its rows, gradients averaged over the data
+    group by the stage-0 strategy, loss averaged over it."""
+    ref = _reference(tmp_path, 8)
+    ranks = _run(tmp_path, _cfg(2, 2), 4, "--pp", 2)
+    _assert_equal_losses(ranks, ref)
+    assert [(r["stage"], r["dp_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in ranks:  # one all-reduce of the stage's gradients per step over its data group
+        assert r["comm"]["all_reduce"]["calls"] == STEPS
+
+
+def test_pipe2_x_tp2_four_ranks_vocab_parallel(tmp_path):
+    """pipe 2 x tensor parallel 2: Blocks split over the model group, the head's vocabulary
+    split with the vocab-parallel cross-entropy on the last stage."""
+    ref = _reference(tmp_path, 4)
+    ranks = _run(tmp_path, _cfg(2, 2), 4, "--pp", 2, "--tp", 2, "--vocab-parallel")
+    _assert_equal_losses(ranks, ref)
+    assert [(r["stage"], r["tp_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_world_that_does_not_factor_is_a_clear_error(tmp_path):
+    proc = launch(tmp_path, _cfg(2, 1), "pipe_train.py", ["--out", tmp_path / "o", "--pp", 3],
+                  nproc=2, check=False)
+    assert proc.returncode != 0
+    assert "world size 2 does not factor into pipeline stages 3" in proc.stdout + proc.stderr
