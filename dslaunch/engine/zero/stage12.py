@@ -1,0 +1,343 @@
+"""ZeRO stages 1 and 2: optimizer states (1) and gradients too (2) partitioned over data parallel.
+
+Every rank keeps the whole model (parameters live as views of one flat, bucketed buffer per
+optimizer param group, see ``partition.py``) but owns one chunk of every bucket:
+
+- the optimizer (the user's own object, re-pointed at shard parameters) steps only this rank's
+  chunks. In fp32 the chunks *are* views of the flat parameter buffer (no extra master copy); in
+  bf16/fp16, or with ``offload_optimizer``, the rank keeps fp32 master chunks (on the CPU when
+  offloaded);
+- after the step the updated chunks are all-gathered, bucket by bucket, into the flat buffer;
+- stage 1: gradients accumulate whole (``p.grad`` are views of a flat gradient buffer laid out like
+  the parameters) and are reduce-scattered at the accumulation boundary, one collective per bucket;
+- stage 2: a post-accumulate hook per parameter copies each gradient into its bucket's staging
+  buffer and frees it; a full bucket is reduce-scattered at once (asynchronously when
+  ``overlap_comm``, so communication overlaps the rest of backward; the staging buffers of buckets
+  in flight are kept until backward ends, without it one buffer is reused)
+  and this rank's chunk is added to its gradient shard: the only gradient memory that lasts is the
+  shard, and accumulation over micro-steps is exact (every micro-step is reduced).
+
+Gradient clipping uses the global norm (squared shard norms all-reduced); an fp16 overflow anywhere
+skips the step on every rank (flag all-reduced with MAX).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import weakref
+
+import torch
+
+from dslaunch.engine.zero import partition as P
+from dslaunch.engine.zero.common import (ZeroOptions, clip_coefficient, current_scale, get_comm,
+                                         merge_bytes, named_groups, optimizer_state_bytes,
+                                         repoint_optimizer, tensor_bytes)
+from dslaunch.engine.zero.offload import step_optimizer
+
+
+class _Group:
+    """One optimizer param group: its layout, flat buffers and shard tensors."""
+
+    def __init__(self, named, world, rank, bucket_numel, device, dtype):
+        self.names = [n for n, _ in named]
+        self.params = {n: p for n, p in named}
+        self.layout = P.build_layout(named, world, bucket_numel)
+        self.flat = P.flatten_into(self.layout, self.params, dtype, device)
+        self.buckets = P.bucket_views(self.flat, self.layout)
+        self.chunks = P.chunk_views(self.flat, self.layout, rank)
+        # which bucket each parameter lives in
+        self.bucket_of = {s.name: bi for bi, b in enumerate(self.layout.buckets) for s in b.slots}
+        self.slot_of = {s.name: s for b in self.layout.buckets for s in b.slots}
+        self.grad_flat = None  # stage 1: whole gradients, same layout as flat
+        self.grad_shard = None  # stage 2 (param dtype) / offload (fp32 on cpu): this rank's chunks
+        self.master = None  # fp32 shard when mixed precision or offload
+        self.shard_params = []  # what the optimizer steps (one per bucket chunk)
+
+
+class ZeroStage12Strategy:
+    def __init__(self, stage, model, optimizer, cfg, comm=None, precision=None):
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroStage12Strategy handles stages 1 and 2, not {stage}")
+        self.stage = stage
+        self.model = model
+        self.optimizer = optimizer
+        self.opts = ZeroOptions(cfg, stage)
+        self.comm = get_comm(comm)
+        self.precision = precision
+        self.world = self.comm.world_size
+        self.rank = self.comm.rank
+        self._last_norm = 0.0
+        self._hooks = []
+
+        named = named_groups(model, optimizer)
+        first = next((p for g in named for _, p in g), None)
+        if first is None:
+            raise ValueError("the optimizer has no trainable parameters")
+        self.dtype, self.device = first.dtype, first.device
+        self.mixed = self.dtype != torch.float32
+        self.opt_device = torch.device("cpu") if self.opts.offload_optimizer else self.device
+        self.need_master = self.mixed or self.opts.offload_optimizer
+
+        bucket = self.opts.reduce_bucket_size
+        self.groups = [_Group(g, self.world, self.rank, bucket, self.device, self.dtype)
+                       for g in named]
+        for g in self.groups:
+            self.comm.broadcast(g.flat, src=0)  # every rank starts from rank 0's weights
+            self._make_shard(g)
+        repoint_optimizer(optimizer, [g.shard_params for g in self.groups])
+        if stage == 1:
+            for g in self.groups:
+                g.grad_flat = torch.zeros_like(g.flat)
+                self._attach_grad_views(g)
+        else:
+            self._staging_pool = []
+            self._in_flight = []  # (group, bucket index, work, out, staging)
+            self._open = {}  # (group idx, bucket idx) -> staging buffer
+            self._pending = {}
+            self._reset_pending()
+            for gi, g in enumerate(self.groups):
+                for name, p in g.params.items():
+                    self._hooks.append(p.register_post_accumulate_grad_hook(
+                        self._make_hook(gi, name)))
+            # Gradient hooks still registered when the interpreter finalises can abort the
+            # process (seen with async gloo work in flight earlier): drop them at exit.
+            atexit.register(_remove_hooks_at_exit, weakref.ref(self))
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _make_shard(self, g: _Group):
+        shard_numel = g.layout.shard_numel
+        if self.need_master:
+            g.master = torch.empty(shard_numel, dtype=torch.float32, device=self.opt_device)
+            if self.opts.pin_memory and torch.cuda.is_available() and self.opt_device.type == "cpu":
+                g.master = g.master.pin_memory()
+            for dst, src in zip(P.shard_chunks(g.master, g.layout), g.chunks):
+                dst.copy_(src)
+            views = P.shard_chunks(g.master, g.layout)
+        else:
+            views = g.chunks
+        g.shard_params = [torch.nn.Parameter(v) for v in views]
+        if self.stage == 2 or self.opts.offload_optimizer:
+            if self.opts.offload_optimizer:  # the CPU step reads an fp32 gradient shard
+                g.grad_shard = torch.zeros(shard_numel, dtype=torch.float32, device="cpu")
+            else:
+                g.grad_shard = torch.zeros(shard_numel, dtype=self.dtype, device=self.device)
+
+    def _attach_grad_views(self, g: _Group):
+        for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
+            for s in b.slots:
+                g.params[s.name].grad = bview[s.start: s.start + s.numel].view(s.shape)
+
+    # -- stage 2: bucketed reduce-scatter driven by gradient hooks -----------------------------
+    def _reset_pending(self):
+        self._pending = {(gi, bi): len(b.slots) for gi, g in enumerate(self.groups)
+                         for bi, b in enumerate(g.layout.buckets)}
+
+    def _staging(self, numel):
+        for i, buf in enumerate(self._staging_pool):
+            if buf.numel() >= numel:
+                return self._staging_pool.pop(i)[:numel]
+        return torch.empty(numel, dtype=self.dtype, device=self.device)
+
+    def _make_hook(self, gi, name):
+        ref = weakref.ref(self)
+
+        def hook(p):
+            self = ref()
+            if self is None or p.grad is None:
+                return
+            key = (gi, self.groups[gi].bucket_of[name])
+            self._stage_grad(key, name, p.grad)
+            p.grad = None  # the gradient now lives in the bucket; free it
+            self._pending[key] -= 1
+            if self._pending[key] == 0:
+                self._launch(key)
+        return hook
+
+    def _stage_grad(self, key, name, grad):
+        gi, bi = key
+        g = self.groups[gi]
+        buf = self._open.get(key)
+        if buf is None:
+            buf = self._staging(g.layout.buckets[bi].numel)
+            buf.zero_()
+            self._open[key] = buf
+        s = g.slot_of[name]
+        buf[s.start: s.start + s.numel].add_(grad.reshape(-1))
+
+    def _launch(self, key):
+        gi, bi = key
+        g = self.groups[gi]
+        staging = self._open.pop(key)
+        chunk = g.layout.buckets[bi].chunk(self.world)
+        out = torch.empty(chunk, dtype=self.dtype, device=self.device)
+        if self.opts.overlap_comm:
+            work = self.comm.reduce_scatter_tensor(out, staging, async_op=True)
+            self._in_flight.append((g, bi, work, out, staging))
+            # No wait here: waiting on (or polling) async gloo work from inside the autograd
+            # hook made the process abort at interpreter exit now and then ("terminate called
+            # without an active exception"). All waits happen in after_backward; the price is
+            # that in-flight buckets keep their staging buffers until backward ends.
+        else:
+            self.comm.reduce_scatter_tensor(out, staging)
+            self._finish(g, bi, None, out, staging)
+
+    def _finish(self, g, bi, work, out, staging):
+        if work is not None:
+            work.wait()
+        off = g.layout.shard_offsets()[bi]
+        dst = g.grad_shard[off: off + out.numel()]
+        dst.add_(out.to(dst.dtype), alpha=1.0 / self.world)
+        self._staging_pool.append(staging)
+
+    # -- the engine's seam ---------------------------------------------------------------------
+    def after_backward(self, is_boundary: bool = True):
+        if self.stage == 2:
+            for key in sorted(self._open):  # buckets with unused parameters: reduce what came
+                self._launch(key)
+            while self._in_flight:
+                self._finish(*self._in_flight.pop(0))
+            self._reset_pending()
+            return
+        for g in self.groups:  # stage 1: someone may have replaced a .grad view; fold it back
+            flat_ptr = (g.grad_flat.data_ptr(), g.grad_flat.data_ptr() + g.grad_flat.numel() *
+                        g.grad_flat.element_size())
+            for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
+                for s in b.slots:
+                    p = g.params[s.name]
+                    if p.grad is not None and not (flat_ptr[0] <= p.grad.data_ptr() < flat_ptr[1]):
+                        bview[s.start: s.start + s.numel].copy_(p.grad.reshape(-1))
+                        p.grad = bview[s.start: s.start + s.numel].view(s.shape)
+        if not is_boundary:
+            return
+        self._stage1_grad_chunks = []
+        for g in self.groups:
+            outs, works = [], []
+            for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
+                out = torch.empty(b.chunk(self.world), dtype=self.dtype, device=self.device)
+                works.append(self.comm.reduce_scatter_tensor(out, bview, async_op=True))
+                outs.append(out)
+            for w in works:
+                w.wait()
+            if g.grad_shard is not None:  # offload: fp32 shard on the CPU
+                for dst, out in zip(P.shard_chunks(g.grad_shard, g.layout), outs):
+                    dst.copy_(out).mul_(1.0 / self.world)
+                outs = P.shard_chunks(g.grad_shard, g.layout)
+            else:
+                for out in outs:
+                    out.mul_(1.0 / self.world)
+            self._stage1_grad_chunks.append(outs)
+
+    # DeepSpeed-era name for the same call
+    on_backward_done = after_backward
+
+    def _grad_chunks(self):
+        if self.stage == 1:
+            return getattr(self, "_stage1_grad_chunks", None) or [
+                [torch.zeros(b.chunk(self.world), dtype=self.dtype, device=self.device)
+                 for b in g.layout.buckets] for g in self.groups]
+        return [P.shard_chunks(g.grad_shard, g.layout) for g in self.groups]
+
+    def grad_norm(self) -> float:
+        return self._last_norm
+
+    def _global_sq_norm_and_overflow(self, chunks, inv_scale):
+        sq = torch.zeros(2, dtype=torch.float64)
+        for group_chunks in chunks:
+            for c in group_chunks:
+                f = c.float()
+                sq[0] += float(f.pow(2).sum())
+        sq[0] *= inv_scale * inv_scale
+        if not math.isfinite(float(sq[0])):
+            sq[1] = 1.0
+            sq[0] = 0.0
+        self.comm.all_reduce(sq)
+        return float(sq[0]), bool(sq[1] > 0)
+
+    def step(self, clip_norm=None, loss_scaler=None) -> bool:
+        scale = current_scale(loss_scaler)
+        inv = 1.0 / scale
+        chunks = self._grad_chunks()
+        sq, overflow = self._global_sq_norm_and_overflow(chunks, inv)
+        if overflow:
+            self._last_norm = float("inf")
+            self._stage1_grad_chunks = None
+            return False
+        self._last_norm = math.sqrt(sq)
+        coef = clip_coefficient(self._last_norm, clip_norm) * inv
+        for g, gchunks in zip(self.groups, chunks):
+            for sp, gc in zip(g.shard_params, gchunks):
+                if self.need_master:
+                    grad = gc if gc.dtype == torch.float32 and gc.device == sp.device else \
+                        gc.to(device=sp.device, dtype=torch.float32)
+                else:
+                    grad = gc
+                if coef != 1.0:
+                    grad.mul_(coef)  # gradients are consumed by this step: scale in place
+                sp.grad = grad
+        step_optimizer(self.optimizer, offload=self.opts.offload_optimizer)
+        for g in self.groups:
+            for sp in g.shard_params:
+                sp.grad = None
+        self._stage1_grad_chunks = None
+        self._all_gather_params()
+        return True
+
+    def _all_gather_params(self):
+        works = []
+        for g in self.groups:
+            sources = P.shard_chunks(g.master, g.layout) if self.need_master else g.chunks
+            for bview, src in zip(g.buckets, sources):
+                inp = src.to(device=self.device, dtype=self.dtype)
+                if inp.data_ptr() == src.data_ptr():
+                    inp = inp.clone()  # the input must not alias the output
+                works.append(self.comm.all_gather_into_tensor(bview, inp, async_op=True))
+        for w in works:
+            w.wait()
+
+    def zero_grad(self, set_to_none: bool = True):
+        for g in self.groups:
+            if g.grad_flat is not None:
+                g.grad_flat.zero_()
+                self._attach_grad_views(g)
+            if g.grad_shard is not None:
+                g.grad_shard.zero_()
+            if self.stage == 2:
+                for p in g.params.values():
+                    p.grad = None
+
+    # -- accounting ----------------------------------------------------------------------------
+    def memory_breakdown(self) -> dict:
+        out: dict = {}
+        seen = set()
+        for g in self.groups:
+            merge_bytes(out, "params", tensor_bytes(g.flat))
+            seen.update(id(p) for p in g.params.values())
+            merge_bytes(out, "grads", tensor_bytes(g.grad_flat, g.grad_shard))
+            merge_bytes(out, "optimizer_states", tensor_bytes(g.master))
+        merge_bytes(out, "params", tensor_bytes(*[p for p in self.model.parameters()
+                                                  if id(p) not in seen]))
+        merge_bytes(out, "optimizer_states", optimizer_state_bytes(self.optimizer))
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        from dslaunch.engine.zero.checkpoint import shard_state_dict
+
+        return shard_state_dict(self)
+
+    def load_state_dict(self, sd) -> None:
+        from dslaunch.engine.zero.checkpoint import load_shard_state_dict
+
+        load_shard_state_dict(self, sd)
+
+    def remove_hooks(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def _remove_hooks_at_exit(ref):
+    strategy = ref()
+    if strategy is not None:
+        strategy.remove_hooks()
