@@ -36,10 +36,8 @@ def _any_enabled(tree) -> bool:
 
 
 NOT_SUPPORTED_YET = [
-    Feature("zero_optimization.stage", "ZeRO stages 1, 2 and 3", "issue 4",
-            lambda get: (get("zero_optimization.stage") or 0) >= 1),
-    Feature("zero_optimization.offload_optimizer.device", "optimizer offload to CPU", "issue 4",
-            lambda get: get("zero_optimization.offload_optimizer.device") == "cpu"),
+    Feature("zero_optimization.stage", "ZeRO stage 3", "issue 4",
+            lambda get: (get("zero_optimization.stage") or 0) >= 3),
     Feature("zero_optimization.offload_param.device", "parameter offload to CPU", "issue 4",
             lambda get: get("zero_optimization.offload_param.device") == "cpu"),
     Feature("zero_optimization.offload_optimizer.device", "optimizer offload to NVMe", "issue 8",

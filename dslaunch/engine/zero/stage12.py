@@ -29,61 +29,85 @@ import weakref
 
 import torch
 
+from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero import partition as P
+from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
 from dslaunch.engine.zero.common import (ZeroOptions, clip_coefficient, current_scale, get_comm,
-                                         merge_bytes, named_groups, optimizer_state_bytes,
-                                         repoint_optimizer, tensor_bytes)
+                                         named_groups, repoint_optimizer)
 from dslaunch.engine.zero.offload import step_optimizer
 
 
 class _Group:
     """One optimizer param group: its layout, flat buffers and shard tensors."""
 
-    def __init__(self, named, world, rank, bucket_numel, device, dtype):
+    def __init__(self, named, world, rank, bucket_numel):
         self.names = [n for n, _ in named]
         self.params = {n: p for n, p in named}
         self.layout = P.build_layout(named, world, bucket_numel)
-        self.flat = P.flatten_into(self.layout, self.params, dtype, device)
-        self.buckets = P.bucket_views(self.flat, self.layout)
-        self.chunks = P.chunk_views(self.flat, self.layout, rank)
+        self.rank = rank
         # which bucket each parameter lives in
         self.bucket_of = {s.name: bi for bi, b in enumerate(self.layout.buckets) for s in b.slots}
         self.slot_of = {s.name: s for b in self.layout.buckets for s in b.slots}
+        self.flat = self.buckets = self.chunks = None
         self.grad_flat = None  # stage 1: whole gradients, same layout as flat
         self.grad_shard = None  # stage 2 (param dtype) / offload (fp32 on cpu): this rank's chunks
         self.master = None  # fp32 shard when mixed precision or offload
         self.shard_params = []  # what the optimizer steps (one per bucket chunk)
 
+    def take_master(self, device, pin=False):
+        """fp32 copy of this rank's chunks, read from the (still fp32) parameters."""
+        self.master = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=device)
+        if pin:
+            self.master = self.master.pin_memory()
+        for _, s, lo, hi, pos in self.layout.shard_pieces(self.rank):
+            src = self.params[s.name].detach().reshape(-1)[lo:hi]
+            self.master[pos: pos + hi - lo].copy_(src)
 
-class ZeroStage12Strategy:
+    def flatten(self, dtype, device):
+        self.flat = P.flatten_into(self.layout, self.params, dtype, device)
+        self.buckets = P.bucket_views(self.flat, self.layout)
+        self.chunks = P.chunk_views(self.flat, self.layout, self.rank)
+
+
+class ZeroStage12Strategy(OptimizerStrategy):
     def __init__(self, stage, model, optimizer, cfg, comm=None, precision=None):
         if stage not in (1, 2):
             raise ValueError(f"ZeroStage12Strategy handles stages 1 and 2, not {stage}")
+        comm = get_comm(comm)
+        super().__init__(model, optimizer, cfg, comm, precision)
         self.stage = stage
-        self.model = model
-        self.optimizer = optimizer
         self.opts = ZeroOptions(cfg, stage)
-        self.comm = get_comm(comm)
-        self.precision = precision
-        self.world = self.comm.world_size
-        self.rank = self.comm.rank
-        self._last_norm = 0.0
+        self.world = comm.world_size
+        self.rank = comm.rank
+        self._grad_norm = None
         self._hooks = []
+        self._stage1_grad_chunks = None
 
         named = named_groups(model, optimizer)
         first = next((p for g in named for _, p in g), None)
         if first is None:
             raise ValueError("the optimizer has no trainable parameters")
-        self.dtype, self.device = first.dtype, first.device
+        # the engine hands us an fp32 model: the masters are taken before the model is cast
+        self.dtype = precision.dtype if precision is not None else first.dtype
+        self.device = first.device
         self.mixed = self.dtype != torch.float32
         self.opt_device = torch.device("cpu") if self.opts.offload_optimizer else self.device
         self.need_master = self.mixed or self.opts.offload_optimizer
 
-        bucket = self.opts.reduce_bucket_size
-        self.groups = [_Group(g, self.world, self.rank, bucket, self.device, self.dtype)
+        broadcast_model(model, comm)  # every rank starts from rank 0's weights
+        self.groups = [_Group(g, self.world, self.rank, self.opts.reduce_bucket_size)
                        for g in named]
+        pin = self.opts.pin_memory and torch.cuda.is_available() and self.opt_device.type == "cpu"
+        if self.need_master:
+            for g in self.groups:
+                g.take_master(self.opt_device, pin)
+        if self.mixed:
+            if precision is not None:
+                precision.cast_model(model)
+            else:
+                model.to(self.dtype)
         for g in self.groups:
-            self.comm.broadcast(g.flat, src=0)  # every rank starts from rank 0's weights
+            g.flatten(self.dtype, self.device)
             self._make_shard(g)
         repoint_optimizer(optimizer, [g.shard_params for g in self.groups])
         if stage == 1:
@@ -108,11 +132,6 @@ class ZeroStage12Strategy:
     def _make_shard(self, g: _Group):
         shard_numel = g.layout.shard_numel
         if self.need_master:
-            g.master = torch.empty(shard_numel, dtype=torch.float32, device=self.opt_device)
-            if self.opts.pin_memory and torch.cuda.is_available() and self.opt_device.type == "cpu":
-                g.master = g.master.pin_memory()
-            for dst, src in zip(P.shard_chunks(g.master, g.layout), g.chunks):
-                dst.copy_(src)
             views = P.shard_chunks(g.master, g.layout)
         else:
             views = g.chunks
@@ -238,9 +257,6 @@ class ZeroStage12Strategy:
                  for b in g.layout.buckets] for g in self.groups]
         return [P.shard_chunks(g.grad_shard, g.layout) for g in self.groups]
 
-    def grad_norm(self) -> float:
-        return self._last_norm
-
     def _global_sq_norm_and_overflow(self, chunks, inv_scale):
         sq = torch.zeros(2, dtype=torch.float64)
         for group_chunks in chunks:
@@ -260,11 +276,13 @@ class ZeroStage12Strategy:
         chunks = self._grad_chunks()
         sq, overflow = self._global_sq_norm_and_overflow(chunks, inv)
         if overflow:
-            self._last_norm = float("inf")
+            self._grad_norm = None
             self._stage1_grad_chunks = None
+            if loss_scaler is not None:
+                loss_scaler.update(True)
             return False
-        self._last_norm = math.sqrt(sq)
-        coef = clip_coefficient(self._last_norm, clip_norm) * inv
+        self._grad_norm = math.sqrt(sq)
+        coef = clip_coefficient(self._grad_norm, clip_norm) * inv
         for g, gchunks in zip(self.groups, chunks):
             for sp, gc in zip(g.shard_params, gchunks):
                 if self.need_master:
@@ -281,6 +299,8 @@ class ZeroStage12Strategy:
                 sp.grad = None
         self._stage1_grad_chunks = None
         self._all_gather_params()
+        if loss_scaler is not None:
+            loss_scaler.update(False)
         return True
 
     def _all_gather_params(self):
@@ -295,6 +315,9 @@ class ZeroStage12Strategy:
         for w in works:
             w.wait()
 
+    def prepare_backward(self, is_boundary: bool) -> None:
+        pass
+
     def zero_grad(self, set_to_none: bool = True):
         for g in self.groups:
             if g.grad_flat is not None:
@@ -308,28 +331,37 @@ class ZeroStage12Strategy:
 
     # -- accounting ----------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
-        out: dict = {}
-        seen = set()
-        for g in self.groups:
-            merge_bytes(out, "params", tensor_bytes(g.flat))
-            seen.update(id(p) for p in g.params.values())
-            merge_bytes(out, "grads", tensor_bytes(g.grad_flat, g.grad_shard))
-            merge_bytes(out, "optimizer_states", tensor_bytes(g.master))
-        merge_bytes(out, "params", tensor_bytes(*[p for p in self.model.parameters()
-                                                  if id(p) not in seen]))
-        merge_bytes(out, "optimizer_states", optimizer_state_bytes(self.optimizer))
-        return out
+        """Bytes this rank holds (engine/memory.py's format): the flat parameter buffers (plus
+        parameters outside the optimizer), the gradient buffers, the fp32 masters and states."""
+        params = [g.flat for g in self.groups] + list(self.model.parameters())
+        grads = [t for g in self.groups for t in (g.grad_flat, g.grad_shard) if t is not None]
+        grads += [p.grad for p in self.model.parameters() if p.grad is not None]
+        opt = [g.master for g in self.groups if g.master is not None]
+        return breakdown(params, grads, opt + optimizer_state_tensors(self.optimizer))
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        from dslaunch.engine.zero.checkpoint import shard_state_dict
+        from dslaunch.engine.zero.shard_checkpoint import shard_state_dict
 
         return shard_state_dict(self)
 
-    def load_state_dict(self, sd) -> None:
-        from dslaunch.engine.zero.checkpoint import load_shard_state_dict
+    def load_state_dict(self, sd, load_optimizer_states: bool = True) -> None:
+        from dslaunch.engine.zero.shard_checkpoint import load_shard_state_dict
 
-        load_shard_state_dict(self, sd)
+        if load_optimizer_states:
+            load_shard_state_dict(self, sd)
+        else:
+            self.sync_from_model()
+
+    def sync_from_model(self) -> None:
+        """The model's weights were replaced (they are views of the flat buffers, so the buffers
+        hold them): refresh the fp32 masters from them."""
+        if not self.need_master:
+            return
+        with torch.no_grad():
+            for g in self.groups:
+                for dst, src in zip(P.shard_chunks(g.master, g.layout), g.chunks):
+                    dst.copy_(src)
 
     def remove_hooks(self):
         for h in self._hooks:
@@ -341,3 +373,17 @@ def _remove_hooks_at_exit(ref):
     strategy = ref()
     if strategy is not None:
         strategy.remove_hooks()
+
+
+class Stage1Strategy(ZeroStage12Strategy):
+    stage = 1
+
+    def __init__(self, model, optimizer, cfg, comm, precision):
+        super().__init__(1, model, optimizer, cfg, comm, precision)
+
+
+class Stage2Strategy(ZeroStage12Strategy):
+    stage = 2
+
+    def __init__(self, model, optimizer, cfg, comm, precision):
+        super().__init__(2, model, optimizer, cfg, comm, precision)

@@ -1,0 +1,97 @@
+"""What a ZeRO 1-2 rank saves and loads: its shard of the fp32 weights and of every optimizer
+state, plus the layout metadata that says which parameter elements the shard holds (so that
+consolidation and reshaping to another world size need nothing but the files).
+
+Per rank, under ``strategy`` in ``rank_{r}_optim_states.pt``::
+
+    {"zero": {"stage", "world_size", "rank", "dtype",
+              "groups": [{"layout": Layout.meta(), "master": fp32 shard,
+                          "state": {"exp_avg": shard, ...}, "scalars": {"step": tensor}}]},
+     "param_groups": [{hyperparameters of each optimizer group}]}
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dslaunch.engine.zero import partition as P
+
+
+def _shard_values(strategy, g) -> torch.Tensor:
+    if g.master is not None:
+        return g.master.detach().clone().cpu()
+    return torch.cat([c.detach().float() for c in g.chunks]).cpu()
+
+
+def shard_state_dict(strategy) -> dict:
+    groups = []
+    for g in strategy.groups:
+        state: dict = {}
+        scalars: dict = {}
+        per_chunk = [strategy.optimizer.state.get(sp, {}) for sp in g.shard_params]
+        keys = sorted({k for st in per_chunk for k in st})
+        for k in keys:
+            vals = [st.get(k) for st in per_chunk]
+            if all(torch.is_tensor(v) and v.numel() == sp.numel() and v.dim() > 0
+                   for v, sp in zip(vals, g.shard_params)):
+                state[k] = torch.cat([v.detach().reshape(-1) for v in vals]).cpu()
+            else:
+                v = next(v for v in vals if v is not None)
+                scalars[k] = v.detach().clone().cpu() if torch.is_tensor(v) else torch.tensor(v)
+        groups.append({"layout": g.layout.meta(), "master": _shard_values(strategy, g),
+                       "state": state, "scalars": scalars})
+    hyper = [{k: v for k, v in pg.items() if k != "params"}
+             for pg in strategy.optimizer.param_groups]
+    return {"zero": {"stage": strategy.stage, "world_size": strategy.world, "rank": strategy.rank,
+                     "dtype": str(strategy.dtype).replace("torch.", ""), "groups": groups},
+            "param_groups": hyper}
+
+
+def _check_layout(saved: dict, g, gi: int) -> None:
+    mine = g.layout.meta()
+    if saved == mine:
+        return
+    a = [p for b in saved["buckets"] for p in b["params"]]
+    b = [p for bk in mine["buckets"] for p in bk["params"]]
+    for x, y in zip(a, b):
+        if x[0] != y[0] or x[1] != y[1]:
+            raise ValueError(f"group {gi}: checkpoint tensor {x[0]!r} {x[1]} does not match the "
+                             f"model's {y[0]!r} {y[1]}")
+    if len(a) != len(b):
+        name = (a if len(a) > len(b) else b)[min(len(a), len(b))][0]
+        raise ValueError(f"group {gi}: tensor {name!r} is only in the "
+                         f"{'checkpoint' if len(a) > len(b) else 'model'}")
+    raise ValueError(f"group {gi}: saved with another bucket layout (world size "
+                     f"{saved['world_size']}, this job {mine['world_size']}); reshape it with "
+                     "`dslaunch ckpt reshape` or keep the same reduce_bucket_size")
+
+
+def load_shard_state_dict(strategy, sd: dict) -> None:
+    z = sd.get("zero") if isinstance(sd, dict) else None
+    if z is None:
+        raise ValueError("not a ZeRO stage 1/2 shard (saved by another stage?)")
+    if len(z["groups"]) != len(strategy.groups):
+        raise ValueError(f"{len(z['groups'])} optimizer groups saved, {len(strategy.groups)} now")
+    for gi, (saved, g) in enumerate(zip(z["groups"], strategy.groups)):
+        _check_layout(saved["layout"], g, gi)
+        load_group(strategy, g, saved["master"], saved["state"], saved["scalars"])
+    for pg, hyper in zip(strategy.optimizer.param_groups, sd.get("param_groups", [])):
+        pg.update(hyper)
+    strategy._all_gather_params()
+
+
+def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict) -> None:
+    """Put one group's shard values (fp32 weights, optimizer states) in place."""
+    with torch.no_grad():
+        if g.master is not None:
+            g.master.copy_(master)
+        for c, m in zip(g.chunks, P.shard_chunks(master, g.layout)):
+            c.copy_(m)
+        opt_state = strategy.optimizer.state
+        for sp_i, sp in enumerate(g.shard_params):
+            st = {}
+            for k, full in state.items():
+                st[k] = P.shard_chunks(full, g.layout)[sp_i].to(sp.device).clone()
+            for k, v in scalars.items():
+                st[k] = v.clone()
+            opt_state[sp] = st
