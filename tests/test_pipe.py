@@ -61,26 +61,22 @@ def test_pipe2_1f1b_equals_single_process(tmp_path):
     assert s0["eval_loss"] == s1["eval_loss"] and 4 < s0["eval_loss"] < 7
 
 
-def test_pipe2_gpipe_tied_embedding_activation_checkpointing(tmp_path):
-    """GPipe, the embedding tied to the output head across the two stages (gradients summed
-    between the owners), activation checkpointing every layer, 3 micro-batches of 2."""
-    ref = _reference(tmp_path, 6, "--tied")
+def test_pipe2_gpipe_tied_checkpointing_varying_shapes(tmp_path):
+    """GPipe; the embedding tied to the output head across the two stages (gradients summed
+    between the owners); activation checkpointing every layer; 3 micro-batches of 2; the sequence
+    length changes from step to step (16, 12, 8), so new shapes are sent when they change;
+    uniform partitioning of 6 layers."""
+    flags = ["--tied", "--varying-seq", "--blocks", 3]
+    ref = _reference(tmp_path, 6, *flags)
     cfg = _cfg(2, 3, dslaunch={"pipe_schedule": "gpipe"})
-    ranks = _run(tmp_path, cfg, 2, "--pp", 2, "--tied", "--ckpt-interval", 1)
+    ranks = _run(tmp_path, cfg, 2, "--pp", 2, "--ckpt-interval", 1, "--partition", "uniform",
+                 *flags)
     _assert_equal_losses(ranks, ref)
     assert ranks[0]["schedule"] == "gpipe"
-    assert ranks[0]["peak_live"] == 3 and ranks[1]["peak_live"] == 3  # GPipe holds all
-
-
-def test_pipe2_varying_shapes_and_uniform_partition(tmp_path):
-    """The sequence length changes from step to step (16, 12, 8): new shapes are sent when they
-    change; one micro-batch per step; uniform partitioning over 3 blocks."""
-    ref = _reference(tmp_path, 4, "--varying-seq", "--blocks", 3)
-    ranks = _run(tmp_path, _cfg(4, 1), 2, "--pp", 2, "--varying-seq", "--blocks", 3,
-                 "--partition", "uniform")
-    _assert_equal_losses(ranks, ref)
     assert ranks[0]["parts"] == [0, 3, 6]
-    # activations: 16, 12, 8 in training, then 8 again in eval -> 3 shape headers
+    assert ranks[0]["peak_live"] == 3 and ranks[1]["peak_live"] == 3  # GPipe holds all
+    # activations: 16, 12, 8 in training, then 8 again in eval -> 3 shape headers; same for
+    # the gradients coming back
     assert ranks[0]["p2p"]["headers_with_shapes"] == 3
     assert ranks[1]["p2p"]["headers_with_shapes"] == 3
 
