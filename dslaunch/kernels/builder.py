@@ -170,7 +170,9 @@ def make_plan(name: str) -> BuildPlan:
     deps += [str(p) for p in (root / "cuda").glob("*.cuh")] if spec.kind == "cuda" else []
     key_data = {
         "op": name, "torch": torch.__version__, "python": sys.version.split()[0],
-        "cxx": shutil.which(cxx_compiler()) or cxx_compiler(),
+        # the compiler as configured ($CXX or c++), not its resolved path: a prebuilt cache must
+        # still be found on a machine (or PATH) that has no compiler at all
+        "cxx": cxx_compiler(),
         "cflags": cflags, "cuda_cflags": cuda_cflags, "ldflags": ldflags,
         "cpu": cpu_features.features_hash(level), "sources": _hash_files(deps),
     }
@@ -354,6 +356,12 @@ def op_status(name: str) -> dict:
             out.update(compatible=False,
                        status="compiles, not runnable here" if nvcc else "not runnable here",
                        reason=why + ("" if nvcc else "; nvcc not found"))
+            return out
+    if not out["built"]:
+        try:
+            _check_toolchain(plan)
+        except BuildError as exc:
+            out.update(status="cannot build here", reason=str(exc))
             return out
     out["compatible"] = True
     if out["loaded"]:

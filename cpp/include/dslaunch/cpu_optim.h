@@ -27,9 +27,13 @@ struct NoCopy {};
 
 // Below this many elements one thread does the work: starting a team costs more than it saves.
 constexpr int64_t kMinParallel = 1 << 15;
+// Work is handed to threads in chunks of this many elements (dynamic schedule): on a dedicated
+// machine it splits like a static schedule, and when the cores are shared a descheduled thread
+// does not hold the whole step back at the closing barrier.
+constexpr int64_t kChunk = 1 << 16;
 
-// Runs f(VecOps{}, i) over [lo, hi) in steps of VecOps::W, then f(ScalarOps{}, i) over the tail,
-// with the range split into contiguous per-thread chunks aligned to 64 elements.
+// Runs f(VecOps{}, i) over each chunk in steps of VecOps::W, then f(ScalarOps{}, i) over the
+// chunk's tail (only the last chunk has one: kChunk is a multiple of every W).
 template <class F>
 inline void elementwise(int64_t n, int nthreads, F&& f) {
   auto run = [&](int64_t lo, int64_t hi) {
@@ -39,13 +43,9 @@ inline void elementwise(int64_t n, int nthreads, F&& f) {
   };
 #ifdef _OPENMP
   if (nthreads > 1 && n >= kMinParallel) {
-#pragma omp parallel num_threads(nthreads)
-    {
-      const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-      const int64_t per = ((n + nt - 1) / nt + 63) & ~int64_t(63);
-      const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
-      run(lo, hi);
-    }
+    const int64_t nchunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+    for (int64_t c = 0; c < nchunks; ++c) run(c * kChunk, std::min(n, (c + 1) * kChunk));
     return;
   }
 #endif
