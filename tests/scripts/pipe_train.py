@@ -39,6 +39,9 @@ p.add_argument("--blocks", type=int, default=2)
 p.add_argument("--partition", default="parameters")
 p.add_argument("--ckpt-interval", type=int, default=0)
 p.add_argument("--seed", type=int, default=0)
+p.add_argument("--save-dir")
+p.add_argument("--save-at", type=int, default=-1)
+p.add_argument("--load-dir")
 p.add_argument("--varying-seq", action="store_true", help="sequence length changes per step")
 args, _ = p.parse_known_args()
 
@@ -119,7 +122,13 @@ else:
 mb, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
 batches = TextBatches(stdlib_bytes(1 << 20), seq_len=16, global_batch=engine.train_batch_size(),
                       seed=args.seed)
-for step in range(args.steps):
+start = 0
+if args.load_dir:
+    _, client = engine.load_checkpoint(args.load_dir)
+    start = engine.global_steps
+    rec["client_state"] = client
+rec["start"] = start
+for step in range(start, args.steps):
     tok, tgt = batch_at(batches, step, grid.dp_rank, grid.dp_world_size)
     if args.model == "gpt":
         total = torch.zeros(())
@@ -135,6 +144,8 @@ for step in range(args.steps):
         it = iter([(tok[i * mb:(i + 1) * mb], tgt[i * mb:(i + 1) * mb]) for i in range(gas)])
         loss = engine.train_batch(it)
         rec["losses"].append(loss.item())
+        if args.save_dir and step + 1 == args.save_at:
+            engine.save_checkpoint(args.save_dir, client_state={"step": step + 1})
 if args.model == "pipe":
     it = iter([(tok[i * mb:(i + 1) * mb], tgt[i * mb:(i + 1) * mb]) for i in range(gas)])
     rec["eval_loss"] = engine.eval_batch(it).item()

@@ -1,0 +1,120 @@
+"""Checkpoints of a pipeline / tensor-parallel layout, crash-safe like ``engine/checkpoint.py``.
+
+Layout of ``<dir>/<tag>/``:
+- ``layer_stage{S:02d}_tp{T:02d}_model_states.pt``: the weights of pipeline stage S, TP rank T
+  (written by that position's data-parallel rank 0; keys are the global layer indices, so a
+  stage's file names the layers it holds);
+- ``rank_{r}_optim_states.pt`` (every rank): strategy state (optimizer, masters) and RNG states;
+- ``engine_states.pt`` (rank 0): counters, LR scheduler, loss scaler, client_state;
+- ``metadata.json`` (rank 0): format, layout (pipe, tp, dp, world size, layer partition), files.
+Everything is written into ``<dir>/.<tag>.tmp/``, renamed after a world barrier, ``latest`` last.
+Loading needs the same layout (pipe, tp, dp and partition); anything else is a
+``CheckpointError`` that says what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch.distributed as dist
+
+from .. import checkpoint as ckpt
+from ..checkpoint import CheckpointError
+
+FORMAT = "dslaunch-pipe-1"
+
+
+def _layer_file(d, stage, tp):
+    return os.path.join(d, f"layer_stage{stage:02d}_tp{tp:02d}_model_states.pt")
+
+
+def _layout(engine) -> dict:
+    g = engine.grid
+    return {"pipe": g.num_stages, "tp": g.tp_world_size, "dp": g.dp_world_size,
+            "world_size": dist.get_world_size(), "parts": list(engine.module.parts)}
+
+
+def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
+    save_dir = os.fspath(save_dir)
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    if os.sep in tag or tag in ("", ".", "..") or tag.startswith("."):
+        raise CheckpointError(f"checkpoint tag {tag!r} is not a plain directory name")
+    rank, g = dist.get_rank(), engine.grid
+    final = os.path.join(save_dir, tag)
+    tmp = os.path.join(save_dir, "." + tag + ckpt.TMP_SUFFIX)
+    if rank == 0:
+        os.makedirs(save_dir, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier()
+    if g.dp_rank == 0:
+        ckpt._atomic_torch_save(engine.strategy.module_state_dict(),
+                                _layer_file(tmp, g.stage_id, g.tp_rank))
+    ckpt._atomic_torch_save({"strategy": engine.strategy.state_dict(), "rng": ckpt.rng_state(),
+                             "rank": rank, "world_size": dist.get_world_size()},
+                            ckpt.rank_file(tmp, rank))
+    if rank == 0:
+        sched = engine.lr_scheduler
+        ckpt._atomic_torch_save({
+            "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+            "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
+            "lr_scheduler": sched.state_dict() if sched is not None else None,
+            "loss_scaler": engine.precision.scaler.state_dict(),
+            "client_state": client_state or {}}, os.path.join(tmp, "engine_states.pt"))
+    dist.barrier()
+    if rank == 0:
+        layout = _layout(engine)
+        files = ([os.path.basename(_layer_file(tmp, s, t)) for s in range(layout["pipe"])
+                  for t in range(layout["tp"])] + ["engine_states.pt"]
+                 + [os.path.basename(ckpt.rank_file(tmp, r)) for r in range(layout["world_size"])])
+        meta = {"format": FORMAT, "tag": tag, **layout, "zero_stage": engine.zero_stage,
+                "dtype": engine.precision.name, "global_steps": engine.global_steps,
+                "dslaunch_version": ckpt._version(), "files": files}
+        ckpt._atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if save_latest:
+            ckpt._atomic_text(os.path.join(save_dir, "latest"), tag)
+    dist.barrier()
+    return True
+
+
+def load(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
+         load_lr_scheduler_states=True, load_module_only=False):
+    load_dir = os.fspath(load_dir)
+    tag = ckpt.resolve_tag(load_dir, tag)
+    path = os.path.join(load_dir, tag)
+    meta_path = os.path.join(path, "metadata.json")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{meta_path}: cannot read ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_path}: not a pipeline/TP checkpoint (format "
+                              f"{meta.get('format')!r})")
+    mine = _layout(engine)
+    diff = [f"{k} {meta.get(k)} (now {v})" for k, v in mine.items() if meta.get(k) != v]
+    if diff:
+        raise CheckpointError(f"{path}: saved with another layout: " + ", ".join(diff))
+    g = engine.grid
+    layer_path = _layer_file(path, g.stage_id, g.tp_rank)
+    sd = ckpt._load(layer_path)
+    ckpt.check_module(sd, engine.module, layer_path, strict)
+    engine.strategy.load_module_state_dict(sd, strict=strict)
+    if load_module_only:
+        engine.strategy.sync_from_model()
+        return path, {}
+    states = ckpt._load(os.path.join(path, "engine_states.pt"))
+    rank_sd = ckpt._load(ckpt.rank_file(path, dist.get_rank()))
+    engine.strategy.load_state_dict(rank_sd["strategy"], load_optimizer_states)
+    for key in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
+        setattr(engine, key, int(states[key]))
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and states["lr_scheduler"]:
+        engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
+    engine.precision.scaler.load_state_dict(states["loss_scaler"])
+    ckpt.set_rng_state(rank_sd["rng"])
+    return path, states.get("client_state") or {}
