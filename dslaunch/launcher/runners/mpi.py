@@ -52,7 +52,7 @@ class MPIRunner(Runner):
         return argv
 
     def ssh_words(self) -> list:
-        words = []
+        words = list(remote.SSH_KEEPALIVE)
         if self.options.get("ssh_port"):
             words += ["-p", str(self.options["ssh_port"])]
         return words + remote.user_words(self.options.get("ssh_args"), "--ssh-args")

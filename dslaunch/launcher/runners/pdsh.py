@@ -33,7 +33,7 @@ class PdshRunner(Runner):
         remote.user_words(self.options.get("launcher_args"), "--launcher-args")
 
     def _ssh_words(self) -> list:
-        words = list(remote.SSH_BASE)
+        words = [*remote.SSH_BASE, *remote.SSH_KEEPALIVE]
         if self.options.get("ssh_port"):
             words += ["-p", str(self.options["ssh_port"])]
         return words + remote.user_words(self.options.get("ssh_args"), "--ssh-args")

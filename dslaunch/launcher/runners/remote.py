@@ -14,6 +14,11 @@ from dslaunch.launcher.runners.base import RunnerError
 # ssh client options every connection gets: never prompt (a password prompt would hang the job),
 # no tty (stdin is our command channel), no X11/agent forwarding.
 SSH_BASE = ["-T", "-x", "-a", "-o", "BatchMode=yes"]
+# Keepalives: a connection to a host that went silent (no FIN, no RST) ends after ~9 s instead of
+# hanging for the TCP timeout (minutes). The agents' heartbeats name the lost host first; this
+# makes sure an ssh client that mpirun/pdsh started (and that we cannot always kill: Open MPI puts
+# them in their own process groups) lets go of the job's output pipe.
+SSH_KEEPALIVE = ["-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3"]
 
 
 def user_words(text: str | None, what: str) -> list:
@@ -28,7 +33,7 @@ def user_words(text: str | None, what: str) -> list:
 
 def ssh_argv(host: str, options: dict, connect_timeout: float | None = None) -> list:
     """``ssh [opts] HOST`` (the remote command is appended by the caller after ``--``)."""
-    argv = ["ssh", *SSH_BASE]
+    argv = ["ssh", *SSH_BASE, *SSH_KEEPALIVE]
     if connect_timeout:
         argv += ["-o", f"ConnectTimeout={int(max(1, connect_timeout))}"]
     if options.get("ssh_port"):

@@ -67,7 +67,7 @@ class SlurmRunner(Runner):
         hosts = [n["host"] for n in self.plan.nodes]
         argv = ["srun", "--nodes", str(len(hosts)), "--ntasks", str(len(hosts)),
                 "--ntasks-per-node", "1", "--nodelist", ",".join(hosts), "--input", "all",
-                "--kill-on-bad-exit=0", "--cpu-bind=none", "--mpi=none", "--overlap",
+                "--kill-on-bad-exit=0", *self._cpu_bind(), "--mpi=none", "--overlap",
                 "--job-name", "dslaunch-agents",
                 *remote.user_words(self.options.get("launcher_args"), "--launcher-args"),
                 self.plan.python, "-m", "dslaunch.launcher.runners.nodeshim", "--plan",
@@ -76,6 +76,19 @@ class SlurmRunner(Runner):
             argv += ["--restart-count", str(restart_count)]
         return [{"argv": argv, "node_ranks": [n["node_rank"] for n in self.plan.nodes],
                  "label": "srun"}]
+
+    def _cpu_bind(self) -> list:
+        """``--cpu-bind=none`` where the cluster binds tasks (the agent's ranks need every core of
+        the node, not the one core of its task); elsewhere srun would only warn about it."""
+        if not hasattr(self, "_bind"):
+            try:
+                out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                                     timeout=30).stdout
+            except (OSError, subprocess.SubprocessError):
+                out = ""
+            plugin = next((ln for ln in out.splitlines() if ln.startswith("TaskPlugin ")), "")
+            self._bind = ["--cpu-bind=none"] if ("affinity" in plugin or "cgroup" in plugin) else []
+        return self._bind
 
     def kill(self, agent) -> None:
         # srun cancels its step (every task on every node) on SIGTERM; SIGKILL would leave the
