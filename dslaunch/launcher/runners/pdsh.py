@@ -24,13 +24,13 @@ class PdshRunner(Runner):
     name = "pdsh"
 
     def validate(self) -> None:
-        if shutil.which("pdsh") is None:
-            raise RunnerError("--launcher pdsh: 'pdsh' is not installed on this host")
         for w in self._ssh_words():
             if any(c.isspace() for c in w):
                 raise RunnerError(f"--ssh-args with pdsh: pdsh splits its ssh arguments on spaces, "
                                   f"so {w!r} cannot be passed; use ~/.ssh/config instead")
         remote.user_words(self.options.get("launcher_args"), "--launcher-args")
+        if shutil.which("pdsh") is None:
+            raise RunnerError("--launcher pdsh: 'pdsh' is not installed on this host")
 
     def _ssh_words(self) -> list:
         words = [*remote.SSH_BASE, *remote.SSH_KEEPALIVE]
