@@ -56,3 +56,5 @@ if rank == 0:
     Path(a.out).write_text(json.dumps({
         "losses": losses, "numel": numel, "memory": engine.memory_breakdown(),
         "comm": engine.comm_stats(), "world": world}))
+dist.barrier()
+dist.destroy_process_group()

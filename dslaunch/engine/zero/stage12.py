@@ -120,7 +120,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
             self._open = {}  # (group idx, bucket idx) -> staging buffer
             self._pending = {}
             self._reset_pending()
-            for gi, g in enumerate(self.groups):
+            # Hooks only when overlapping: without overlap the buckets are reduced right after
+            # backward (same arithmetic; gradients then live whole until backward ends). Hooks
+            # that reduce from inside backward made gloo processes abort at exit now and then.
+            for gi, g in enumerate(self.groups if self.opts.overlap_comm else []):
                 for name, p in g.params.items():
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         self._make_hook(gi, name)))
@@ -212,6 +215,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
     # -- the engine's seam ---------------------------------------------------------------------
     def after_backward(self, is_boundary: bool = True):
         if self.stage == 2:
+            if not self._hooks:
+                self._reduce_after_backward()
+                return
             for key in sorted(self._open):  # buckets with unused parameters: reduce what came
                 self._launch(key)
             while self._in_flight:
@@ -234,7 +240,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             outs, works = [], []
             for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
                 out = torch.empty(b.chunk(self.world), dtype=self.dtype, device=self.device)
-                works.append(self.comm.reduce_scatter_tensor(out, bview, async_op=True))
+                self.comm.reduce_scatter_tensor(out, bview)
                 outs.append(out)
             for w in works:
                 w.wait()
@@ -246,6 +252,18 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 for out in outs:
                     out.mul_(1.0 / self.world)
             self._stage1_grad_chunks.append(outs)
+
+    def _reduce_after_backward(self):
+        """Stage 2 without overlap: one bucket at a time, gradients freed as they are staged."""
+        for gi, g in enumerate(self.groups):
+            for bi, b in enumerate(g.layout.buckets):
+                for s in b.slots:
+                    p = g.params[s.name]
+                    if p.grad is not None:
+                        self._stage_grad((gi, bi), s.name, p.grad)
+                        p.grad = None
+                if (gi, bi) in self._open:
+                    self._launch((gi, bi))
 
     # DeepSpeed-era name for the same call
     on_backward_done = after_backward
@@ -311,7 +329,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 inp = src.to(device=self.device, dtype=self.dtype)
                 if inp.data_ptr() == src.data_ptr():
                     inp = inp.clone()  # the input must not alias the output
-                works.append(self.comm.all_gather_into_tensor(bview, inp, async_op=True))
+                self.comm.all_gather_into_tensor(bview, inp)
         for w in works:
             w.wait()
 

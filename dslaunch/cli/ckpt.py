@@ -1,0 +1,45 @@
+"""``dslaunch ckpt to-fp32 | reshape``: offline tools for checkpoints written by the engine."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group("ckpt")
+def ckpt():
+    """Consolidate or reshape dslaunch checkpoints."""
+
+
+@ckpt.command("to-fp32")
+@click.argument("ckpt_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--tag", default=None, help="Checkpoint tag (default: the one in 'latest').")
+def to_fp32_cmd(ckpt_dir, out, tag):
+    """Write one plain fp32 state_dict (torch.load(weights_only=True) + model.load_state_dict)."""
+    from dslaunch.engine.checkpoint import CheckpointError
+    from dslaunch.engine.zero.consolidate import to_fp32
+
+    try:
+        info = to_fp32(ckpt_dir, out, tag)
+    except CheckpointError as e:
+        raise click.ClickException(str(e))
+    click.echo(f"wrote {out}: {info['tensors']} tensors, {info['bytes']:,} bytes "
+               f"({info['params_from_shards']} rebuilt from ZeRO shards)")
+
+
+@ckpt.command("reshape")
+@click.argument("ckpt_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--world-size", type=click.IntRange(min=1), required=True,
+              help="Data-parallel ranks of the job that will load it.")
+@click.option("--tag", default=None, help="Checkpoint tag (default: the one in 'latest').")
+def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
+    """Rewrite a ZeRO 0-2 checkpoint for another number of ranks (same losses on resume)."""
+    from dslaunch.engine.checkpoint import CheckpointError
+    from dslaunch.engine.zero.consolidate import reshape
+
+    try:
+        dst = reshape(ckpt_dir, out_dir, world_size, tag)
+    except CheckpointError as e:
+        raise click.ClickException(str(e))
+    click.echo(f"wrote {dst} for {world_size} ranks")
