@@ -13,8 +13,9 @@ Method
 * DeepSpeed runs in its own venv (benchmarks/peers.py) in a worker process driven over a pipe, so
   its rounds interleave with ours; same thread count (OMP_NUM_THREADS and torch threads).
 * Effective GB/s = 28 bytes/param / seconds per step (read p, g, m, v; write p, m, v).
-* Bandwidth: STREAM-style copy (a = b, 8 bytes/elem) and triad (a = b + s*c, 12 bytes/elem) with
-  torch ops on 3 x 100M-float arrays, same threads, interleaved with the contestants' rounds.
+* Bandwidth: STREAM-style copy (a = b, 8 B/elem), triad (a = b + s*c, 12 B/elem) and read
+  (sum a, 4 B/elem) from the cpu_membw op (C++, SIMD, OpenMP static split, same threads) on
+  3 x 100M-float arrays, sampled in every round between the contestants.
 * Offload form (ZeRO-Offload's step): fp32 master + bf16 grad in, bf16 model copy out. dslaunch
   does it in one pass (adam_step(copy_out=...)); the reference is what a runtime does without it:
   grad.float(), torch fused Adam, copy to bf16.
@@ -172,15 +173,24 @@ def make_contestants(n: int, grad, with_offload: bool):
     return out
 
 
-def bandwidth_contestants(n: int):
+def bandwidth_contestants(n: int, threads: int):
+    """STREAM-style probes from the cpu_membw op (SIMD + OpenMP static split, same threads)."""
     import torch
 
+    from dslaunch.kernels import load_op
+
+    op = load_op("cpu_membw")
+    if op is None:
+        raise SystemExit("dslaunch cpu_membw op unavailable (see the warning above)")
     a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
     a.copy_(b)
-    return {"bw_copy": lambda: a.copy_(b), "bw_triad": lambda: torch.add(b, c, alpha=3.0, out=a)}
+    pa, pb, pc = a.data_ptr(), b.data_ptr(), c.data_ptr()
+    return {"bw_copy": lambda: op.copy(pa, pb, n, threads),
+            "bw_triad": lambda: op.triad(pa, pb, pc, 3.0, n, threads),
+            "bw_read": lambda: op.read(pb, n, threads)}, (a, b, c)
 
 
-BW_BYTES = {"bw_copy": 8, "bw_triad": 12}
+BW_BYTES = {"bw_copy": 8, "bw_triad": 12, "bw_read": 4}
 
 
 def main(argv=None) -> int:
@@ -215,7 +225,7 @@ def main(argv=None) -> int:
 
     sizes = [_parse_size(s) for s in args.sizes.split(",")]
     results = {"sizes": {}}
-    bw = bandwidth_contestants(_parse_size(args.bw_size))
+    bw, _bw_arrays = bandwidth_contestants(_parse_size(args.bw_size), args.threads)
     bw_rounds = {k: [] for k in bw}
     for fn in bw.values():
         _timed(fn, 2)
@@ -278,8 +288,10 @@ def main(argv=None) -> int:
     results["method"] = {"rounds": args.rounds, "steps_per_round": args.steps,
                          "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
                          "bytes_per_param": BYTES_PER_PARAM,
-                         "bandwidth": "torch copy_ (8 B/elem) and add(out=, alpha) triad "
-                                      "(12 B/elem), 3 arrays of bw-size floats, same threads"}
+                         "bandwidth": "cpu_membw op (cpp/cpu/cpu_membw.cpp): copy a=b (8 B/elem), "
+                                      "triad a=b+s*c (12 B/elem), read sum(a) (4 B/elem), STREAM "
+                                      "counting (no write-allocate), OpenMP static split, same "
+                                      "threads, 3 arrays of bw-size floats, sampled in every round"}
     results["machine"]["loadavg_start_end"] = os.getloadavg()
     if peer is not None:
         peer.close()

@@ -27,9 +27,10 @@ struct NoCopy {};
 
 // Below this many elements one thread does the work: starting a team costs more than it saves.
 constexpr int64_t kMinParallel = 1 << 15;
-// Work is handed to threads in chunks of this many elements (dynamic schedule): on a dedicated
-// machine it splits like a static schedule, and when the cores are shared a descheduled thread
-// does not hold the whole step back at the closing barrier.
+// Work is handed to threads in chunks of at least this many elements, guided schedule: the first
+// pieces are large and contiguous (like a static split, good for the prefetchers), the last ones
+// small, so when the cores are shared a descheduled thread does not hold the whole step back at
+// the closing barrier.
 constexpr int64_t kChunk = 1 << 16;
 
 // Runs f(VecOps{}, i) over each chunk in steps of VecOps::W, then f(ScalarOps{}, i) over the
@@ -44,7 +45,7 @@ inline void elementwise(int64_t n, int nthreads, F&& f) {
 #ifdef _OPENMP
   if (nthreads > 1 && n >= kMinParallel) {
     const int64_t nchunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nthreads) schedule(guided, 1)
     for (int64_t c = 0; c < nchunks; ++c) run(c * kChunk, std::min(n, (c + 1) * kChunk));
     return;
   }
