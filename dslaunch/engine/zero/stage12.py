@@ -110,6 +110,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
             g.flatten(self.dtype, self.device)
             self._make_shard(g)
         repoint_optimizer(optimizer, [g.shard_params for g in self.groups])
+        from dslaunch.zero import register_strategy
+
+        register_strategy(self)  # GatheredParameters(modifier_rank=...) refreshes our masters
         if stage == 1:
             for g in self.groups:
                 g.grad_flat = torch.zeros_like(g.flat)
@@ -370,6 +373,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
             load_shard_state_dict(self, sd)
         else:
             self.sync_from_model()
+
+    def owns(self, param_ids) -> bool:
+        return any(id(p) in param_ids for g in self.groups for p in g.params.values())
 
     def sync_from_model(self) -> None:
         """The model's weights were replaced (they are views of the flat buffers, so the buffers
