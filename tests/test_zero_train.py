@@ -201,3 +201,18 @@ def test_checkpoint_that_does_not_fit_the_model_names_the_tensor(work):
                 check=False)
     assert p.returncode != 0
     assert "tok_emb.weight" in p.stdout + p.stderr
+
+
+def test_resharding_on_load_2_to_4_ranks(work):
+    full = run(work, "s2")["losses"]
+    cfg = work / "auto.json"
+    cfg.write_text(json.dumps(_config(2)))
+    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", "4", "--config", str(cfg),
+                        str(ROOT / "tests/scripts/zero_autoreshape.py"), str(work / "ck_s2")],
+                       capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    line = next(ln for ln in p.stdout.splitlines() if "LOSSES" in ln)
+    got = {int(k): v for k, v in json.loads(line.split("LOSSES", 1)[1]).items()}
+    assert sorted(got) == list(range(10, STEPS))
+    assert _max_rel(full, got) <= 1e-5

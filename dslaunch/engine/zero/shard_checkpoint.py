@@ -95,3 +95,43 @@ def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict) ->
             for k, v in scalars.items():
                 st[k] = v.clone()
             opt_state[sp] = st
+
+
+def load_resharded(strategy, ckpt_path: str) -> None:
+    """Load a ZeRO 1-2 checkpoint saved with another world size (or bucket layout): every rank
+    reads the pieces of the old shards that fall in its new shard (files opened with mmap)."""
+    import json
+    import os
+
+    from dslaunch.engine.zero.consolidate import _RankFiles
+    from dslaunch.engine.zero.partition import Layout
+    from dslaunch.engine.zero.reshape import ParamIndex, reshard
+
+    with open(os.path.join(ckpt_path, "metadata.json")) as f:
+        meta = json.load(f)
+    files = _RankFiles(ckpt_path, int(meta["world_size"]))
+    z0 = files.zero(0)
+    if z0 is None:
+        raise ValueError("the checkpoint holds no ZeRO 1-2 shards (saved by stage 0 or 3?)")
+    if len(z0["groups"]) != len(strategy.groups):
+        raise ValueError(f"{len(z0['groups'])} optimizer groups saved, {len(strategy.groups)} now")
+    for gi, (saved, g) in enumerate(zip(z0["groups"], strategy.groups)):
+        old = ParamIndex(Layout.from_meta(saved["layout"]))
+        for _, s, *_ in g.layout.shard_pieces(strategy.rank):
+            if s.name not in old.where:
+                raise ValueError(f"model tensor {s.name!r} is not in the checkpoint")
+            if tuple(old.where[s.name][1].shape) != tuple(s.shape):
+                raise ValueError(f"tensor {s.name!r} is {list(old.where[s.name][1].shape)} in the "
+                                 f"checkpoint but {list(s.shape)} in the model")
+
+        def src(key, gi=gi):
+            return lambda k: (files.zero(k)["groups"][gi]["master"] if key is None
+                              else files.zero(k)["groups"][gi]["state"][key])
+        master = reshard(g.layout, strategy.rank, old, src(None))
+        state = {k: reshard(g.layout, strategy.rank, old, src(k), v.dtype)
+                 for k, v in saved["state"].items()}
+        load_group(strategy, g, master, state, saved["scalars"])
+    for pg, hyper in zip(strategy.optimizer.param_groups,
+                         files.raw(0)["strategy"].get("param_groups", [])):
+        pg.update(hyper)
+    strategy._all_gather_params()

@@ -374,6 +374,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
         else:
             self.sync_from_model()
 
+    def load_resharded(self, ckpt_path: str) -> None:
+        """Load a checkpoint written by a job with another world size (automatic reshape)."""
+        from dslaunch.engine.zero.shard_checkpoint import load_resharded
+
+        load_resharded(self, ckpt_path)
+
     def owns(self, param_ids) -> bool:
         return any(id(p) in param_ids for g in self.groups for p in g.params.values())
 
