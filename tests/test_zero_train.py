@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 _CACHE: dict = {}
 
 
-def _config(stage, precision="fp32", offload=False, bucket=20000):
+def _config(stage, precision="fp32", offload=False, bucket=20000, offload_param=False):
     c = {"train_batch_size": 16, "gradient_accumulation_steps": 2,
          "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
          "gradient_clipping": 0.5, "steps_per_print": 1000,
@@ -35,6 +35,8 @@ def _config(stage, precision="fp32", offload=False, bucket=20000):
         c["bf16"] = {"enabled": True}
     if offload:
         c["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if offload_param:
+        c["zero_optimization"]["offload_param"] = {"device": "cpu"}
     return c
 
 
@@ -77,7 +79,10 @@ RUNS = {  # name: (ranks, config, extra args)
     "s1_off": (2, _config(1, offload=True), ()),
     "s2_off": (2, _config(2, offload=True), ()),
     "s2_4ranks": (4, _config(2, bucket=3000), ()),
+    "s3": (2, _config(3), ("--save", "{work}/ck_s3", "--save-at", "10")),
+    "s3_off": (2, _config(3, offload=True, offload_param=True), ()),
     "b0": (2, _config(0, "bf16"), ()),
+    "b3": (2, _config(3, "bf16"), ()),
     "b1": (2, _config(1, "bf16"), ()),
     "b2": (2, _config(2, "bf16"), ("--save", "{work}/ck_b2", "--save-at", "10")),
     "b2_off": (2, _config(2, "bf16", offload=True), ()),
@@ -89,7 +94,7 @@ def run(work, name):
     return job(work, name, nproc, cfg, *[a.format(work=work) for a in args])
 
 
-@pytest.mark.parametrize("name", ["s1", "s2", "s1_off", "s2_off", "s2_4ranks"])
+@pytest.mark.parametrize("name", ["s1", "s2", "s1_off", "s2_off", "s2_4ranks", "s3", "s3_off"])
 def test_fp32_loss_trajectory_equals_stage0(work, name):
     ref = run(work, "s0")["losses"]
     got = run(work, name)["losses"]
@@ -98,7 +103,7 @@ def test_fp32_loss_trajectory_equals_stage0(work, name):
     assert _max_rel(ref, got) <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["b1", "b2", "b2_off"])
+@pytest.mark.parametrize("name", ["b1", "b2", "b2_off", "b3"])
 def test_bf16_loss_trajectory_close_to_stage0(work, name):
     ref = run(work, "b0")["losses"]
     got = run(work, name)["losses"]
@@ -119,6 +124,9 @@ def _total(mem):
     # offload: fp32 grad shard (4Ψ/N) + states on the host; fp32 also keeps a master shard there
     ("s2_off", lambda P, N: 4 * P + 4 * P / N + 12 * P / N),
     ("b2_off", lambda P, N: 2 * P + 4 * P / N + 12 * P / N),
+    ("s3", lambda P, N: 16 * P / N), ("b3", lambda P, N: 16 * P / N),
+    # + offload_param: the parameter shard sits on the host too (fp32: plus the master shard)
+    ("s3_off", lambda P, N: 20 * P / N),
 ])
 def test_model_state_bytes_match_the_paper(work, name, formula):
     res = run(work, name)
@@ -127,7 +135,9 @@ def test_model_state_bytes_match_the_paper(work, name, formula):
     from dslaunch.engine.zero.memory_estimate import estimate
 
     precision = "bf16" if name.startswith("b") else "fp32"
-    e = estimate(psi, n, int(name[1]), precision, offload_optimizer=name.endswith("_off"))
+    off = name.endswith("_off")
+    e = estimate(psi, n, int(name[1]), precision, offload_optimizer=off,
+                 offload_param=off and name[1] == "3")
     assert abs(_total(res["memory"]) - (e.device + e.cpu)) <= 0.05 * (e.device + e.cpu)
 
 
@@ -137,7 +147,7 @@ def test_stage2_moves_gradients_by_reduce_scatter(work):
     assert "all_reduce" not in comm or comm["all_reduce"]["bytes"] < 1000  # norms only
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_resume_is_bit_identical(work, stage):
     full = run(work, f"s{stage}")["losses"]
     res = job(work, f"resume_s{stage}", 2, _config(stage), "--load", str(work / f"ck_s{stage}"))
@@ -166,18 +176,20 @@ def _gpt():
     return GPT(GPTConfig(seq_len=32, n_layer=2, n_head=2, d_model=32))
 
 
-def test_to_fp32_fp32_checkpoint_equals_the_model_weights(work):
-    run(work, "s2")
-    out = work / "s2_fp32.pt"
-    p = subprocess.run([str(DSLAUNCH), "ckpt", "to-fp32", str(work / "ck_s2"), str(out)],
+@pytest.mark.parametrize("stage", [2, 3])
+def test_to_fp32_fp32_checkpoint_equals_the_model_weights(work, stage):
+    run(work, f"s{stage}")
+    out = work / f"s{stage}_fp32.pt"
+    p = subprocess.run([str(DSLAUNCH), "ckpt", "to-fp32", str(work / f"ck_s{stage}"), str(out)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     sd = torch.load(out, weights_only=True)
     model = _gpt()
     model.load_state_dict(sd)  # strict: every name and shape
-    module = torch.load(work / "ck_s2" / "global_step10" / "model_states.pt",
+    module = torch.load(work / f"ck_s{stage}" / "global_step10" / "model_states.pt",
                         weights_only=True)["module"]
     assert all(torch.equal(sd[k], module[k]) for k in module)
+    assert "rebuilt from ZeRO shards" in p.stdout
 
 
 def test_to_fp32_bf16_checkpoint_takes_the_fp32_masters(work):

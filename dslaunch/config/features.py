@@ -36,10 +36,6 @@ def _any_enabled(tree) -> bool:
 
 
 NOT_SUPPORTED_YET = [
-    Feature("zero_optimization.stage", "ZeRO stage 3", "issue 4",
-            lambda get: (get("zero_optimization.stage") or 0) >= 3),
-    Feature("zero_optimization.offload_param.device", "parameter offload to CPU", "issue 4",
-            lambda get: get("zero_optimization.offload_param.device") == "cpu"),
     Feature("zero_optimization.offload_optimizer.device", "optimizer offload to NVMe", "issue 8",
             lambda get: get("zero_optimization.offload_optimizer.device") == "nvme"),
     Feature("zero_optimization.offload_param.device", "parameter offload to NVMe", "issue 8",

@@ -1,10 +1,10 @@
 """Checkpoint -> one plain fp32 ``state_dict`` (``dslaunch ckpt to-fp32``), and offline resharding
-of a ZeRO 1-2 checkpoint to another world size (``dslaunch ckpt reshape``).
+of a checkpoint to another world size (``dslaunch ckpt reshape``).
 
 Both stream: rank files are opened with ``torch.load(mmap=True, weights_only=True)``, so only the
 pages of the tensors being copied are read, and the output is built one parameter at a time; the
 peak is about the output plus what the OS keeps cached of the shards, not several model copies.
-Stage 0 and stages 1-2 in fp32 keep exact fp32 weights in ``model_states.pt``; for ZeRO 1-2 the
+Stage 0 and stages 1-2 in fp32 keep exact fp32 weights in ``model_states.pt``; for ZeRO 1-3 the
 fp32 master shards (exact in bf16/fp16 too) are reassembled from the rank files.
 """
 
@@ -70,7 +70,7 @@ def to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
         raise CheckpointError(f"{model_file(path)}: no 'module' weights")
     files = _RankFiles(path, int(meta.get("world_size", 1)))
     from_shards = {}
-    z0 = files.zero(0) if int(meta.get("zero_stage") or 0) in (1, 2) else None
+    z0 = files.zero(0) if int(meta.get("zero_stage") or 0) in (1, 2, 3) else None
     if z0 is not None:
         for gi, g in enumerate(z0["groups"]):
             idx = ParamIndex(Layout.from_meta(g["layout"]))
@@ -97,13 +97,13 @@ def to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
 
 
 def reshape(ckpt_dir: str, out_dir: str, world_size: int, tag=None) -> str:
-    """Copy a ZeRO 0-2 checkpoint to ``out_dir`` laid out for ``world_size`` ranks."""
+    """Copy a ZeRO 0-3 checkpoint to ``out_dir`` laid out for ``world_size`` ranks."""
     tag = resolve_tag(os.fspath(ckpt_dir), tag)
     path = os.path.join(ckpt_dir, tag)
     meta = _meta(path)
     stage, old_world = int(meta.get("zero_stage") or 0), int(meta["world_size"])
-    if stage not in (0, 1, 2):
-        raise CheckpointError(f"{path}: reshaping ZeRO stage {stage} checkpoints is not supported")
+    if stage not in (0, 1, 2, 3):
+        raise CheckpointError(f"{path}: ZeRO stage {stage} is not a stage dslaunch writes")
     files = _RankFiles(path, old_world)
     dst = os.path.join(out_dir, tag)
     tmp = os.path.join(out_dir, "." + tag + ".tmp")

@@ -71,8 +71,8 @@ class _Group:
 
 class ZeroStage12Strategy(OptimizerStrategy):
     def __init__(self, stage, model, optimizer, cfg, comm=None, precision=None):
-        if stage not in (1, 2):
-            raise ValueError(f"ZeroStage12Strategy handles stages 1 and 2, not {stage}")
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeroStage12Strategy handles stages 1-3, not {stage}")
         comm = get_comm(comm)
         super().__init__(model, optimizer, cfg, comm, precision)
         self.stage = stage
@@ -126,7 +126,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             # Hooks only when overlapping: without overlap the buckets are reduced right after
             # backward (same arithmetic; gradients then live whole until backward ends). Hooks
             # that reduce from inside backward made gloo processes abort at exit now and then.
-            for gi, g in enumerate(self.groups if self.opts.overlap_comm else []):
+            for gi, g in enumerate(self.groups if self.opts.overlap_comm and stage == 2 else []):
                 for name, p in g.params.items():
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         self._make_hook(gi, name)))
@@ -142,7 +142,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         else:
             views = g.chunks
         g.shard_params = [torch.nn.Parameter(v) for v in views]
-        if self.stage == 2 or self.opts.offload_optimizer:
+        if self.stage >= 2 or self.opts.offload_optimizer:
             if self.opts.offload_optimizer:  # the CPU step reads an fp32 gradient shard
                 g.grad_shard = torch.zeros(shard_numel, dtype=torch.float32, device="cpu")
             else:
@@ -217,7 +217,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
 
     # -- the engine's seam ---------------------------------------------------------------------
     def after_backward(self, is_boundary: bool = True):
-        if self.stage == 2:
+        if self.stage >= 2:
             if not self._hooks:
                 self._reduce_after_backward()
                 return
@@ -346,7 +346,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 self._attach_grad_views(g)
             if g.grad_shard is not None:
                 g.grad_shard.zero_()
-            if self.stage == 2:
+            if self.stage >= 2:
                 for p in g.params.values():
                     p.grad = None
 
