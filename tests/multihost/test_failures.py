@@ -71,4 +71,4 @@ def test_silent_host_loss_ends_job_naming_host(cluster, jobdir):
         if proc.poll() is None:
             proc.kill()
         cluster.host_up("host2")
-    assert cluster.job_pids("host2") == []
+    cluster.assert_clean(jobdir, hosts=["host2"], wait=10)  # revived: only its daemons again
