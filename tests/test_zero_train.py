@@ -77,7 +77,7 @@ RUNS = {  # name: (ranks, config, extra args)
     "s1": (2, _config(1), ("--save", "{work}/ck_s1", "--save-at", "10")),
     "s2": (2, _config(2), ("--save", "{work}/ck_s2", "--save-at", "10")),
     "s1_off": (2, _config(1, offload=True), ()),
-    "s2_off": (2, _config(2, offload=True), ()),
+    "s2_off": (2, _config(2, offload=True), ("--save", "{work}/ck_s2_off", "--save-at", "10")),
     "s2_4ranks": (4, _config(2, bucket=3000), ()),
     "s3": (2, _config(3), ("--save", "{work}/ck_s3", "--save-at", "10")),
     "s3_off": (2, _config(3, offload=True, offload_param=True), ()),
@@ -147,10 +147,10 @@ def test_stage2_moves_gradients_by_reduce_scatter(work):
     assert "all_reduce" not in comm or comm["all_reduce"]["bytes"] < 1000  # norms only
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_resume_is_bit_identical(work, stage):
-    full = run(work, f"s{stage}")["losses"]
-    res = job(work, f"resume_s{stage}", 2, _config(stage), "--load", str(work / f"ck_s{stage}"))
+@pytest.mark.parametrize("name", ["s1", "s2", "s3", "s2_off"])
+def test_resume_is_bit_identical(work, name):
+    full = run(work, name)["losses"]
+    res = job(work, f"resume_{name}", 2, RUNS[name][1], "--load", str(work / f"ck_{name}"))
     assert sorted(res["losses"]) == list(range(10, STEPS))
     assert all(res["losses"][k] == full[k] for k in res["losses"])
 
@@ -228,3 +228,12 @@ def test_resharding_on_load_2_to_4_ranks(work):
     got = {int(k): v for k, v in json.loads(line.split("LOSSES", 1)[1]).items()}
     assert sorted(got) == list(range(10, STEPS))
     assert _max_rel(full, got) <= 1e-5
+
+
+def test_offload_steps_with_the_compiled_cpu_adam_when_built(work):
+    from dslaunch.kernels import load_op
+
+    names = {n: run(work, n)["optimizer"] for n in ("s2", "s2_off", "b2_off")}
+    assert names["s2"] == "AdamW"
+    expected = "DSCPUAdam" if load_op("cpu_adam") is not None else "AdamW"
+    assert names["s2_off"] == expected and names["b2_off"] == expected

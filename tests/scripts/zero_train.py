@@ -55,6 +55,7 @@ for step in range(start, a.steps):
 if rank == 0:
     Path(a.out).write_text(json.dumps({
         "losses": losses, "numel": numel, "memory": engine.memory_breakdown(),
-        "comm": engine.comm_stats(), "world": world}))
+        "comm": engine.comm_stats(), "world": world,
+        "optimizer": type(engine.optimizer).__name__}))
 dist.barrier()
 dist.destroy_process_group()

@@ -93,7 +93,8 @@ def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict) ->
             for k, full in state.items():
                 st[k] = P.shard_chunks(full, g.layout)[sp_i].to(sp.device).clone()
             for k, v in scalars.items():
-                st[k] = v.clone()
+                # an integer count (DSCPUAdam's step) goes back as a Python int
+                st[k] = int(v) if not v.is_floating_point() and v.dim() == 0 else v.clone()
             opt_state[sp] = st
 
 

@@ -34,7 +34,7 @@ from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
 from dslaunch.engine.zero.common import (ZeroOptions, clip_coefficient, current_scale, get_comm,
                                          named_groups, repoint_optimizer)
-from dslaunch.engine.zero.offload import step_optimizer
+from dslaunch.engine.zero.offload import cpu_optimizer_for
 
 
 class _Group:
@@ -109,7 +109,13 @@ class ZeroStage12Strategy(OptimizerStrategy):
         for g in self.groups:
             g.flatten(self.dtype, self.device)
             self._make_shard(g)
-        repoint_optimizer(optimizer, [g.shard_params for g in self.groups])
+        shard_groups = [g.shard_params for g in self.groups]
+        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.opts.offload_optimizer \
+            else None
+        if cpu_opt is not None:  # the engine takes strategy.optimizer as its optimizer
+            self.optimizer = cpu_opt
+        else:
+            repoint_optimizer(optimizer, shard_groups)
         from dslaunch.zero import register_strategy
 
         register_strategy(self)  # GatheredParameters(modifier_rank=...) refreshes our masters
@@ -314,7 +320,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 if coef != 1.0:
                     grad.mul_(coef)  # gradients are consumed by this step: scale in place
                 sp.grad = grad
-        step_optimizer(self.optimizer, offload=self.opts.offload_optimizer)
+        self.optimizer.step()
         for g in self.groups:
             for sp in g.shard_params:
                 sp.grad = None
