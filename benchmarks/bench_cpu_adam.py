@@ -8,8 +8,11 @@ Method
 * One flat fp32 parameter of each size, lr 1e-3, Adam without weight decay (the same update for
   every contestant). Each contestant has its own param/exp_avg/exp_avg_sq; the gradient tensor is
   shared (all contestants only read it). Every contestant runs warm-up steps first (page faults,
-  DeepSpeed's JIT build), then in each round A B C D ... (interleaved) `--steps` timed steps; a
-  round's figure is the median step, the reported figure the median over rounds.
+  DeepSpeed's JIT build), then in each round A B C D ... (interleaved, compared pairs back to
+  back) `--steps` timed steps; a round's figure is the median step, the reported figure the median
+  over rounds. Ratios (peer time / dslaunch time) come three ways: of the medians
+  (`dslaunch_speedup`), median of the per-round ratios (`_paired`: load drifts cancel), and of
+  the best rounds (`_best_round`: least disturbed by other work on a shared machine).
 * DeepSpeed runs in its own venv (benchmarks/peers.py) in a worker process driven over a pipe, so
   its rounds interleave with ours; same thread count (OMP_NUM_THREADS and torch threads).
 * Effective GB/s = 28 bytes/param / seconds per step (read p, g, m, v; write p, m, v).
@@ -236,14 +239,17 @@ def main(argv=None) -> int:
             _timed(fn, 3)
         if peer is not None:
             peer.init(n)
-        rounds = {k: [] for k in contestants}
+        # order within a round: each pair that is compared runs back to back (ours, then peers)
+        runners = {name: (lambda fn=fn: _timed(fn, args.steps)) for name, fn in contestants.items()}
         if peer is not None:
-            rounds["deepspeed_cpu_adam"] = []
+            runners["deepspeed_cpu_adam"] = lambda: peer.run(args.steps)
+        order = [k for k in ("dslaunch", "torch_fused", "deepspeed_cpu_adam",
+                             "offload_dslaunch_fused", "offload_torch_unfused", "torch_foreach")
+                 if k in runners]
+        rounds = {k: [] for k in order}
         for _ in range(args.rounds):
-            for name, fn in contestants.items():
-                rounds[name].append(statistics.median(_timed(fn, args.steps)))
-            if peer is not None:
-                rounds["deepspeed_cpu_adam"].append(statistics.median(peer.run(args.steps)))
+            for name in order:
+                rounds[name].append(statistics.median(runners[name]()))
             for name, fn in bw.items():  # bandwidth sampled under the same conditions
                 bw_rounds[name].append(statistics.median(_timed(fn, 3)))
         entry = {}
@@ -261,10 +267,16 @@ def main(argv=None) -> int:
                                                     / entry[ours_name]["seconds_per_step"])
             entry[peer_name]["dslaunch_speedup_best_round"] = (
                 entry[peer_name]["best_round_seconds"] / entry[ours_name]["best_round_seconds"])
+            # median of per-round ratios: the two ran seconds apart, so slow drifts of the
+            # machine's load cancel
+            entry[peer_name]["dslaunch_speedup_paired"] = statistics.median(
+                a / b for a, b in zip(rounds[peer_name], rounds[ours_name]))
         ours = entry["dslaunch"]["seconds_per_step"]
         peers_ = [k for k in ("torch_fused", "deepspeed_cpu_adam") if k in entry]
         entry["speedup_vs_best_of_fused_and_deepspeed"] = min(
             entry[k]["seconds_per_step"] for k in peers_) / ours
+        entry["speedup_vs_best_of_fused_and_deepspeed_paired"] = min(
+            entry[k]["dslaunch_speedup_paired"] for k in peers_)
         entry["speedup_vs_best_of_fused_and_deepspeed_best_round"] = min(
             entry[k]["best_round_seconds"] for k in peers_) / entry["dslaunch"]["best_round_seconds"]
         results["sizes"][str(n)] = entry
