@@ -3,7 +3,8 @@
 
 A trivial 2-host x 2-slot job (peer_scripts/trivial_dist.py: import torch, init_process_group
 (gloo), barrier, exit), OMP_NUM_THREADS=1, per launcher:
-  dslaunch-ssh / -pdsh / -openmpi / -mpich / -slurm (srun inside salloc)
+  dslaunch-ssh / -pdsh / -openmpi / -mpich / -slurm (srun inside salloc), as users run them
+                   (preflight check of every host included); dslaunch-ssh-nopreflight without it
   torchrun-static: one `torchrun --nnodes 2 --node-rank N --master-addr host1` per host, started
                    over ssh in parallel (the usual way without a multi-node launcher)
   deepspeed-pdsh:  DeepSpeed's own multi-node launcher (peer venv, when it exists)
@@ -96,8 +97,11 @@ def command(launcher: str, workdir: Path, script_args: list, peer_py: str | None
     p = str(port())
     if launcher.startswith("dslaunch-"):
         name = launcher.split("-", 1)[1]
-        argv = [*DSLAUNCH, "run", "-H", str(hf), "--launcher", "slurm" if name == "slurm" else name,
-                "--master-port", p, "--no-preflight", "--grace-period", "2", str(TRIVIAL), *script_args]
+        extra = []
+        if name.endswith("-nopreflight"):  # what the preflight check costs
+            name, extra = name[:-len("-nopreflight")], ["--no-preflight"]
+        argv = [*DSLAUNCH, "run", "-H", str(hf), "--launcher", name, "--master-port", p, *extra,
+                "--grace-period", "2", str(TRIVIAL), *script_args]
         if name == "slurm":
             argv = ["salloc", "--quiet", "-N2", "-w", "host1,host2", "--ntasks-per-node=2", *argv]
         return argv, {}
@@ -199,8 +203,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--launchers", default="dslaunch-ssh,dslaunch-pdsh,dslaunch-openmpi,dslaunch-mpich,"
-                                           "dslaunch-slurm,torchrun-static,deepspeed-pdsh")
+    ap.add_argument("--launchers", default="dslaunch-ssh,dslaunch-ssh-nopreflight,dslaunch-pdsh,"
+                                           "dslaunch-openmpi,dslaunch-mpich,dslaunch-slurm,torchrun-static,"
+                                           "deepspeed-pdsh")
     ap.add_argument("--fail-launchers", default="dslaunch-ssh,dslaunch-pdsh,dslaunch-openmpi,torchrun-static")
     ap.add_argument("--loss-launchers", default="dslaunch-ssh,dslaunch-openmpi,torchrun-static")
     ap.add_argument("--loss-cap", type=float, default=45.0)
