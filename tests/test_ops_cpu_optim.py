@@ -250,3 +250,30 @@ def test_optimizer_classes_fall_back_to_torch_when_op_missing(monkeypatch):
         results[compiled] = out
     for a, b in zip(results[True], results[False]):
         assert (a - b).abs().max() <= 1e-6 * b.abs().max()
+
+
+def test_dscpuadam_bf16_param_and_state_dict_round_trip():
+    """bf16 params keep fp32 states; a state_dict saved mid-run resumes to the same result."""
+    from dslaunch.engine.optim.cpu_adam import DSCPUAdam
+
+    torch.manual_seed(0)
+    p0 = torch.randn(3000).bfloat16()
+    grads = _grads(3000)
+
+    def run(steps, opt_state=None, start=None):
+        p = torch.nn.Parameter((start if start is not None else p0).clone())
+        opt = DSCPUAdam([p], lr=1e-2, weight_decay=0.01)
+        if opt_state is not None:
+            opt.load_state_dict(opt_state)
+        for s in steps:
+            p.grad = grads[s % len(grads)].bfloat16()
+            opt.step()
+        return p, opt
+
+    full, opt = run(range(20))
+    assert full.dtype == torch.bfloat16
+    assert opt.state[full]["exp_avg"].dtype == torch.float32 and opt.state[full]["step"] == 20
+    half, opt_half = run(range(10))
+    saved = opt_half.state_dict()
+    resumed, _ = run(range(10, 20), opt_state=saved, start=half.detach())
+    assert torch.equal(resumed.detach(), full.detach())

@@ -66,6 +66,24 @@ class _CPUOptimizer(torch.optim.Optimizer):
             if s is not f:
                 s.copy_(f)
 
+    def load_state_dict(self, state_dict):
+        """torch's loader casts every floating state to the parameter's dtype, which would turn
+        the fp32 states of a bf16 parameter into bf16; put the saved precision back."""
+        import itertools
+
+        saved_ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+        id_map = dict(zip(saved_ids, params))
+        keep = {pid: {k: v for k, v in st.items()
+                      if torch.is_tensor(v) and v.is_floating_point() and k != "step"}
+                for pid, st in state_dict["state"].items()}
+        super().load_state_dict(state_dict)
+        for pid, tensors in keep.items():
+            p = id_map.get(pid)
+            for key, value in tensors.items():
+                dtype = torch.float32 if self.fp32_optimizer_states else p.dtype
+                self.state[p][key] = value.detach().to(device=p.device, dtype=dtype).clone()
+
     def state_steps(self) -> list[int]:
         return [s["step"] for s in self.state.values() if "step" in s]
 
