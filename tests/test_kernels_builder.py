@@ -204,3 +204,24 @@ def test_sources_found_from_package_csrc_and_env(tmp_path, monkeypatch):
     assert builder.source_root() == (REPO / "cpp").resolve()
     shutil.copytree(REPO / "cpp" / "include", tmp_path / "include")
     assert builder.source_root() == tmp_path.resolve()
+
+
+def test_corrupt_cached_library_warns_and_falls_back(tmp_path):
+    """A cached .so that will not import (truncated by a full disk, say) is not a crash."""
+    cache = tmp_path / "cache"
+    env = {"DSLAUNCH_CACHE_DIR": str(cache)}
+    subprocess.run([sys.executable, "-m", "dslaunch.kernels.builder", "cpu_lion"],
+                   env=dict(os.environ, **env), cwd=REPO, check=True, capture_output=True,
+                   timeout=600)
+    so = next(cache.rglob("cpu_lion*.so"))
+    so.write_bytes(b"not an ELF file")
+    out = _run("""
+        import warnings, torch
+        from dslaunch.kernels import load_op
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            print("none", load_op("cpu_lion") is None)
+        print(str(caught[0].message).splitlines()[0])
+    """, env)
+    assert out.returncode == 0, out.stderr
+    assert "none True" in out.stdout and "could not be loaded (ImportError)" in out.stdout

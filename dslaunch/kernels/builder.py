@@ -318,9 +318,12 @@ def load_op(name: str):
             raise KeyError(f"unknown op {name!r}; known: {', '.join(OPS)}")
         try:
             module = load(name)
-        except (OpUnavailable, BuildError) as exc:
+        except Exception as exc:  # noqa: BLE001 - never a crash: no compiler, compile error,
+            # unwritable cache, lock timeout, a cached .so that will not import ...
             _FAILED[name] = f"{type(exc).__name__}: {exc}"
-            what = "could not be built" if isinstance(exc, BuildError) else "is unavailable"
+            what = ("is unavailable" if isinstance(exc, OpUnavailable) else
+                    "could not be built" if isinstance(exc, BuildError) else
+                    f"could not be loaded ({type(exc).__name__})")
             warnings.warn(f"dslaunch op {name!r} {what}; falling back to torch.\n{exc}",
                           RuntimeWarning, stacklevel=2)
             return None
