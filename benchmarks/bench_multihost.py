@@ -206,8 +206,10 @@ def main(argv=None):
     ap.add_argument("--launchers", default="dslaunch-ssh,dslaunch-ssh-nopreflight,dslaunch-pdsh,"
                                            "dslaunch-openmpi,dslaunch-mpich,dslaunch-slurm,torchrun-static,"
                                            "deepspeed-pdsh")
-    ap.add_argument("--fail-launchers", default="dslaunch-ssh,dslaunch-pdsh,dslaunch-openmpi,torchrun-static")
-    ap.add_argument("--loss-launchers", default="dslaunch-ssh,dslaunch-openmpi,torchrun-static")
+    ap.add_argument("--fail-launchers", default="dslaunch-ssh,dslaunch-pdsh,dslaunch-openmpi,dslaunch-mpich,"
+                                                "dslaunch-slurm,torchrun-static,deepspeed-pdsh")
+    ap.add_argument("--loss-launchers", default="dslaunch-ssh,dslaunch-pdsh,dslaunch-openmpi,dslaunch-mpich,"
+                                                "torchrun-static,deepspeed-pdsh")
     ap.add_argument("--loss-cap", type=float, default=45.0)
     ap.add_argument("--fail-cap", type=float, default=45.0)
     ap.add_argument("--no-slurm", action="store_true")
