@@ -22,6 +22,7 @@ def test_prefixes_and_exclusions(dirs):
     environ = {"NCCL_DEBUG": "INFO", "PYTHONPATH": "/a:/b", "PYTHONHOME": "/x", "PATH": "/usr/bin",
                "LD_LIBRARY_PATH": "/l", "CUDA_VISIBLE_DEVICES": "0", "CUDA_LAUNCH_BLOCKING": "1",
                "GLOO_SOCKET_IFNAME": "eth0", "HOME": "/root", "DSLAUNCH_CONFIG": "{}", "RANK": "3",
+               "DSLAUNCH_RESTART_COUNT": "2", "DSLAUNCH_CONFIG_PATH": "/old.json", "DSLAUNCH_X": "y",
                "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "4", "WANDB_MODE": "offline"}
     env = collect_env([], cwd, home, environ=environ)
     assert env["NCCL_DEBUG"] == ("INFO", "environ (prefix NCCL_)")
@@ -31,8 +32,9 @@ def test_prefixes_and_exclusions(dirs):
     assert env["CUDA_LAUNCH_BLOCKING"][0] == "1"
     assert env["OMP_NUM_THREADS"][0] == "4"
     assert env["WANDB_MODE"][0] == "offline"
+    assert env["DSLAUNCH_X"] == ("y", "environ (prefix DSLAUNCH_)")
     for name in ("PYTHONHOME", "PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "HOME",
-                 "DSLAUNCH_CONFIG", "RANK"):
+                 "DSLAUNCH_CONFIG", "RANK", "DSLAUNCH_RESTART_COUNT", "DSLAUNCH_CONFIG_PATH"):
         assert name not in env, name
 
 

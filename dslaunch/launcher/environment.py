@@ -51,7 +51,8 @@ NEVER_FROM_ENVIRON = frozenset({
 })
 RESERVED = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "DSLAUNCH_CONFIG",
+    "MASTER_ADDR", "MASTER_PORT", "DSLAUNCH_CONFIG", "DSLAUNCH_CONFIG_PATH", "DSLAUNCH_RESTART_COUNT",
+    "TORCHELASTIC_RESTART_COUNT",
 })
 ENV_FILE_NAMES = (".deepspeed_env", ".dslaunch_env")
 # Names that usually hold credentials: a plan printer may mask their values.
