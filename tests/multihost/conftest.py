@@ -85,8 +85,16 @@ class Cluster:
     def job_pids(self, host: str) -> list:
         """Every process in the host's namespace except its daemons (sshd listener, slurmd)."""
         daemons = _daemon_pids(host)
-        return [p for p in self.ns_pids(host) if p not in daemons and psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = []
+        for p in self.ns_pids(host):
+            if p in daemons:
+                continue
+            try:
+                if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:  # exited meanwhile
+                pass
+        return alive
 
     def local_job_pids(self, cwd: Path) -> list:
         """Processes on the launching host that carry a plan of a job run in ``cwd`` (agents,
