@@ -304,7 +304,18 @@ def load(name: str, quiet: bool = True):
         if not ok:
             raise OpUnavailable(why)
     manifest = build(plan, quiet=quiet)
-    return _import_so(plan, manifest)
+    try:
+        return _import_so(plan, manifest)
+    except ImportError:
+        if plan.key in _MODULES or manifest.get("pid") == os.getpid():
+            raise  # we just built it ourselves: rebuilding would give the same
+    # a cached .so that does not import (truncated file, ...): rebuild once, under the lock
+    with BuildLock(str(plan.directory / "dslaunch.lock")):
+        if read_manifest(plan) == manifest:
+            plan.manifest_path.unlink()
+            with contextlib.suppress(FileNotFoundError):  # else ninja finds it up to date
+                (plan.directory / manifest["so"]).unlink()
+    return _import_so(plan, build(plan, quiet=quiet))
 
 
 def load_op(name: str):
