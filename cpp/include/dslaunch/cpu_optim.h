@@ -39,6 +39,11 @@ template <class F>
 inline void elementwise(int64_t n, int nthreads, F&& f) {
   auto run = [&](int64_t lo, int64_t hi) {
     int64_t i = lo;
+    // two independent vectors per iteration: more loads in flight per core
+    for (; i + 2 * VecOps::W <= hi; i += 2 * VecOps::W) {
+      f(VecOps{}, i);
+      f(VecOps{}, i + VecOps::W);
+    }
     for (; i + VecOps::W <= hi; i += VecOps::W) f(VecOps{}, i);
     for (; i < hi; ++i) f(ScalarOps{}, i);
   };
