@@ -37,6 +37,13 @@ from dslaunch.engine.zero.common import (ZeroOptions, clip_coefficient, current_
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 
 
+# gloo runs one huge reduce-scatter / all-gather several times slower than the same bytes in
+# buckets of a few million elements (measured, 27M fp32 on 2 ranks: reduce_scatter 0.66 s whole,
+# 0.11 s in 16 pieces; all_gather 0.53 s vs 0.09 s), so buckets are capped here whatever
+# reduce_bucket_size says (DeepSpeed's default 5e8 would make one bucket of most models).
+COMM_BUCKET_CAP = 1 << 21
+
+
 class _Group:
     """One optimizer param group: its layout, flat buffers and shard tensors."""
 
@@ -95,8 +102,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
         self.need_master = self.mixed or self.opts.offload_optimizer
 
         broadcast_model(model, comm)  # every rank starts from rank 0's weights
-        self.groups = [_Group(g, self.world, self.rank, self.opts.reduce_bucket_size)
-                       for g in named]
+        bucket = min(self.opts.reduce_bucket_size, COMM_BUCKET_CAP)
+        self.groups = [_Group(g, self.world, self.rank, bucket) for g in named]
         pin = self.opts.pin_memory and torch.cuda.is_available() and self.opt_device.type == "cpu"
         if self.need_master:
             for g in self.groups:
@@ -288,8 +295,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         sq = torch.zeros(2, dtype=torch.float64)
         for group_chunks in chunks:
             for c in group_chunks:
-                f = c.float()
-                sq[0] += float(f.pow(2).sum())
+                sq[0] += float(torch.linalg.vector_norm(c, dtype=torch.float32)) ** 2
         sq[0] *= inv_scale * inv_scale
         if not math.isfinite(float(sq[0])):
             sq[1] = 1.0
