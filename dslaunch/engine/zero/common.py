@@ -1,5 +1,5 @@
-"""Pieces every ZeRO strategy shares: config reading, loss-scale handling, clipping, the shard
-optimizer (the user's optimizer re-pointed at this rank's shard parameters), bytes accounting."""
+"""Pieces the ZeRO 1-3 strategies share: config reading, loss-scale handling, clipping, the shard
+optimizer (the user's optimizer re-pointed at this rank's shard parameters), parameter names."""
 
 from __future__ import annotations
 
@@ -91,31 +91,6 @@ def repoint_optimizer(optimizer: torch.optim.Optimizer, shard_params_per_group: 
     for group, params in zip(optimizer.param_groups, shard_params_per_group):
         group["params"] = list(params)
     optimizer.state = defaultdict(dict)
-
-
-def optimizer_state_bytes(optimizer) -> dict:
-    """{device type: bytes} of the tensors in the optimizer's state."""
-    out: dict = {}
-    for st in optimizer.state.values():
-        for v in st.values():
-            if torch.is_tensor(v):
-                out[v.device.type] = out.get(v.device.type, 0) + v.numel() * v.element_size()
-    return out
-
-
-def tensor_bytes(*tensors) -> dict:
-    out: dict = {}
-    for t in tensors:
-        if t is None:
-            continue
-        out[t.device.type] = out.get(t.device.type, 0) + t.numel() * t.element_size()
-    return out
-
-
-def merge_bytes(breakdown: dict, kind: str, by_device: dict) -> None:
-    for dev, n in by_device.items():
-        slot = breakdown.setdefault(dev, {"params": 0, "grads": 0, "optimizer_states": 0})
-        slot[kind] += n
 
 
 def named_groups(model: torch.nn.Module, optimizer) -> list:

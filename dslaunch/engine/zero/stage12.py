@@ -1,4 +1,4 @@
-"""ZeRO stages 1 and 2: optimizer states (1) and gradients too (2) partitioned over data parallel.
+"""ZeRO stages 1 and 2: optimizer states (1), and gradients too (2), partitioned over data parallel.
 
 Every rank keeps the whole model (parameters live as views of one flat, bucketed buffer per
 optimizer param group, see ``partition.py``) but owns one chunk of every bucket:
@@ -10,15 +10,18 @@ optimizer param group, see ``partition.py``) but owns one chunk of every bucket:
 - after the step the updated chunks are all-gathered, bucket by bucket, into the flat buffer;
 - stage 1: gradients accumulate whole (``p.grad`` are views of a flat gradient buffer laid out like
   the parameters) and are reduce-scattered at the accumulation boundary, one collective per bucket;
-- stage 2: a post-accumulate hook per parameter copies each gradient into its bucket's staging
-  buffer and frees it; a full bucket is reduce-scattered at once (asynchronously when
-  ``overlap_comm``, so communication overlaps the rest of backward; the staging buffers of buckets
-  in flight are kept until backward ends, without it one buffer is reused)
-  and this rank's chunk is added to its gradient shard: the only gradient memory that lasts is the
-  shard, and accumulation over micro-steps is exact (every micro-step is reduced).
+- stage 2: every micro-step, gradients are copied bucket by bucket into a reused staging buffer
+  (and freed), reduce-scattered, and this rank's chunk is added to its gradient shard: the only
+  gradient memory that lasts is the shard, and accumulation over micro-steps is exact. By default
+  this runs right after backward; with ``overlap_comm`` a post-accumulate hook per parameter stages
+  gradients as they appear and launches a full bucket's reduce-scatter asynchronously (waited at
+  the end of backward: waiting inside autograd hooks made gloo abort at exit now and then);
+- stage 3 (``stage3.py``) builds on the stage-2 path and frees the flat parameter storage at rest;
+- buckets hold at most ``reduce_bucket_size`` elements, capped at ``COMM_BUCKET_CAP`` (see there).
+  ``allgather_bucket_size`` is accepted; the all-gather uses the same buckets.
 
-Gradient clipping uses the global norm (squared shard norms all-reduced); an fp16 overflow anywhere
-skips the step on every rank (flag all-reduced with MAX).
+Gradient clipping uses the global norm (squared shard norms all-reduced with SUM, in fp64); a
+non-finite norm (fp16 overflow anywhere) skips the step on every rank and lowers the loss scale.
 """
 
 from __future__ import annotations
@@ -253,13 +256,11 @@ class ZeroStage12Strategy(OptimizerStrategy):
             return
         self._stage1_grad_chunks = []
         for g in self.groups:
-            outs, works = [], []
+            outs = []
             for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
                 out = torch.empty(b.chunk(self.world), dtype=self.dtype, device=self.device)
                 self.comm.reduce_scatter_tensor(out, bview)
                 outs.append(out)
-            for w in works:
-                w.wait()
             if g.grad_shard is not None:  # offload: fp32 shard on the CPU
                 for dst, out in zip(P.shard_chunks(g.grad_shard, g.layout), outs):
                     dst.copy_(out).mul_(1.0 / self.world)
@@ -337,7 +338,6 @@ class ZeroStage12Strategy(OptimizerStrategy):
         return True
 
     def _all_gather_params(self):
-        works = []
         for g in self.groups:
             sources = P.shard_chunks(g.master, g.layout) if self.need_master else g.chunks
             for bview, src in zip(g.buckets, sources):
@@ -345,8 +345,6 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 if inp.data_ptr() == src.data_ptr():
                     inp = inp.clone()  # the input must not alias the output
                 self.comm.all_gather_into_tensor(bview, inp)
-        for w in works:
-            w.wait()
 
     def prepare_backward(self, is_boundary: bool) -> None:
         pass
