@@ -173,6 +173,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
     def _reset_pending(self):
         self._pending = {(gi, bi): len(b.slots) for gi, g in enumerate(self.groups)
                          for bi, b in enumerate(g.layout.buckets)}
+        self._order = sorted(self._pending)  # every rank launches buckets in this order
+        self._next = 0
 
     def _staging(self, numel):
         for i, buf in enumerate(self._staging_pool):
@@ -192,7 +194,11 @@ class ZeroStage12Strategy(OptimizerStrategy):
             p.grad = None  # the gradient now lives in the bucket; free it
             self._pending[key] -= 1
             if self._pending[key] == 0:
-                self._launch(key)
+                # launch in bucket order only, so every rank issues the same collectives in the
+                # same sequence even if autograd readies the buckets in another order
+                while self._next < len(self._order) and self._pending[self._order[self._next]] == 0:
+                    self._launch(self._order[self._next])
+                    self._next += 1
         return hook
 
     def _stage_grad(self, key, name, grad):
@@ -205,6 +211,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
             self._open[key] = buf
         s = g.slot_of[name]
         buf[s.start: s.start + s.numel].add_(grad.reshape(-1))
+
+    def _stage_empty(self, key):
+        gi, bi = key
+        buf = self._staging(self.groups[gi].layout.buckets[bi].numel)
+        buf.zero_()
+        self._open[key] = buf
 
     def _launch(self, key):
         gi, bi = key
@@ -237,7 +249,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
             if not self._hooks:
                 self._reduce_after_backward()
                 return
-            for key in sorted(self._open):  # buckets with unused parameters: reduce what came
+            for key in self._order[self._next:]:  # buckets whose parameters went unused
+                if key not in self._open:
+                    self._stage_empty(key)
                 self._launch(key)
             while self._in_flight:
                 self._finish(*self._in_flight.pop(0))
