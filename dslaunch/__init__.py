@@ -15,10 +15,15 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+_LAZY_MODULES = {"pipe", "zero"}  # dslaunch.pipe / dslaunch.zero, as deepspeed.pipe / deepspeed.zero
 
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"dslaunch.{name}")
+    if name in _LAZY:
         module_name, attr = _LAZY[name]
         return getattr(importlib.import_module(module_name), attr)
     raise AttributeError(f"module 'dslaunch' has no attribute {name!r}")

@@ -335,12 +335,12 @@ def test_defaults_are_deepspeeds_and_marked_default():
 # --- features not supported yet ----------------------------------------------------------------
 
 @pytest.mark.parametrize("section, line", [
-    ({"zero_optimization": {"stage": 2}}, "zero_optimization.stage: not supported yet (ZeRO stages 1, 2 and 3; comes with issue 4)"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}},
+     "zero_optimization.offload_param.device: not supported yet (parameter offload to NVMe; comes with issue 8)"),
     ({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}},
      "zero_optimization.offload_optimizer.device: not supported yet (optimizer offload to NVMe; comes with issue 8)"),
-    ({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}},
-     "optimizer.type: not supported yet (1-bit Adam, 0/1 Adam and 1-bit LAMB; comes with issue 6)"),
-    ({"pipeline": {"stages": 2}}, "pipeline.stages: not supported yet (pipeline parallelism (stages > 1); comes with issue 7)"),
+    ({"tensor_parallel": {"autotp_size": 2}},
+     "tensor_parallel.autotp_size: not supported yet (tensor parallelism (size > 1); comes with issue 7)"),
     ({"wandb": {"enabled": True}}, "wandb.enabled: not supported yet (the Weights & Biases monitor; not planned yet)"),
     ({"activation_checkpointing": {"partition_activations": True}},
      "activation_checkpointing: not supported yet (activation checkpointing; comes with issue 7)"),

@@ -52,12 +52,13 @@ def test_validate_without_world_size_says_what_depends_on_it():
 
 
 def test_validate_not_supported_yet(tmp_path):
-    path = tmp_path / "zero2.yaml"
-    path.write_text("train_micro_batch_size_per_gpu: 2\nzero_optimization:\n  stage: 2\n")
+    path = tmp_path / "nvme.yaml"
+    path.write_text("train_micro_batch_size_per_gpu: 2\nzero_optimization:\n  offload_optimizer:\n"
+                    "    device: nvme\n    nvme_path: /nvme\n")
     result = invoke("config", "validate", str(path), "--world-size", "2")
     assert result.exit_code == 1
-    assert result.output.strip() == (f"{path}: zero_optimization.stage: not supported yet "
-                                     f"(ZeRO stages 1, 2 and 3; comes with issue 4)")
+    assert result.output.strip() == (f"{path}: zero_optimization.offload_optimizer.device: not supported "
+                                     f"yet (optimizer offload to NVMe; comes with issue 8)")
 
 
 def test_missing_file_and_bad_yaml_are_one_line_errors(tmp_path):

@@ -52,8 +52,6 @@ NOT_SUPPORTED_YET = [
             "(they need the whole optimizer state on every rank; DeepSpeed refuses it too)", "",
             lambda get: get("optimizer.type") in ONE_BIT
             and (get("zero_optimization.stage") or 0) >= 1),
-    Feature("pipeline.stages", "pipeline parallelism (stages > 1)", "issue 7",
-            lambda get: (get("pipeline.stages") or 1) > 1),
     Feature("tensor_parallel.autotp_size", "tensor parallelism (size > 1)", "issue 7",
             lambda get: (get("tensor_parallel.autotp_size") or 1) > 1),
     Feature("activation_checkpointing", "activation checkpointing", "issue 7",

@@ -64,6 +64,16 @@ class ResolvedConfig:
                 f"world_size={self.world_size})")
 
 
+def _data_parallel_size(values: dict, world_size: int) -> int:
+    """The data-parallel size once pipeline stages and tensor-parallel ranks take their share."""
+    model_parallel = 1
+    for size in ((values.get("pipeline") or {}).get("stages"),
+                 (values.get("tensor_parallel") or {}).get("autotp_size")):
+        if isinstance(size, int) and not isinstance(size, bool) and size > 1:
+            model_parallel *= size
+    return world_size // model_parallel if world_size % model_parallel == 0 else world_size
+
+
 def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
                    dp_world_size: Optional[int] = None, model_num_params: Optional[int] = None,
                    check_supported: bool = True) -> ResolvedConfig:
@@ -76,6 +86,8 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
     checked = check_config(raw)
     values, sources, problems = checked.values, checked.sources, checked.problems
     resolve_autos(values, sources, checked.autos, problems, model_num_params)
+    if dp_world_size is None and world_size is not None:
+        dp = _data_parallel_size(values, world_size)
     notes: list = []
     if not any(p.split(":", 1)[0] in TRIAD for p in problems):  # a bad triad value is reported once
         resolve_batch(values, sources, problems, notes, dp, world_size)

@@ -254,7 +254,15 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
     rank = engine.global_rank
     same_layout = (meta.get("world_size") == engine.world_size
                    and meta.get("zero_stage") == engine.zero_stage)
-    if load_optimizer_states:
+    reshardable = (meta.get("zero_stage") == engine.zero_stage and engine.zero_stage in (1, 2)
+                   and hasattr(engine.strategy, "load_resharded"))
+    if load_optimizer_states and not same_layout and reshardable:
+        # ZeRO 1-2 saved with another world size: each rank reads its new shard from the old ones.
+        try:
+            engine.strategy.load_resharded(path)
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: cannot reshard the optimizer state ({e})") from None
+    elif load_optimizer_states:
         if not same_layout:
             raise CheckpointError(
                 f"{meta_path}: saved with world size {meta.get('world_size')} and ZeRO stage "

@@ -13,6 +13,7 @@ call until the result was ready (for an async call: until ``wait()`` returned).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import time
@@ -81,9 +82,20 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
             torch.cuda.set_device(local)
         dist.init_process_group(backend, init_method=init_method or "env://", rank=rank,
                                 world_size=world_size, timeout=timeout)
+    # Tear the group down before interpreter shutdown: gloo's threads outliving the Python
+    # objects they serve made ranks abort at exit ("terminate called without an active exception").
+    atexit.register(_destroy_at_exit)
     if verbose and rank == 0:
         print(f"[dslaunch] torch.distributed initialised: backend={backend} world={world_size}",
               flush=True)
+
+
+def _destroy_at_exit() -> None:
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # at exit, a failed teardown must not hide the script's own result
+            pass
 
 
 def local_rank() -> int:
