@@ -27,6 +27,7 @@ from dslaunch.launcher.plan import WorldPlan
 TAIL_LINES = 20
 POLL = 0.1  # main-loop tick: signal flags and heartbeat deadlines are checked this often
 KILL_SLACK = 10.0  # after a stop, agents get grace_period + this long before being killed
+PIPE_SLACK = 3.0  # after that kill, an exited agent's pipes get this long to reach EOF
 
 
 @dataclass
@@ -127,6 +128,12 @@ class JobController:
                 for a in agents:
                     if not a.finished:
                         self._kill_agent(a)
+                        # The agent is gone but something it started outside its group (mpirun's
+                        # ssh to a dead host) can hold the pipe open forever: stop waiting for EOF.
+                        if a.proc is not None and a.proc.poll() is not None \
+                                and now > self.stop_deadline + PIPE_SLACK:
+                            a.finished = True
+                            node_done.update(a.node_ranks)
             try:
                 kind, a, item = self.q.get(timeout=POLL)
             except queue.Empty:
@@ -204,7 +211,8 @@ class JobController:
             self.runner.send(a, command)
 
     def _kill_agent(self, a: AgentProcess) -> None:
-        if a.proc is not None and a.proc.poll() is None:
+        # Also when its leader has exited: children left in its process group still hold its pipes.
+        if a.proc is not None and not a.finished:
             self.runner.kill(a)
 
     def _report(self, root: Failure, stopped: int) -> None:
