@@ -8,6 +8,10 @@
   it, and the rank exits 1.
 - SIGUSR1 dumps every thread's Python stack to stderr (faulthandler): the agent sends it before
   stopping ranks after a failure, so a hung rank shows where it was stuck.
+- The rank leaves as the interpreter would (non-daemon threads joined, atexit handlers run, stdio
+  flushed) but skips the interpreter's final teardown: C++ objects that own threads (gloo's
+  process groups) are destroyed there in arbitrary order and can call std::terminate, which
+  turned ranks that had finished their work into SIGABRT failures.
 - ``--local_rank`` is NOT added to argv (torchrun does not either): LOCAL_RANK is in the env, and a
   script that declares ``--local_rank`` with a default keeps working.
 
@@ -16,12 +20,14 @@ No torch here: the rank's own script decides what to import.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import os
 import runpy
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -92,16 +98,41 @@ def main(argv: list | None = None) -> None:
             sys.path[0] = os.path.dirname(os.path.abspath(script))
             sys.argv = [script, *args]
             runpy.run_path(script, run_name="__main__")
-    except SystemExit:
-        raise
+        code = 0
+    except SystemExit as exc:
+        code = _exit_status(exc.code)
     except BaseException as exc:  # noqa: BLE001 - every uncaught error is the rank's failure
         text = _user_traceback(exc)
         if error_file:
             _write_error_file(error_file, exc, text)
         sys.stderr.write(text)
-        sys.stderr.flush()
         # Exit as Python would: 130 after Ctrl-C, 1 otherwise.
-        raise SystemExit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    _leave(code)
+
+
+def _exit_status(code) -> int:
+    """The status ``sys.exit(code)`` gives: None -> 0, an int as is, anything else printed -> 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def _leave(code: int) -> None:
+    """Exit like the interpreter, without its final teardown (see the module docstring)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code & 0xFF)
 
 
 if __name__ == "__main__":
