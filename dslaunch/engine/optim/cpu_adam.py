@@ -50,14 +50,40 @@ class _CPUOptimizer(torch.optim.Optimizer):
     def _flat(t):
         return t.detach().view(-1) if t.is_contiguous() else t.detach().contiguous().view(-1)
 
-    def _run(self, p, states: list, fn):
-        """Call fn(param_flat, grad_flat, *fp32_states) and write back whatever needed copying."""
+    # Subclasses name their per-parameter state tensors and do one update on flat fp32 views.
+    _state_names: tuple = ()
+
+    def _initial_state(self, p, group, name: str):
+        return self._state_tensor(p)
+
+    def _update(self, group, step: int, param, grad, *states, use_compiled: bool) -> None:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in self._params_with_grad(group):
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    for name in self._state_names:
+                        state[name] = self._initial_state(p, group, name)
+                state["step"] += 1
+                self._run(p, group, state["step"], [state[n] for n in self._state_names])
+        return loss
+
+    def _run(self, p, group, step: int, states: list) -> None:
+        """Call _update on the flat param, grad and fp32 states; write back what needed copying."""
         param, grad = self._flat(p), self._flat(p.grad)
         fp32 = [s if s.dtype == torch.float32 else s.float() for s in states]
         # low-precision states (fp32_optimizer_states=False) take the torch path in fp32
         use_compiled = all(s is f for s, f in zip(states, fp32))
         work = param if (use_compiled or param.dtype == torch.float32) else param.float()
-        fn(work, grad, *fp32, use_compiled=use_compiled)
+        self._update(group, step, work, grad, *fp32, use_compiled=use_compiled)
         if work is not param:
             param.copy_(work)
         if param.data_ptr() != p.data_ptr():
@@ -90,6 +116,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
 
 class DSCPUAdam(_CPUOptimizer):
     _op_name = "cpu_adam"
+    _state_names = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
@@ -100,36 +127,17 @@ class DSCPUAdam(_CPUOptimizer):
         self.adamw_mode = adamw_mode
         super().__init__(params, defaults, fp32_optimizer_states)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in self._params_with_grad(group):
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = self._state_tensor(p)
-                    state["exp_avg_sq"] = self._state_tensor(p)
-                state["step"] += 1
-                step = state["step"]
-
-                def fn(param, grad, m, v, use_compiled):
-                    cpu_optim.adam_step(param, grad, m, v, step=step, lr=group["lr"], beta1=beta1,
-                                        beta2=beta2, eps=group["eps"],
-                                        weight_decay=group["weight_decay"], adamw=self.adamw_mode,
-                                        bias_correction=group["bias_correction"],
-                                        use_compiled=use_compiled)
-
-                self._run(p, [state["exp_avg"], state["exp_avg_sq"]], fn)
-        return loss
+    def _update(self, group, step, param, grad, m, v, use_compiled):
+        beta1, beta2 = group["betas"]
+        cpu_optim.adam_step(param, grad, m, v, step=step, lr=group["lr"], beta1=beta1, beta2=beta2,
+                            eps=group["eps"], weight_decay=group["weight_decay"],
+                            adamw=self.adamw_mode, bias_correction=group["bias_correction"],
+                            use_compiled=use_compiled)
 
 
 class DSCPUAdagrad(_CPUOptimizer):
     _op_name = "cpu_adagrad"
+    _state_names = ("sum",)
 
     def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0, lr_decay=0.0,
                  initial_accumulator_value=0.0, amsgrad=False, fp32_optimizer_states=True):
@@ -139,61 +147,28 @@ class DSCPUAdagrad(_CPUOptimizer):
                         initial_accumulator_value=initial_accumulator_value)
         super().__init__(params, defaults, fp32_optimizer_states)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in self._params_with_grad(group):
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["sum"] = self._state_tensor(p).fill_(group["initial_accumulator_value"])
-                state["step"] += 1
-                step = state["step"]
+    def _initial_state(self, p, group, name):
+        return self._state_tensor(p).fill_(group["initial_accumulator_value"])
 
-                def fn(param, grad, s, use_compiled):
-                    cpu_optim.adagrad_step(param, grad, s, step=step, lr=group["lr"],
-                                           lr_decay=group["lr_decay"], eps=group["eps"],
-                                           weight_decay=group["weight_decay"],
-                                           use_compiled=use_compiled)
-
-                self._run(p, [state["sum"]], fn)
-        return loss
+    def _update(self, group, step, param, grad, s, use_compiled):
+        cpu_optim.adagrad_step(param, grad, s, step=step, lr=group["lr"], lr_decay=group["lr_decay"],
+                               eps=group["eps"], weight_decay=group["weight_decay"],
+                               use_compiled=use_compiled)
 
 
 class DSCPULion(_CPUOptimizer):
     _op_name = "cpu_lion"
+    _state_names = ("exp_avg",)
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
                  fp32_optimizer_states=True):
         defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay)
         super().__init__(params, defaults, fp32_optimizer_states)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in self._params_with_grad(group):
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = self._state_tensor(p)
-                state["step"] += 1
-
-                def fn(param, grad, m, use_compiled):
-                    cpu_optim.lion_step(param, grad, m, lr=group["lr"], beta1=beta1, beta2=beta2,
-                                        weight_decay=group["weight_decay"],
-                                        use_compiled=use_compiled)
-
-                self._run(p, [state["exp_avg"]], fn)
-        return loss
+    def _update(self, group, step, param, grad, m, use_compiled):
+        beta1, beta2 = group["betas"]
+        cpu_optim.lion_step(param, grad, m, lr=group["lr"], beta1=beta1, beta2=beta2,
+                            weight_decay=group["weight_decay"], use_compiled=use_compiled)
 
 
 __all__ = ["DSCPUAdam", "DSCPUAdagrad", "DSCPULion"]
