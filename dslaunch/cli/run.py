@@ -7,6 +7,8 @@ Defaults worth knowing:
 - no hostfile (and no ``/job/hostfile``): this host, with ``--nproc-per-node`` ranks; without it,
   one rank per GPU where the host has GPUs, else 1 rank (on CPU, more ranks is a choice, not a
   default: each rank's threads compete for the same cores);
+- ``--launcher slurm`` without a hostfile: the allocation's nodes, ``SLURM_NTASKS_PER_NODE`` slots
+  each (inside ``salloc`` / ``sbatch``);
 - ``MASTER_ADDR``: 127.0.0.1 for a local run, else the plan's first host; ``MASTER_PORT``: a
   port free on this host;
 - ``OMP_NUM_THREADS``: cores // local ranks (min 1) unless it is already set or ``--omp-threads``;
@@ -62,11 +64,19 @@ def _gpu_count() -> int:
         return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def _hosts(hostfile, nproc_per_node) -> tuple:
+def _hosts(hostfile, nproc_per_node, launcher="local") -> tuple:
     """(host -> slot count, where they came from)."""
     from dslaunch.launcher.hostfile import HostfileError, default_hostfile, parse_hostfile
 
     path = hostfile or default_hostfile()
+    if path is None and launcher == "slurm":
+        # inside salloc/sbatch the allocation is the host list, as srun itself would use it
+        from dslaunch.launcher.runners.slurm import allocation_hosts
+        try:
+            return allocation_hosts(), "the SLURM allocation"
+        except RunnerError as exc:
+            raise click.ClickException(f"--launcher slurm without -H: {exc}; run it inside "
+                                       "salloc/sbatch, or submit with `dslaunch sbatch`") from None
     if path is not None:
         try:
             return parse_hostfile(path), str(path)
@@ -195,7 +205,7 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         if not module and not (cwd / script).is_file():
             raise click.ClickException(f"script not found: {script}")
 
-    hosts, _source = _hosts(hostfile, nproc_per_node)
+    hosts, _source = _hosts(hostfile, nproc_per_node, launcher)
     try:
         selection = select_resources(hosts, include=include, exclude=exclude, num_nodes=num_nodes,
                                      nproc_per_node=nproc_per_node)

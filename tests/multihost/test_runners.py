@@ -73,6 +73,17 @@ def test_slurm_srun_inside_allocation(slurm, jobdir):
     slurm.assert_clean(jobdir)
 
 
+def test_slurm_without_hostfile_uses_the_allocation(slurm, jobdir):
+    """No -H inside salloc: the allocation's nodes and tasks per node are the plan."""
+    (jobdir / ".dslaunch_env").write_text(f"DSL_T_FILE={FILE_VALUE}\n")
+    res = slurm.dslaunch("run", "--launcher", "slurm", "--env", f"DSL_T_VAR={HOSTILE_ENV}",
+                         "report.py", *HOSTILE_ARGS, cwd=jobdir,
+                         timeout=180, prefix=["salloc", "--quiet", "-N2", "-w", "host1,host2",
+                                              "--ntasks-per-node=2"])
+    check_job(res, jobdir)
+    slurm.assert_clean(jobdir)
+
+
 def test_slurm_outside_allocation_is_a_clear_error(cluster, jobdir):
     hf = cluster.hostfile(jobdir / "hostfile")
     res = cluster.dslaunch("run", "-H", str(hf), "--launcher", "slurm", "report.py", cwd=jobdir,
