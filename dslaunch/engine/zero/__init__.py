@@ -33,7 +33,15 @@ def build_optimizer_strategy(stage: int, model, optimizer, cfg: dict, comm,
             raise
         raise NotImplementedError(f"zero_optimization.stage: ZeRO stage {stage} is not available "
                                   "in this build") from None
-    return getattr(module, f"Stage{stage}Strategy")(model, optimizer, cfg, comm, precision)
+    cls = getattr(module, f"Stage{stage}Strategy")
+    from .nvme_swap import uses_nvme
+    if uses_nvme(cfg):  # optimizer states on NVMe: the strategy's offload path, states swapped
+        if stage == 0:
+            raise ValueError("zero_optimization.offload_optimizer.device: nvme needs "
+                             "zero_optimization.stage 1, 2 or 3 (stage 0 offloads nothing)")
+        from .nvme_swap import with_nvme_swap
+        cls = with_nvme_swap(cls)
+    return cls(model, optimizer, cfg, comm, precision)
 
 
 __all__ = ["OptimizerStrategy", "build_optimizer_strategy"]

@@ -44,7 +44,8 @@ class ZeroOptions:
         off_opt = g("offload_optimizer.device", "none")
         if g("cpu_offload", False):
             off_opt = "cpu"
-        self.offload_optimizer = off_opt == "cpu"
+        # nvme runs the cpu path; zero/nvme_swap.py then moves the optimizer states to files
+        self.offload_optimizer = off_opt in ("cpu", "nvme")
         off_par = g("offload_param.device", "none")
         if g("cpu_offload_param", False):
             off_par = "cpu"

@@ -1,0 +1,486 @@
+"""ZeRO-Infinity optimizer offload to NVMe: optimizer states live in a file, not in CPU memory.
+
+With ``offload_optimizer: {device: nvme, nvme_path: DIR}`` a ZeRO 1-3 strategy runs exactly as
+with ``device: cpu`` (fp32 master shard and fp32 gradient shard on the CPU, the step there, with
+the compiled CPU Adam when it applies), but the optimizer's per-element states (Adam's exp_avg
+and exp_avg_sq, ...) are kept in one swap file per rank under
+``DIR/dslaunch-<host>-<pid>/rank<r>/``. Between steps the state entries of the optimizer are
+``meta`` tensors (no storage): the CPU holds only ``buffer_count`` swap buffers.
+
+The step walks the shard parameters in sub-groups of about ``sub_group_size`` elements. Sub-group
+``i``'s states are in buffer ``i % buffer_count``; while it is stepped, the next sub-group is read
+(async pread) into its buffer and the previous one written back (async pwrite), through one
+``AsyncIOHandle`` built from the config's ``aio`` section. Each sub-group is one contiguous,
+4 KiB-aligned range of the file, so each transfer is one large request (O_DIRECT where the file
+system accepts it). The first step lets the optimizer create its states sub-group by sub-group
+(so even then no more than one sub-group's states exist in plain memory) and learns from them
+what to swap: every state tensor with as many elements as its parameter.
+
+The fp32 master shard is not swapped (it stays on the CPU as with CPU offload; DeepSpeed swaps it
+too). Checkpoints are those of CPU offload: saving reads the states back into ordinary tensors
+for the shard writer; loading writes the loaded states to the file. The swap directory is removed
+at exit, on SIGTERM (when no one else handles it) and, for a rank that was SIGKILLed, by the next
+job on the same host that uses the same ``nvme_path``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import time
+import weakref
+
+import torch
+
+from dslaunch.engine.zero.common import cfg_get
+
+KEY = "zero_optimization.offload_optimizer"
+ALIGN = 4096
+SWAP_PREFIX = "dslaunch-"
+
+
+def _round_up(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+# -- the swap directory -----------------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale(nvme_path: str, host: str) -> None:
+    """Swap directories this host's dead processes left behind (a SIGKILLed rank cannot clean
+    up after itself). Only this host's: another host may share the file system."""
+    prefix = f"{SWAP_PREFIX}{host}-"
+    try:
+        names = os.listdir(nvme_path)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(prefix) or not name[len(prefix):].isdigit():
+            continue
+        pid = int(name[len(prefix):])
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(os.path.join(nvme_path, name), ignore_errors=True)
+
+
+def make_swap_dir(nvme_path, rank: int, key: str = KEY) -> str:
+    """Create ``nvme_path/dslaunch-<host>-<pid>/rank<rank>``; a clear error naming ``key`` when
+    nvme_path is missing, not a directory or not writable."""
+    if not nvme_path:
+        raise ValueError(f"{key}.nvme_path: missing; device is nvme, so put the directory on the "
+                         "NVMe drive here")
+    path = os.path.abspath(os.path.expanduser(str(nvme_path)))
+    if not os.path.exists(path):
+        raise ValueError(f"{key}.nvme_path: {path} does not exist on host {socket.gethostname()}; "
+                         "create it (a directory on the NVMe drive) or fix the path")
+    if not os.path.isdir(path):
+        raise ValueError(f"{key}.nvme_path: {path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}.nvme_path: {path} is not writable by this user; pick a "
+                         "directory you can write to")
+    host = socket.gethostname().replace("-", "_")
+    _remove_stale(path, host)
+    job_dir = os.path.join(path, f"{SWAP_PREFIX}{host}-{os.getpid()}")
+    rank_dir = os.path.join(job_dir, f"rank{rank}")
+    try:
+        os.makedirs(rank_dir, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{key}.nvme_path: cannot create {rank_dir}: {exc.strerror}") from None
+    return rank_dir
+
+
+_LIVE_DIRS: set = set()
+_SIGTERM_INSTALLED = False
+
+
+def _cleanup_all() -> None:
+    for d in list(_LIVE_DIRS):
+        _remove_dir(d)
+
+
+def _remove_dir(rank_dir: str) -> None:
+    _LIVE_DIRS.discard(rank_dir)
+    shutil.rmtree(rank_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the per-job directory, once its last rank is gone
+        os.rmdir(os.path.dirname(rank_dir))
+
+
+def _on_sigterm(signum, frame):
+    _cleanup_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # die of the signal, as the launcher expects
+
+
+def _register_cleanup(rank_dir: str) -> None:
+    """Remove the directory at exit, and on SIGTERM when nobody else handles that signal."""
+    global _SIGTERM_INSTALLED
+    _LIVE_DIRS.add(rank_dir)
+    if not _SIGTERM_INSTALLED:
+        atexit.register(_cleanup_all)
+        with contextlib.suppress(ValueError):  # not the main thread: atexit only
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        _SIGTERM_INSTALLED = True
+
+
+# -- the optimizer wrapper ----------------------------------------------------------------------------
+
+class _SubGroup:
+    """A run of consecutive shard parameters whose states share one contiguous file range."""
+
+    def __init__(self, params):
+        self.params = params
+        self.file_offset = 0
+        self.nbytes = 0
+        self.offsets: dict = {}  # param -> byte offset of its first state inside the range
+
+
+class NVMeSwappedOptimizer(torch.optim.Optimizer):
+    """Steps ``inner`` (an optimizer over CPU shard parameters) sub-group by sub-group with its
+    per-element states swapped between a file in ``swap_dir`` and ``buffer_count`` CPU buffers.
+
+    ``param_groups`` and ``state`` are the inner optimizer's own objects, so LR schedules and the
+    shard checkpoint code see them; swapped-out state entries are ``meta`` tensors."""
+
+    def __init__(self, inner, swap_dir: str, sub_group_size: int = int(1e9), buffer_count: int = 4,
+                 aio: dict | None = None, key: str = KEY):
+        from dslaunch.nvme.aio import AioUnavailable, AsyncIOHandle
+
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if p.device.type != "cpu":
+                    raise ValueError(f"{key}.device: nvme offload steps CPU shards, but a "
+                                     f"parameter is on {p.device}")
+        self.inner = inner
+        self.key = key
+        self.swap_dir = swap_dir
+        self.path = os.path.join(swap_dir, "optimizer_states.swp")
+        aio = {k: v for k, v in (aio or {}).items() if k in (
+            "block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism")}
+        try:
+            self.io = AsyncIOHandle(**aio)
+        except AioUnavailable as exc:
+            raise RuntimeError(f"{key}.device: nvme offload needs the async_io op: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"aio: {exc}") from None
+        torch.optim.Optimizer.__init__(self, inner.param_groups, inner.defaults)
+        self.param_groups = inner.param_groups  # the same dicts: schedules drive the inner one
+        self.state = inner.state
+        self.buffer_count = max(1, int(buffer_count))
+        params = [p for g in inner.param_groups for p in g["params"]]
+        self.subgroups = _split(params, max(1, int(sub_group_size)))
+        self.spec = None  # [(state name, dtype)] swapped for every parameter, once known
+        self.buffers: list = []
+        self.swapped: set = set()  # params whose states live in the file
+        self.stats = {"read_bytes": 0, "write_bytes": 0, "io_wait_seconds": 0.0,
+                      "step_seconds": 0.0, "steps": 0}
+        self._sg_of = {p: i for i, sg in enumerate(self.subgroups) for p in sg.params}
+        _register_cleanup(swap_dir)
+        weakref.finalize(self, _remove_dir, swap_dir)
+
+    # -- layout ---------------------------------------------------------------------------------
+    def _learn_spec(self, p) -> None:
+        st = self.inner.state.get(p) or {}
+        spec = [(k, v.dtype) for k, v in st.items() if _per_element(v, p)]
+        if self.spec is None:
+            self.spec = spec
+            self._build_layout()
+        elif sorted(spec, key=_name) != sorted(self.spec, key=_name):
+            raise RuntimeError(f"{self.key}.device: nvme offload needs the same per-element states "
+                               f"for every parameter; got {[k for k, _ in spec]} after "
+                               f"{[k for k, _ in self.spec]}")
+
+    def _param_bytes(self, p) -> list:
+        return [_round_up(p.numel() * torch.empty((), dtype=dt).element_size())
+                for _, dt in self.spec]
+
+    def _build_layout(self) -> None:
+        offset = 0
+        for sg in self.subgroups:
+            sg.file_offset, inner = offset, 0
+            for p in sg.params:
+                sg.offsets[p] = inner
+                inner += sum(self._param_bytes(p))
+            sg.nbytes = inner
+            offset += inner
+        self.file_bytes = offset
+        biggest = max(sg.nbytes for sg in self.subgroups)
+        self.buffers = [self.io.new_cpu_locked_tensor(biggest, torch.uint8)
+                        for _ in range(min(self.buffer_count, len(self.subgroups)))]
+        self._allocate_file(offset)
+
+    def _allocate_file(self, nbytes: int) -> None:
+        """Claim the file's space now, so a full drive is a clear error and not a failed write."""
+        free = shutil.disk_usage(self.swap_dir).free
+        if free < nbytes:
+            raise ValueError(f"{self.key}.nvme_path: {nbytes / 2**30:.2f} GiB needed for this "
+                             f"rank's optimizer states, {free / 2**30:.2f} GiB free under "
+                             f"{os.path.dirname(os.path.dirname(self.swap_dir))}; free space or "
+                             "point nvme_path at a larger drive")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(nbytes, 1))
+        except OSError as exc:
+            raise ValueError(f"{self.key}.nvme_path: cannot reserve {nbytes} bytes in "
+                             f"{self.path}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+
+    def _views(self, sg, slot: int, p) -> dict:
+        """Views of buffer ``slot`` where parameter ``p``'s states sit."""
+        buf, at, out = self.buffers[slot], sg.offsets[p], {}
+        for (name, dt), nbytes in zip(self.spec, self._param_bytes(p)):
+            size = p.numel() * torch.empty((), dtype=dt).element_size()
+            out[name] = buf[at: at + size].view(dt).view(p.shape if p.dim() else (1,))
+            at += nbytes
+        return out
+
+    # -- moving one sub-group -------------------------------------------------------------------
+    def _read(self, i: int, slot: int, sync: bool = False) -> None:
+        sg = self.subgroups[i]
+        if self.spec is None or not any(p in self.swapped for p in sg.params):
+            return
+        for p in sg.params:
+            if p in self.swapped:
+                self.state[p].update(self._views(sg, slot, p))
+        (self.io.sync_pread if sync else self.io.async_pread)(
+            self.buffers[slot][: sg.nbytes], self.path, sg.file_offset)
+        self.stats["read_bytes"] += sg.nbytes
+
+    def _adopt(self, i: int, slot: int) -> None:
+        """States the optimizer just created in plain memory move into buffer ``slot``."""
+        sg = self.subgroups[i]
+        for p in sg.params:
+            st = self.state.get(p)
+            if p in self.swapped or not st:
+                continue
+            self._learn_spec(p)
+            for name, view in self._views(sg, slot, p).items():
+                view.copy_(st[name].reshape(view.shape))
+                st[name] = view
+            self.swapped.add(p)
+
+    def _write(self, i: int, slot: int, sync: bool = False) -> None:
+        sg = self.subgroups[i]
+        if not any(p in self.swapped for p in sg.params):
+            return
+        (self.io.sync_pwrite if sync else self.io.async_pwrite)(
+            self.buffers[slot][: sg.nbytes], self.path, sg.file_offset)
+        self.stats["write_bytes"] += sg.nbytes
+        self._park(sg)
+
+    def _park(self, sg) -> None:
+        """State entries of a written sub-group become storage-less placeholders."""
+        for p in sg.params:
+            if p in self.swapped:
+                st = self.state[p]
+                for name, dt in self.spec:
+                    st[name] = torch.empty(st[name].shape, dtype=dt, device="meta")
+
+    def _wait(self) -> None:
+        t = time.perf_counter()
+        self.io.wait()
+        self.stats["io_wait_seconds"] += time.perf_counter() - t
+
+    def _step_one(self, i: int) -> None:
+        """The inner optimizer's step on sub-group ``i`` only (the others' grads hidden)."""
+        mine = set(self.subgroups[i].params)
+        hidden = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p not in mine and p.grad is not None:
+                    hidden.append((p, p.grad))
+                    p.grad = None
+        try:
+            self.inner.step()
+        finally:
+            for p, grad in hidden:
+                p.grad = grad
+
+    # -- the step ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        t0 = time.perf_counter()
+        n = len(self.subgroups)
+        nslots = lambda: max(1, len(self.buffers))  # noqa: E731 - known after the first step
+        self._read(0, 0, sync=True)
+        for i in range(n):
+            slot = i % nslots()
+            if i >= 1 and nslots() > 1:
+                self._write(i - 1, (i - 1) % nslots())  # overlaps this sub-group's step
+            prefetched = False
+            if i + 1 < n and nslots() >= 2:
+                if nslots() == 2:  # the next one goes where the previous one is being written
+                    self._wait()
+                self._read(i + 1, (i + 1) % nslots())
+                prefetched = True
+            self._step_one(i)
+            self._adopt(i, slot)
+            self._wait()
+            if nslots() == 1:  # one buffer: write, then read, nothing overlaps
+                self._write(i, 0, sync=True)
+                if i + 1 < n:
+                    self._read(i + 1, 0, sync=True)
+            elif i + 1 < n and not prefetched:  # the buffers were made during this step
+                self._read(i + 1, (i + 1) % nslots(), sync=True)
+        if nslots() > 1:
+            self._write(n - 1, (n - 1) % nslots(), sync=True)
+        self.stats["step_seconds"] += time.perf_counter() - t0
+        self.stats["steps"] += 1
+        return loss
+
+    # -- checkpoints and accounting ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def swapped_in(self):
+        """Every swapped state as an ordinary tensor (copies) for as long as the block runs; the
+        file stays as it is. For checkpoint writers that read ``optimizer.state`` directly."""
+        for i, sg in enumerate(self.subgroups):
+            if not any(p in self.swapped for p in sg.params):
+                continue
+            self._read(i, 0, sync=True)
+            for p in sg.params:
+                if p in self.swapped:
+                    for name, _ in self.spec:
+                        self.state[p][name] = self.state[p][name].clone()
+        try:
+            yield self
+        finally:
+            for sg in self.subgroups:
+                self._park(sg)
+
+    def absorb(self) -> None:
+        """After a checkpoint load put ordinary tensors in ``state``: write them to the file."""
+        for i, sg in enumerate(self.subgroups):
+            fresh = [p for p in sg.params if self.state.get(p) and any(
+                _per_element(v, p) for v in self.state[p].values())]
+            if not fresh:
+                continue
+            if self.spec is None:
+                self._learn_spec(fresh[0])
+            for p in fresh:
+                self.swapped.discard(p)
+            self._read(i, 0, sync=True)  # the parts of the range that were not reloaded
+            self._adopt(i, 0)
+            self._write(i, 0, sync=True)
+
+    def state_dict(self):
+        with self.swapped_in():
+            sd = self.inner.state_dict()
+            sd["state"] = {k: {n: (v.clone() if torch.is_tensor(v) else v) for n, v in s.items()}
+                           for k, s in sd["state"].items()}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        self.inner.load_state_dict(state_dict)
+        self.state = self.inner.state  # torch's loader makes a new dict
+        self.swapped.clear()
+        self.absorb()
+
+    def buffer_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers)
+
+    def swap_stats(self) -> dict:
+        """Where the states are and what moved: bytes of buffers and file, I/O totals."""
+        return {"path": self.path, "buffers": len(self.buffers), "buffer_bytes": self.buffer_bytes(),
+                "file_bytes": getattr(self, "file_bytes", 0), "subgroups": len(self.subgroups),
+                "backend": self.io.backend, "io_mode": self.io.io_mode(self.swap_dir),
+                **self.stats}
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.io.wait()
+        _remove_dir(self.swap_dir)
+
+
+def _name(item) -> str:
+    return item[0]
+
+
+def _per_element(v, p) -> bool:
+    return torch.is_tensor(v) and v.dim() > 0 and v.numel() == p.numel() and v.is_floating_point()
+
+
+def _split(params: list, sub_group_size: int) -> list:
+    groups, cur, n = [], [], 0
+    for p in params:
+        if cur and n + p.numel() > sub_group_size:
+            groups.append(_SubGroup(cur))
+            cur, n = [], 0
+        cur.append(p)
+        n += p.numel()
+    if cur:
+        groups.append(_SubGroup(cur))
+    return groups
+
+
+# -- the strategy side --------------------------------------------------------------------------------
+
+def uses_nvme(cfg) -> bool:
+    return cfg_get(cfg, f"{KEY}.device", "none") == "nvme"
+
+
+def wrap_optimizer(optimizer, cfg, rank: int):
+    """The NVMe wrapper around a strategy's CPU optimizer, from the config."""
+    rank_dir = make_swap_dir(cfg_get(cfg, f"{KEY}.nvme_path"), rank)
+    aio = cfg_get(cfg, "aio", {}) or {}
+    if "thread_count" in aio and "intra_op_parallelism" not in aio:
+        aio = dict(aio, intra_op_parallelism=aio["thread_count"])
+    return NVMeSwappedOptimizer(optimizer, rank_dir,
+                                sub_group_size=int(cfg_get(cfg, "zero_optimization.sub_group_size",
+                                                           int(1e9))),
+                                buffer_count=int(cfg_get(cfg, f"{KEY}.buffer_count", 4)), aio=aio)
+
+
+def with_nvme_swap(cls):
+    """A subclass of the ZeRO 1-3 strategy ``cls`` whose optimizer states live on NVMe. The
+    strategy runs its CPU-offload path; only its optimizer, checkpoint and accounting change."""
+
+    class NVMeOffload(cls):
+        def __init__(self, model, optimizer, cfg, comm, precision):
+            super().__init__(model, optimizer, cfg, comm, precision)
+            if not getattr(self.opts, "offload_optimizer", False):
+                raise RuntimeError(f"{KEY}.device: nvme, but {cls.__name__} did not take the "
+                                   "offload path")
+            self.optimizer = wrap_optimizer(self.optimizer, cfg, self.rank)
+
+        def state_dict(self):
+            with self.optimizer.swapped_in():
+                return super().state_dict()
+
+        def load_state_dict(self, sd, load_optimizer_states: bool = True):
+            super().load_state_dict(sd, load_optimizer_states)
+            self.optimizer.absorb()
+
+        def load_resharded(self, ckpt_path):
+            super().load_resharded(ckpt_path)
+            self.optimizer.absorb()
+
+        def memory_breakdown(self) -> dict:
+            """The CPU-offload breakdown (swapped states hold no storage), plus the swap buffers
+            (cpu) and the swap file (nvme) under "optimizer"."""
+            out = super().memory_breakdown()
+            extra = {"cpu": self.optimizer.buffer_bytes(),
+                     "nvme": self.optimizer.swap_stats()["file_bytes"]}
+            for kind in ("optimizer", "total"):
+                for dev, n in extra.items():
+                    out[kind][dev] = out[kind].get(dev, 0) + n
+            return out
+
+    NVMeOffload.__name__ = NVMeOffload.__qualname__ = f"{cls.__name__}NVMe"
+    return NVMeOffload
