@@ -122,7 +122,8 @@ def _total(mem):
 
 @pytest.mark.parametrize("name,formula", [
     # the ZeRO paper's accounting, per rank, Adam (Ψ params, N ranks)
-    ("s0", lambda P, N: 16 * P), ("s1", lambda P, N: 8 * P + 8 * P / N),
+    ("s0", lambda P, N: 16 * P), ("b0", lambda P, N: 18 * P),  # b0: fp32 grad buffer, see estimate
+    ("s1", lambda P, N: 8 * P + 8 * P / N),
     ("s2", lambda P, N: 4 * P + 12 * P / N), ("s2_4ranks", lambda P, N: 4 * P + 12 * P / N),
     ("b1", lambda P, N: 4 * P + 12 * P / N), ("b2", lambda P, N: 2 * P + 14 * P / N),
     # offload: fp32 grad shard (4Ψ/N) + states on the host; fp32 also keeps a master shard there

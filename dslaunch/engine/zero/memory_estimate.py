@@ -10,7 +10,10 @@ Bytes per parameter:
 - ``bf16``/``fp16``: params 2, grads 2, optimizer states 4 (fp32 master) + 4·S.
 
 Stage 0 holds everything whole; stage 1 partitions optimizer states, stage 2 also gradients, stage 3
-also parameters. Mixed precision + Adam gives the paper's 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+also parameters. Mixed precision + Adam gives the paper's 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N for stages
+1-3. Stage 0 in mixed precision is 18Ψ here, not the paper's 16Ψ: the runtime (``stage0.py``)
+accumulates gradients in one fp32 buffer (4Ψ) that the fp32 masters step from, so its gradients
+cost 4 bytes per parameter whatever the model's dtype.
 
 Offload (``offload_optimizer: cpu``): optimizer states and an fp32 gradient shard (what the CPU step
 reads) live on the host; in fp32 the master is the parameters, so the host also keeps the fp32
@@ -94,7 +97,8 @@ def estimate(num_params: int, world_size: int, stage: int, precision: str = "bf1
     states = 4 * OPTIMIZER_STATES[opt] + (4 if mixed else 0)  # fp32 bytes per param
 
     params_whole = p * (shard if stage == 3 else psi)
-    grads_whole = p * (shard if stage >= 2 else psi)
+    # stage 0 accumulates into an fp32 gradient buffer in every precision (see the docstring)
+    grads_whole = 4 * psi if stage == 0 else p * (shard if stage >= 2 else psi)
     opt_bytes = states * (psi if stage == 0 else shard)
 
     params = {"device": params_whole, "cpu": 0}
