@@ -1,114 +1,329 @@
-"""ZeRO stage 3: parameters partitioned too (coarse-grained gathering).
+"""ZeRO stage 3: parameters, gradients and optimizer states all partitioned over data parallel.
 
-Built on the stage 1-2 layout (``stage12.py``): each rank keeps only its chunk of every bucket of
-parameters (``local``, in the training dtype; on the CPU with ``offload_param``), plus its fp32
-master/optimizer/gradient shards as stage 2 does. The flat parameter buffers exist but their
-storage is freed (``untyped_storage().resize_(0)``, the trick FSDP1 uses: parameters and the
-tensors autograd saved stay valid views and are refilled in place).
+Each rank keeps only its shard of the parameters (``stage3_fetch.ParamStore``: the one seam that
+says where the shard lives, on the device or, with ``offload_param``, on the CPU), plus its fp32
+master / optimizer / gradient shards as stage 2 does. Parameters are gathered per fetch unit (the
+parameters a module owns directly, ``stage3_units.py``):
 
-Gathering is coarse: the whole model is all-gathered (one ``all_gather_into_tensor`` per bucket)
-when its forward starts and freed when it ends, gathered again when backward reaches the model's
-output and freed after the gradients have been reduce-scattered. So at rest a rank holds 16Ψ/N
-bytes of model states (the paper's stage 3), but during forward and backward the parameters are
-whole, as in stage 2. Per-module gathering with prefetch (``stage3_prefetch_bucket_size``,
-``stage3_max_live_parameters``, ``stage3_max_reuse_distance``,
-``stage3_param_persistence_threshold``) is not implemented: those keys are accepted and ignored.
+- forward: a pre-hook gathers the module's unit (waiting for it if a prefetch is in flight) and
+  prefetches the next units of the recorded order; a post-hook releases it, unless backward will
+  need it again within ``stage3_max_reuse_distance`` elements (``stage3_fetch.py``);
+- backward: a hook on the module's outputs gathers the unit again just before the module's
+  backward runs (and prefetches the units before it); when the last gradient of a bucket has been
+  accumulated (post-accumulate-grad hooks), the bucket's gradients are reduce-scattered into this
+  rank's gradient shard, freed, and the bucket's parameters released. So whole gradients never
+  exist for more than the units in backward at that moment;
+- small parameters (``stage3_param_persistence_threshold``) stay gathered on every rank; their
+  gradients are reduce-scattered like the others and the parameters re-gathered after the step.
+
+Collectives are issued in the same order on every rank: forward in module order, backward in
+autograd's (deterministic) order, leftovers in bucket order at the end of backward. Prefetches are
+``async_op=True`` all-gathers, all waited before the pass that issued them ends.
+
+Models built under ``dslaunch.zero.Init`` arrive partitioned per parameter; the constructor
+regroups them unit by unit (one bucket whole at a time), never the whole model. Checkpoints are
+the stage 1-2 format (``shard_checkpoint.py``): the layout metadata names which elements each rank
+holds, so ``dslaunch ckpt to-fp32|reshape`` read them unchanged.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dslaunch.engine.zero import partition as P
-from dslaunch.engine.zero.stage12 import ZeroStage12Strategy
+from dslaunch.engine.memory import breakdown, optimizer_state_tensors
+from dslaunch.engine.zero.base import OptimizerStrategy
+from dslaunch.engine.zero.common import ZeroOptions, get_comm, named_groups, repoint_optimizer
+from dslaunch.engine.zero.offload import cpu_optimizer_for
+from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
+from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
+from dslaunch.engine.zero.stage3_units import plan_units
+
+
+class _Group:
+    """One optimizer param group, with the attributes stage12's step/checkpoint code reads."""
+
+    def __init__(self, named, layout, rank):
+        self.names = [n for n, _ in named]
+        self.params = {n: p for n, p in named}
+        self.layout = layout
+        self.rank = rank
+        self.grad_flat = None
+        self.grad_shard = None
+        self.master = None
+        self.shard_params = []
+        self.local = self.chunks = None
+
+
+def _tensors(out):
+    if torch.is_tensor(out):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []
 
 
 class Stage3Strategy(ZeroStage12Strategy):
     stage = 3
 
     def __init__(self, model, optimizer, cfg, comm, precision):
-        super().__init__(3, model, optimizer, cfg, comm, precision)
-        self.opts.overlap_comm = False
-        self._gathered = True
-        self.release()
-        # kept apart from self._hooks (the stage-2 gradient hooks, whose absence selects the
-        # reduce-after-backward path)
-        self._module_hooks = [model.register_forward_pre_hook(self._pre_forward),
-                              model.register_forward_hook(self._post_forward)]
+        comm = get_comm(comm)
+        OptimizerStrategy.__init__(self, model, optimizer, cfg, comm, precision)
+        self.opts = ZeroOptions(cfg, 3)
+        self.opts.overlap_comm = False  # stage 3 reduces from its own hooks, unit by unit
+        self.world, self.rank = comm.world_size, comm.rank
+        self._hooks, self._stage1_grad_chunks, self._grad_norm = [], None, None
+        named = named_groups(model, optimizer)
+        first = next((p for g in named for _, p in g), None)
+        if first is None:
+            raise ValueError("the optimizer has no trainable parameters")
+        self.dtype = precision.dtype if precision is not None else first.dtype
+        self.device = first.device
+        self.mixed = self.dtype != torch.float32
+        self.opt_device = torch.device("cpu") if self.opts.offload_optimizer else self.device
+        self.need_master = self.mixed or self.opts.offload_optimizer
+        shard_device = torch.device("cpu") if self.opts.offload_param else self.device
 
-    # -- partitioned parameters ------------------------------------------------------------------
-    def _make_shard(self, g):
-        dev = torch.device("cpu") if self.opts.offload_param else self.device
-        g.local = torch.cat(g.chunks).to(dev).clone()
-        g.chunks = P.shard_chunks(g.local, g.layout)
-        super()._make_shard(g)
+        cap = min(self.opts.reduce_bucket_size, COMM_BUCKET_CAP)
+        self.plan = plan_units(model, named, self.world, cap,
+                               self.opts.param_persistence_threshold)
+        self.groups = [_Group(n, lay, self.rank) for n, lay in zip(named, self.plan.layouts)]
+        self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, comm)
+        self._prepare_rest(model, named)
+        self._partition()
+        for gi, g in enumerate(self.groups):
+            g.local, g.chunks = self.store.local[gi], self.store.chunks[gi]
+            self._make_shard(g)
+        shard_groups = [g.shard_params for g in self.groups]
+        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.opts.offload_optimizer \
+            else None
+        if cpu_opt is not None:
+            self.optimizer = cpu_opt
+        else:
+            repoint_optimizer(optimizer, shard_groups)
+        from dslaunch.zero import register_strategy
 
-    def gather(self):
-        if self._gathered:
-            return
+        register_strategy(self)
+        self.fetcher = FetchCoordinator(self.store, self.plan, self.opts)
+        self._staging_pool = []
+        self._reset_pending()
+        self._install_hooks(model)
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _prepare_rest(self, model, named):
+        """What ZeRO does not partition (buffers, frozen parameters): made whole, cast to the
+        training dtype, and rank 0's values broadcast (what DDP does)."""
+        from dslaunch.zero import materialize
+
+        ours = {id(p) for g in named for _, p in g}
+        rest = [p for p in model.parameters() if id(p) not in ours]
+        for p in rest:
+            materialize(p)  # a frozen parameter built under zero.Init
+        with torch.no_grad():
+            for m in model.modules():
+                for name, b in list(m._buffers.items()):
+                    if b is not None and b.is_floating_point() and self.mixed:
+                        m._buffers[name] = b.to(self.dtype)
+            for p in rest:
+                if p.is_floating_point() and self.mixed:
+                    p.data = p.data.to(self.dtype)
+            if self.world > 1:
+                for t in rest + list(model.buffers()):
+                    self.comm.broadcast(t.data, 0)
+
+    def _partition(self):
+        """Bucket by bucket: assemble the bucket whole in fp32 (from the whole parameters, with
+        rank 0's values broadcast, or from zero.Init's per-parameter shards), keep this rank's
+        chunk (and its fp32 master), point the parameters at the bucket's full buffer, free it."""
+        from dslaunch.zero import shard_of
+
+        pin = self.opts.pin_memory and torch.cuda.is_available()
+        for gi, g in enumerate(self.groups):
+            lay = g.layout
+            if self.need_master:
+                g.master = torch.zeros(lay.shard_numel, dtype=torch.float32,
+                                       device=self.opt_device)
+                if pin and self.opt_device.type == "cpu":
+                    g.master = g.master.pin_memory()
+            offsets = lay.shard_offsets()
+            for bi, b in enumerate(lay.buckets):
+                key = (gi, bi)
+                tmp = torch.zeros(b.numel, dtype=torch.float32, device=self.device)
+                whole = False
+                for s in b.slots:
+                    p = g.params[s.name]
+                    view = tmp[s.start: s.start + s.numel]
+                    shard = shard_of(p)
+                    if shard is None:
+                        view.copy_(p.detach().reshape(-1))
+                        whole = True
+                    else:  # zero.Init: ranks hold equal chunks of the padded parameter
+                        padded = torch.empty(shard.numel() * self.world, dtype=shard.dtype,
+                                             device=self.device)
+                        self.comm.all_gather_into_tensor(padded, shard.to(self.device))
+                        view.copy_(padded[:s.numel])
+                        del padded
+                if whole and self.world > 1:
+                    self.comm.broadcast(tmp, 0)
+                c = b.chunk(self.world)
+                mine = tmp[self.rank * c: (self.rank + 1) * c]
+                if g.master is not None:
+                    g.master[offsets[bi]: offsets[bi] + c].copy_(mine)
+                self.store.chunks[gi][bi].copy_(mine)
+                if key in self.plan.persistent:
+                    self.store.full[key].copy_(tmp)
+                for s in b.slots:
+                    p = g.params[s.name]
+                    p.data = self.store.param_view(key, s)
+                    if shard_of(p) is not None:
+                        del p._dsl_shard
+                del tmp
+                self.store.release(key)  # persistent buckets stay
+        self.store.live = 0
+
+    def _install_hooks(self, model):
+        self._module_hooks = [model.register_forward_pre_hook(self._begin_forward, prepend=True)]
+        for m in self.plan.fetch:
+            self._module_hooks.append(m.register_forward_pre_hook(self._pre_forward))
+            self._module_hooks.append(m.register_forward_hook(self._post_forward))
+        self._module_hooks.append(model.register_forward_hook(self._end_forward))
         for g in self.groups:
-            st = g.flat.untyped_storage()
-            st.resize_(g.flat.numel() * g.flat.element_size())
-            for bview, src in zip(g.buckets, g.chunks):
-                self.comm.all_gather_into_tensor(bview, src.to(self.device))
-        self._gathered = True
+            for name, p in g.params.items():
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(name)))
 
-    def release(self):
-        if not self._gathered:
-            return
-        for g in self.groups:
-            g.flat.untyped_storage().resize_(0)
-        self._gathered = False
+    # -- forward / backward hooks ------------------------------------------------------------
+    def _begin_forward(self, module, args):
+        self.fetcher.begin_forward(module.training and torch.is_grad_enabled())
+
+    def _end_forward(self, module, args, output):
+        self.fetcher.end_forward()
 
     def _pre_forward(self, module, args):
-        self.gather()
+        self.fetcher.pre_forward(module)
 
     def _post_forward(self, module, args, output):
-        self.release()
-        tensors = [output] if torch.is_tensor(output) else [
-            t for t in (output.values() if isinstance(output, dict) else
-                        output if isinstance(output, (list, tuple)) else []) if torch.is_tensor(t)]
-        for t in tensors:
-            if t.requires_grad:
-                t.register_hook(self._pre_backward)
+        outs = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() \
+            else []
+        self.fetcher.post_forward(module, bool(outs) and module.training)
+        for t in outs:
+            t.register_hook(self._pre_backward_hook(module))
         return output
 
-    def _pre_backward(self, grad):
-        self.gather()
-        return grad
+    def _pre_backward_hook(self, module):
+        def hook(grad):
+            self.fetcher.pre_backward(module)
+            return grad
+        return hook
 
-    # -- the seam ----------------------------------------------------------------------------------
+    def _grad_hook(self, name):
+        key = self.plan.key_of[name]
+
+        def hook(p):
+            self._pending[key] -= 1
+            if self._pending[key] == 0:
+                self._reduce(key)
+        return hook
+
+    def _reset_pending(self):
+        self._pending = {(gi, bi): len(b.slots) for gi, g in enumerate(self.groups)
+                         for bi, b in enumerate(g.layout.buckets)}
+
+    # -- gradient reduction, one bucket at a time ---------------------------------------------
+    def _staging(self, numel):
+        for i, buf in enumerate(self._staging_pool):
+            if buf.numel() >= numel:
+                return self._staging_pool.pop(i)[:numel]
+        return torch.empty(numel, dtype=self.dtype, device=self.device)
+
+    def _reduce(self, key):
+        self._pending[key] = -1  # reduced for this backward
+        gi, bi = key
+        g = self.groups[gi]
+        b = g.layout.buckets[bi]
+        staging = self._staging(b.numel)
+        grads = [(s, g.params[s.name].grad) for s in b.slots]
+        if any(gr is None for _, gr in grads) or sum(s.numel for s in b.slots) < b.numel:
+            staging.zero_()
+        for s, gr in grads:
+            if gr is not None:
+                staging[s.start: s.start + s.numel].copy_(gr.reshape(-1))
+                g.params[s.name].grad = None
+        c = b.chunk(self.world)
+        if self.world > 1:
+            out = torch.empty(c, dtype=self.dtype, device=self.device)
+            self.comm.reduce_scatter_tensor(out, staging)
+        else:
+            out = staging
+        off = g.layout.shard_offsets()[bi]
+        dst = g.grad_shard[off: off + c]
+        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=1.0 / self.world)
+        self._staging_pool.append(staging)
+        if self.fetcher.active.get(key, 0) == 0:
+            self.store.release(key)
+
     def after_backward(self, is_boundary: bool = True):
-        super().after_backward(is_boundary)
-        self.release()
+        self.store.wait_all()
+        for key in sorted(self._pending):  # buckets some of whose parameters got no gradient
+            if self._pending[key] >= 0:
+                self._reduce(key)
+        self._reset_pending()
+        self.fetcher.end_backward()
 
     on_backward_done = after_backward
 
     def _all_gather_params(self):
-        """After the step the new values only need to reach this rank's local shard."""
-        if self.need_master:
-            with torch.no_grad():
+        """After the step the new values only need to reach the local shard (and the persistent
+        parameters, which every rank keeps whole)."""
+        with torch.no_grad():
+            if self.need_master:
                 for g in self.groups:
                     g.local.copy_(g.master)
+            self.store.refresh_persistent()
+
+    # -- whole weights, bucket by bucket -------------------------------------------------------
+    def _each_bucket(self):
+        """Yields (key, group, bucket) with the bucket gathered; re-releases it afterwards."""
+        for gi, g in enumerate(self.groups):
+            for bi, b in enumerate(g.layout.buckets):
+                key = (gi, bi)
+                was = self.store.state[key]
+                self.store.gather(key)
+                yield key, g, b
+                if was == RELEASED:
+                    self.store.release(key)
 
     def module_state_dict(self) -> dict:
-        was = self._gathered
-        self.gather()
-        sd = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        if not was:
-            self.release()
-        return sd
+        values = {}
+        for key, g, b in self._each_bucket():
+            for s in b.slots:
+                values[id(g.params[s.name])] = self.store.param_view(key, s).detach().clone()
+        return {k: values[id(v)] if id(v) in values else v.detach().clone()
+                for k, v in self.model.state_dict(keep_vars=True).items()}
 
     def load_module_state_dict(self, sd: dict, strict: bool = True) -> None:
-        was = self._gathered
-        self.gather()
-        self.model.load_state_dict(sd, strict=strict)
+        mine = self.model.state_dict(keep_vars=True)
+        if strict:
+            missing = [k for k in mine if k not in sd]
+            extra = [k for k in sd if k not in mine]
+            if missing or extra:
+                raise RuntimeError(f"state dict does not fit the model: missing {missing[:5]}, "
+                                   f"unexpected {extra[:5]}")
+        ours = {id(p) for g in self.groups for p in g.params.values()}
+        for k, v in sd.items():
+            if k in mine and tuple(mine[k].shape) != tuple(v.shape):
+                raise RuntimeError(f"tensor {k!r} is {list(v.shape)} in the state dict but "
+                                   f"{list(mine[k].shape)} in the model")
         with torch.no_grad():
-            for g in self.groups:
-                for dst, src in zip(g.chunks, P.chunk_views(g.flat, g.layout, self.rank)):
-                    dst.copy_(src)
-        if not was:
-            self.release()
+            for key, g, b in self._each_bucket():
+                for s in b.slots:
+                    if s.name in sd:
+                        self.store.param_view(key, s).copy_(sd[s.name])
+                c = b.chunk(self.world)
+                self.store.chunks[key[0]][key[1]].copy_(
+                    self.store.full[key][self.rank * c: (self.rank + 1) * c])
+            rest = {k: v for k, v in sd.items() if k in mine and id(mine[k]) not in ours}
+            self.model.load_state_dict(rest, strict=False)
 
     def sync_from_model(self) -> None:
         if self.need_master:
@@ -116,13 +331,51 @@ class Stage3Strategy(ZeroStage12Strategy):
                 for g in self.groups:
                     g.master.copy_(g.local)
 
-    def memory_breakdown(self) -> dict:
-        from dslaunch.engine.memory import breakdown, optimizer_state_tensors
+    # -- zero.GatheredParameters -------------------------------------------------------------
+    def gather_params(self, params) -> list:
+        """Gather the buckets holding ``params`` (collective); returns what to pass back."""
+        names = {id(p): n for g in self.groups for n, p in g.params.items()}
+        keys = sorted({self.plan.key_of[names[id(p)]] for p in params if id(p) in names})
+        was = [self.store.state[k] for k in keys]
+        for k in keys:
+            self.store.gather(k)
+        return list(zip(keys, was))
 
-        params = [g.local for g in self.groups] + [g.flat for g in self.groups]
+    def release_params(self, handle, modifier_rank=None) -> None:
+        """Re-partition after GatheredParameters; with ``modifier_rank`` its values win
+        everywhere and reach the shards and fp32 masters."""
+        with torch.no_grad():
+            for key, was in handle:
+                if modifier_rank is not None:
+                    gi, bi = key
+                    g, full = self.groups[gi], self.store.full[key]
+                    if self.world > 1:
+                        self.comm.broadcast(full, modifier_rank)
+                    c = g.layout.buckets[bi].chunk(self.world)
+                    mine = full[self.rank * c: (self.rank + 1) * c]
+                    self.store.chunks[gi][bi].copy_(mine)
+                    if g.master is not None:
+                        off = g.layout.shard_offsets()[bi]
+                        g.master[off: off + c].copy_(mine)
+                if was == RELEASED:
+                    self.store.release(key)
+
+    def local_param_shards(self) -> list:
+        """This rank's parameter shard per optimizer group (see ``ParamStore``)."""
+        return self.store.local_shards()
+
+    # -- accounting ----------------------------------------------------------------------------
+    def memory_breakdown(self) -> dict:
+        params = list(self.store.local) + list(self.store.full.values())
         seen = {id(p) for g in self.groups for p in g.params.values()}
         params += [p for p in self.model.parameters() if id(p) not in seen]
         grads = [g.grad_shard for g in self.groups if g.grad_shard is not None]
         grads += [p.grad for p in self.model.parameters() if p.grad is not None]
         opt = [g.master for g in self.groups if g.master is not None]
         return breakdown(params, grads, opt + optimizer_state_tensors(self.optimizer))
+
+    def remove_hooks(self):
+        super().remove_hooks()
+        for h in getattr(self, "_module_hooks", []):
+            h.remove()
+        self._module_hooks = []

@@ -1,0 +1,205 @@
+"""Where stage 3's parameters live, and when they are gathered and released.
+
+``ParamStore`` is the one place that knows where this rank's parameter shard lives (the seam an
+NVMe offload would swap): per optimizer group a flat ``local`` tensor (this rank's chunk of every
+bucket, concatenated, in the training dtype; on the CPU with ``offload_param``), and per bucket a
+``full`` buffer that the model's parameters are views of. A bucket's full buffer has storage only
+while it is gathered (``untyped_storage().resize_(0)`` frees it: parameters and the tensors
+autograd saved stay valid views and are refilled in place by the next all-gather).
+
+``FetchCoordinator`` decides when: a unit (``stage3_units.py``) is gathered just before its
+module's forward and its backward and released after (backward release is the strategy's, once
+the unit's gradients are reduced). The first training forward records the order modules run in;
+later passes prefetch the next units along that order asynchronously
+(``stage3_prefetch_bucket_size`` elements in flight at most), keep a unit gathered past its
+forward when its next use (in backward) comes within ``stage3_max_reuse_distance`` elements of
+other units, and neither prefetch nor keep beyond ``stage3_max_live_parameters`` gathered
+elements (a unit a module needs right now is always gathered).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dslaunch.engine.zero import partition as P
+
+RELEASED, IN_FLIGHT, GATHERED = 0, 1, 2
+
+
+class ParamStore:
+    def __init__(self, plan, dtype, device, shard_device, comm):
+        self.plan, self.dtype, self.device, self.comm = plan, dtype, device, comm
+        self.shard_device = shard_device
+        self.local = [torch.zeros(lay.shard_numel, dtype=dtype, device=shard_device)
+                      for lay in plan.layouts]
+        self.chunks = [P.shard_chunks(loc, lay) for loc, lay in zip(self.local, plan.layouts)]
+        self.full = {}
+        self.state = {}
+        self.work = {}
+        self.live = 0  # gathered or in-flight elements of non-persistent buckets
+        self.max_live = 0
+        for gi, lay in enumerate(plan.layouts):
+            for bi, b in enumerate(lay.buckets):
+                key = (gi, bi)
+                self.full[key] = torch.empty(b.numel, dtype=dtype, device=device)
+                self.state[key] = GATHERED
+        self.nbytes = {k: t.numel() * t.element_size() for k, t in self.full.items()}
+
+    # -- the seam --------------------------------------------------------------------------------
+    def local_shards(self) -> list:
+        """This rank's parameter shard per optimizer group (1-D, training dtype)."""
+        return self.local
+
+    def param_view(self, key, slot) -> torch.Tensor:
+        return self.full[key][slot.start: slot.start + slot.numel].view(slot.shape)
+
+    # -- gather / release ------------------------------------------------------------------------
+    def gather(self, key, async_op=False):
+        st = self.state[key]
+        if st == GATHERED:
+            return
+        if st == IN_FLIGHT:
+            if not async_op:
+                self.wait(key)
+            return
+        full = self.full[key]
+        full.untyped_storage().resize_(self.nbytes[key])
+        src = self.chunks[key[0]][key[1]]
+        if src.device != full.device:
+            src = src.to(full.device, non_blocking=True)
+        self.live += full.numel()
+        self.max_live = max(self.max_live, self.live)
+        work = self.comm.all_gather_into_tensor(full, src, async_op=async_op)
+        if async_op:
+            self.work[key] = work
+            self.state[key] = IN_FLIGHT
+        else:
+            self.state[key] = GATHERED
+
+    def wait(self, key):
+        if self.state[key] == IN_FLIGHT:
+            self.work.pop(key).wait()
+            self.state[key] = GATHERED
+
+    def wait_all(self):
+        for key in list(self.work):
+            self.wait(key)
+
+    def release(self, key):
+        if key in self.plan.persistent or self.state[key] == RELEASED:
+            return
+        self.wait(key)
+        self.full[key].untyped_storage().resize_(0)
+        self.state[key] = RELEASED
+        self.live -= self.full[key].numel()
+
+    def release_all(self):
+        self.wait_all()
+        for key in self.full:
+            self.release(key)
+
+    def refresh_persistent(self):
+        """Persistent buckets stay gathered: bring them up to date with the shards."""
+        for key in sorted(self.plan.persistent):
+            src = self.chunks[key[0]][key[1]]
+            self.comm.all_gather_into_tensor(self.full[key], src.to(self.device))
+
+    def gathered_numel(self) -> int:
+        return self.live
+
+
+class FetchCoordinator:
+    def __init__(self, store: ParamStore, plan, opts):
+        self.store, self.plan, self.opts = store, plan, opts
+        self.trace = []  # modules in the order the first training forward ran them
+        self.recorded = False
+        self.index = {}  # module -> its last position in the trace
+        self.after = []  # elements fetched by the units after each trace position
+        self.active = {}  # key -> modules running forward that need it right now
+        self.pos = 0
+        self.on_trace = False
+        self.ahead = 0  # forward: trace positions below this were prefetched
+        self.behind = None  # backward: trace positions from this on were prefetched
+        self.stack = []
+
+    def _unit_numel(self, m) -> int:
+        return sum(self.plan.numel(k) for k in self.plan.fetch[m])
+
+    # -- forward ---------------------------------------------------------------------------------
+    def begin_forward(self, training: bool):
+        # a forward without backward before (evaluation) may have left units gathered
+        self.store.release_all()
+        self.pos, self.ahead, self.stack = 0, 0, []
+        self.recording = training and not self.recorded
+        self.on_trace = self.recorded and training
+
+    def end_forward(self):
+        if self.recording and self.trace:
+            self.recorded = True
+            self.index = {m: i for i, m in enumerate(self.trace)}
+            sizes = [self._unit_numel(m) for m in self.trace]
+            self.after = [sum(sizes[i + 1:]) for i in range(len(sizes))]
+        self.recording = False
+        self.behind = None
+
+    def pre_forward(self, m):
+        if self.recording:
+            self.trace.append(m)
+        elif self.on_trace and (self.pos >= len(self.trace) or self.trace[self.pos] is not m):
+            self.on_trace = False  # this pass runs another order: no prefetch, no keeping
+        self.stack.append(self.pos)
+        self.pos += 1
+        for k in self.plan.fetch[m]:
+            self.active[k] = self.active.get(k, 0) + 1
+            self.store.gather(k)
+        if self.on_trace:
+            self.ahead = self._prefetch(range(max(self.ahead, self.pos), len(self.trace)),
+                                        self.ahead)
+
+    def post_forward(self, m, backward_follows: bool):
+        i = self.stack.pop() if self.stack else None
+        keep = (backward_follows and self.on_trace and i is not None and i < len(self.after)
+                and 2 * self.after[i] < self.opts.max_reuse_distance)
+        for k in self.plan.fetch[m]:
+            self.active[k] -= 1
+            if self.active[k] > 0:
+                continue  # an enclosing module still runs with it (tied weights)
+            if keep and self.store.gathered_numel() <= self.opts.max_live_parameters:
+                continue  # backward needs it again soon: skip the release and the re-gather
+            self.store.release(k)
+
+    # -- backward --------------------------------------------------------------------------------
+    def pre_backward(self, m):
+        for k in self.plan.fetch[m]:
+            self.store.gather(k)
+        j = self.index.get(m)
+        if self.recorded and j is not None:
+            start = j - 1 if self.behind is None else min(self.behind, j) - 1
+            positions = range(start, -1, -1)
+            last = self._prefetch(positions, None)
+            if last is not None:
+                self.behind = last
+
+    def end_backward(self):
+        self.store.release_all()
+        self.behind = None
+
+    # -- prefetch --------------------------------------------------------------------------------
+    def _prefetch(self, positions, default):
+        """Start async gathers for the units at ``positions`` (in order) while the budget lasts;
+        returns the position after the last unit considered (forward) or the last one started."""
+        budget = self.opts.prefetch_bucket_size - sum(
+            self.plan.numel(k) for k in self.store.work)
+        reached = default
+        for i in positions:
+            keys = [k for k in self.plan.fetch[self.trace[i]]
+                    if self.store.state[k] == RELEASED]
+            need = sum(self.plan.numel(k) for k in keys)
+            if need > budget or self.store.gathered_numel() + need > \
+                    self.opts.max_live_parameters:
+                break
+            for k in keys:
+                self.store.gather(k, async_op=True)
+            budget -= need
+            reached = i + 1 if default is not None else i
+        return reached
