@@ -1,7 +1,9 @@
 """``dslaunch.pipe``: DeepSpeed's ``deepspeed.pipe`` names (``PipelineModule``, ``LayerSpec``,
-``TiedLayerSpec``, the topologies)."""
+``TiedLayerSpec``, the topologies) and ``load_consolidated`` (a ``dslaunch ckpt to-fp32`` file of a
+pipeline/TP checkpoint into an unpartitioned ``PipelineModule``)."""
 
 from dslaunch.engine.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401
+from dslaunch.engine.pipe.consolidate import load_consolidated  # noqa: F401
 from dslaunch.engine.topology import (  # noqa: F401
     PipeDataParallelTopology,
     PipeModelDataParallelTopology,
@@ -9,4 +11,4 @@ from dslaunch.engine.topology import (  # noqa: F401
 )
 
 __all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology",
-           "PipeDataParallelTopology", "PipeModelDataParallelTopology"]
+           "PipeDataParallelTopology", "PipeModelDataParallelTopology", "load_consolidated"]

@@ -17,9 +17,17 @@ def ckpt():
 def to_fp32_cmd(ckpt_dir, out, tag):
     """Write one plain fp32 state_dict (torch.load(weights_only=True) + model.load_state_dict)."""
     from dslaunch.engine.checkpoint import CheckpointError
+    from dslaunch.engine.pipe import consolidate as pipe
     from dslaunch.engine.zero.consolidate import to_fp32
 
     try:
+        if pipe.is_pipe_checkpoint(ckpt_dir, tag):
+            info = pipe.to_fp32(ckpt_dir, out, tag)
+            click.echo(f"wrote {out}: {info['tensors']} tensors, {info['bytes']:,} bytes "
+                       f"({info['tp_merged']} merged from tensor-parallel slices, "
+                       f"{info['tied']} tied copies written once); names are PipelineModule's "
+                       "('N.param', 'tied_modules.KEY.param')")
+            return
         info = to_fp32(ckpt_dir, out, tag)
     except CheckpointError as e:
         raise click.ClickException(str(e))
@@ -36,9 +44,14 @@ def to_fp32_cmd(ckpt_dir, out, tag):
 def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
     """Rewrite a ZeRO 0-2 checkpoint for another number of ranks (same losses on resume)."""
     from dslaunch.engine.checkpoint import CheckpointError
+    from dslaunch.engine.pipe.consolidate import is_pipe_checkpoint
     from dslaunch.engine.zero.consolidate import reshape
 
     try:
+        if is_pipe_checkpoint(ckpt_dir, tag):
+            raise CheckpointError(f"{ckpt_dir}: a pipeline/tensor-parallel checkpoint cannot be "
+                                  "reshaped (only ZeRO 0-2 ones): consolidate it with "
+                                  "'dslaunch ckpt to-fp32' and load that file instead")
         dst = reshape(ckpt_dir, out_dir, world_size, tag)
     except CheckpointError as e:
         raise click.ClickException(str(e))

@@ -119,6 +119,30 @@ def scatter_to_tp(x, group):
     return x if _world(group) == 1 else _ScatterToTP.apply(x, group)
 
 
+def _ranges(index) -> list:
+    """An increasing index list as ``[[start, stop], ...]`` runs (JSON-friendly)."""
+    out = []
+    for i in (int(v) for v in index):
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return out
+
+
+def mark_split(param, dim: int, full: int, ranges: list) -> None:
+    """Record that ``param`` is this rank's slice of a full tensor: along ``dim`` (of size
+    ``full`` in the whole tensor) it holds the rows ``ranges`` (``[[start, stop], ...]``, in
+    order). The global grad norm counts every marked parameter on every TP rank (the others,
+    replicated, once); checkpoint consolidation puts the slices back where ``ranges`` say."""
+    param.tensor_model_parallel = True
+    param.partition_dim, param.tp_full, param.tp_ranges = int(dim), int(full), ranges
+
+
+def _block(n_per_rank: int, rank: int) -> list:
+    return [[rank * n_per_rank, (rank + 1) * n_per_rank]]
+
+
 def _divide(n: int, w: int, what: str) -> int:
     if n % w:
         raise ValueError(f"tensor parallel: {what} ({n}) is not divisible by the tensor-parallel "
@@ -145,6 +169,13 @@ class ColumnParallelLinear(nn.Module):
             init_method(self.weight)
         else:
             nn.init.normal_(self.weight, std=0.02)
+        self._mark(_block(self.out_per_rank, _rank(group)))
+
+    def _mark(self, ranges):
+        if _world(self.group) > 1:
+            mark_split(self.weight, 0, self.out_features, ranges)
+            if self.bias is not None:
+                mark_split(self.bias, 0, self.out_features, ranges)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, gather_output=False, rows=None):
@@ -158,11 +189,13 @@ class ColumnParallelLinear(nn.Module):
         layer.out_per_rank = _divide(linear.out_features, w, "output features")
         if rows is None:
             r = _rank(group)
-            rows = torch.arange(r * layer.out_per_rank, (r + 1) * layer.out_per_rank)
+            rows = torch.arange(r * layer.out_per_rank, (r + 1) * layer.out_per_rank,
+                                device="cpu")
         with torch.no_grad():
             layer.weight = nn.Parameter(linear.weight[rows].clone())
             layer.bias = (nn.Parameter(linear.bias[rows].clone()) if linear.bias is not None
                           else None)
+        layer._mark(_ranges(rows.cpu().tolist()))
         return layer
 
     def forward(self, x):
@@ -192,6 +225,13 @@ class RowParallelLinear(nn.Module):
             init_method(self.weight)
         else:
             nn.init.normal_(self.weight, std=0.02)
+        self._mark()
+
+    def _mark(self):
+        # the bias is replicated (added once after the all-reduce): not marked
+        if _world(self.group) > 1:
+            mark_split(self.weight, 1, self.in_features, _block(self.in_per_rank,
+                                                                _rank(self.group)))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, input_is_parallel=True):
@@ -205,6 +245,7 @@ class RowParallelLinear(nn.Module):
             cols = slice(r * layer.in_per_rank, (r + 1) * layer.in_per_rank)
             layer.weight = nn.Parameter(linear.weight[:, cols].clone())
             layer.bias = nn.Parameter(linear.bias.clone()) if linear.bias is not None else None
+        layer._mark()
         return layer
 
     def forward(self, x):
@@ -229,6 +270,11 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start, self.vocab_end = _rank(group) * per, (_rank(group) + 1) * per
         self.weight = nn.Parameter(torch.empty(per, embedding_dim, dtype=dtype, device=device))
         (init_method or (lambda t: nn.init.normal_(t, std=0.02)))(self.weight)
+        self._mark()
+
+    def _mark(self):
+        if _world(self.group) > 1:
+            mark_split(self.weight, 0, self.num_embeddings, [[self.vocab_start, self.vocab_end]])
 
     @classmethod
     def from_embedding(cls, emb: nn.Embedding, group):
@@ -240,6 +286,7 @@ class VocabParallelEmbedding(nn.Module):
         layer.vocab_start, layer.vocab_end = _rank(group) * per, (_rank(group) + 1) * per
         with torch.no_grad():
             layer.weight = nn.Parameter(emb.weight[layer.vocab_start:layer.vocab_end].clone())
+        layer._mark()
         return layer
 
     def forward(self, tokens):
@@ -348,7 +395,8 @@ class ParallelSelfAttention(nn.Module):
         self.local = c // w
         self.dropout = attn.dropout
         # qkv's rows are [q; k; v]; rank r keeps its heads' rows of each
-        rows = torch.cat([torch.arange(part * c + r * self.local, part * c + (r + 1) * self.local)
+        rows = torch.cat([torch.arange(part * c + r * self.local, part * c + (r + 1) * self.local,
+                                       device="cpu")  # real values even under a meta device
                           for part in range(3)])
         self.qkv = ColumnParallelLinear.from_linear(attn.qkv, group, rows=rows)
         self.proj = RowParallelLinear.from_linear(attn.proj, group)

@@ -43,6 +43,9 @@ p.add_argument("--save-dir")
 p.add_argument("--save-at", type=int, default=-1)
 p.add_argument("--load-dir")
 p.add_argument("--varying-seq", action="store_true", help="sequence length changes per step")
+p.add_argument("--clip", type=float, default=0.0, help="reference: clip_grad_norm_ to this")
+p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+               help="reference: bf16 weights + fp32 masters (the engine's mixed precision)")
 args, _ = p.parse_known_args()
 
 BASE_SEED = 1234
@@ -70,18 +73,33 @@ if args.reference:
         forward, mods = reference_model(layer_list(tied=args.tied, n_blocks=args.blocks),
                                         BASE_SEED)
         params = list(mods.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
+    masters = params
+    if args.dtype == "bf16":  # low-precision weights, fp32 masters stepped by the optimizer
+        for t in params:
+            t.data = t.data.to(torch.bfloat16)
+        masters = [t.detach().float().requires_grad_(True) for t in params]
+    opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.01, fused=True)
     batches = TextBatches(stdlib_bytes(1 << 20), seq_len=16, global_batch=args.batch,
                           seed=args.seed)
-    losses = []
+    losses, norms = [], []
     for step in range(args.steps):
         tok, tgt = batch_at(batches, step, 0, 1)
         loss = model(tok, tgt) if args.model == "gpt" else loss_fn(forward(tok), tgt)
         loss.backward()
+        if masters is not params:
+            for m, t in zip(masters, params):
+                m.grad = t.grad.float()
+                t.grad = None
+        if args.clip > 0:
+            norms.append(torch.nn.utils.clip_grad_norm_(masters, args.clip).item())
         opt.step()
         opt.zero_grad()
+        if masters is not params:
+            with torch.no_grad():
+                for m, t in zip(masters, params):
+                    t.copy_(m)
         losses.append(loss.item())
-    (out / "ref.json").write_text(json.dumps({"losses": losses}))
+    (out / "ref.json").write_text(json.dumps({"losses": losses, "norms": norms}))
     sys.exit(0)
 
 import torch.distributed as dist  # noqa: E402
@@ -137,6 +155,7 @@ for step in range(start, args.steps):
             total += loss.detach()
             engine.backward(loss)
             engine.step()
+        rec.setdefault("norms", []).append(engine.get_global_grad_norm())
         mean = total / gas
         dist.all_reduce(mean, group=grid.data_group)
         rec["losses"].append(mean.item() / grid.dp_world_size)
@@ -144,6 +163,7 @@ for step in range(start, args.steps):
         it = iter([(tok[i * mb:(i + 1) * mb], tgt[i * mb:(i + 1) * mb]) for i in range(gas)])
         loss = engine.train_batch(it)
         rec["losses"].append(loss.item())
+        rec.setdefault("norms", []).append(engine.get_global_grad_norm())
         if args.save_dir and step + 1 == args.save_at:
             engine.save_checkpoint(args.save_dir, client_state={"step": step + 1})
 if args.model == "pipe":
@@ -153,5 +173,10 @@ if args.model == "pipe":
     rec["peak_live"] = engine.peak_live_micro_batches
     rec["schedule"] = engine.pipe_schedule
 rec["global_steps"] = engine.global_steps
+rec["skipped_steps"], rec["loss_scale"] = engine.skipped_steps, engine.loss_scale
+rec["dtype"] = engine.precision.name
+if args.save_dir and args.save_at == args.steps:  # saved after the last step: the eval's weights
+    rec["eval_batches"] = [[t.tolist() for t in (tok[i * mb:(i + 1) * mb],
+                                                 tgt[i * mb:(i + 1) * mb])] for i in range(gas)]
 rec["comm"] = engine.comm_stats()
 (out / f"rank_{dist.get_rank()}.json").write_text(json.dumps(rec))

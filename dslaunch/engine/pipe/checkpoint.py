@@ -6,7 +6,10 @@ Layout of ``<dir>/<tag>/``:
   stage's file names the layers it holds);
 - ``rank_{r}_optim_states.pt`` (every rank): strategy state (optimizer, masters) and RNG states;
 - ``engine_states.pt`` (rank 0): counters, LR scheduler, loss scaler, client_state;
-- ``metadata.json`` (rank 0): format, layout (pipe, tp, dp, world size, layer partition), files.
+- ``metadata.json`` (rank 0): format, layout (pipe, tp, dp, world size, layer partition), files,
+  and ``shards["S_T"]``: ``splits`` (for each TP-split parameter: dim, full size, row ranges) and
+  ``param_names`` (trainable parameters in the strategy's order), which ``consolidate.py``
+  (``dslaunch ckpt to-fp32``) needs to rebuild one plain state_dict.
 Everything is written into ``<dir>/.<tag>.tmp/``, renamed after a world barrier, ``latest`` last.
 Loading needs the same layout (pipe, tp, dp and partition); anything else is a
 ``CheckpointError`` that says what differs.
@@ -36,6 +39,19 @@ def _layout(engine) -> dict:
             "world_size": dist.get_world_size(), "parts": list(engine.module.parts)}
 
 
+def _shard_info(engine):
+    """What consolidation needs of this (stage, TP rank), from its data-parallel rank 0."""
+    g = engine.grid
+    if g.dp_rank != 0:
+        return None
+    splits = {n: {"dim": p.partition_dim, "full": p.tp_full, "ranges": p.tp_ranges}
+              for n, p in engine.module.named_parameters()
+              if getattr(p, "tensor_model_parallel", False) and hasattr(p, "tp_ranges")}
+    names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
+    return {"stage": g.stage_id, "tp": g.tp_rank,
+            "info": {"splits": splits, "param_names": names}}
+
+
 def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
     save_dir = os.fspath(save_dir)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
@@ -63,6 +79,8 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> boo
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "loss_scaler": engine.precision.scaler.state_dict(),
             "client_state": client_state or {}}, os.path.join(tmp, "engine_states.pt"))
+    shards = [None] * dist.get_world_size()
+    dist.all_gather_object(shards, _shard_info(engine))
     dist.barrier()
     if rank == 0:
         layout = _layout(engine)
@@ -71,7 +89,8 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> boo
                  + [os.path.basename(ckpt.rank_file(tmp, r)) for r in range(layout["world_size"])])
         meta = {"format": FORMAT, "tag": tag, **layout, "zero_stage": engine.zero_stage,
                 "dtype": engine.precision.name, "global_steps": engine.global_steps,
-                "dslaunch_version": ckpt._version(), "files": files}
+                "dslaunch_version": ckpt._version(), "files": files,
+                "shards": {f"{i['stage']}_{i['tp']}": i["info"] for i in shards if i}}
         ckpt._atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
         if os.path.exists(final):
             shutil.rmtree(final)

@@ -38,10 +38,11 @@ class PipelineEngine(DSLaunchEngine):
         if stages_cfg > 1 and stages_cfg != model.num_stages:
             raise ValueError(f"pipeline.stages: {stages_cfg} but the PipelineModule has "
                              f"{model.num_stages} stages")
-        if float(values.get("gradient_clipping") or 0.0) > 0 and \
-                grid.num_stages * grid.tp_world_size > 1:
-            raise ValueError("gradient_clipping: not supported yet with pipeline or tensor "
-                             "parallelism (the norm would be this stage's / TP slice's only)")
+        stage = int((values.get("zero_optimization") or {}).get("stage") or 0)
+        if stage >= 2 and grid.num_stages > 1:
+            raise ValueError(f"zero_optimization.stage: {stage} cannot be combined with pipeline "
+                             "parallelism (gradients are partitioned while micro-batches are "
+                             "still in flight; DeepSpeed refuses it too): use stage 0 or 1")
         if not model.activation_checkpoint_interval:
             model.activation_checkpoint_interval = int(
                 (values.get("pipeline") or {}).get("activation_checkpoint_interval") or 0)
@@ -59,6 +60,10 @@ class PipelineEngine(DSLaunchEngine):
         self.pipe_schedule = str((values.get("dslaunch") or {}).get("pipe_schedule") or "1f1b")
         self.p2p = P2P(self.device)
         self.peak_live_micro_batches = 0  # most micro-batches of activations held at once
+        # ZeRO 1 reduce-scatters at the boundary backward: tied gradients are summed before it
+        self._tied_early = self.zero_stage >= 1
+        _install_norm(self, grid.tp_rank, grid.tp_world_size, grid.dp_rank,
+                      grid.num_stages * grid.tp_world_size)
 
     def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
         from torch.utils.data import DataLoader
@@ -197,6 +202,8 @@ class PipelineEngine(DSLaunchEngine):
                     pairs = [(t, gt) for t, gt in zip(_floats(out), g) if t.requires_grad]
                     if pairs:
                         torch.autograd.backward([t for t, _ in pairs], [gt for _, gt in pairs])
+                if boundary and self._tied_early:
+                    self.module.allreduce_tied_weight_gradients()
                 self.strategy.after_backward(boundary)
                 n_bwd += 1
                 live -= 1
@@ -208,6 +215,8 @@ class PipelineEngine(DSLaunchEngine):
             elif op == "send_grad":
                 self.p2p.send(grads_in.pop(m), self.grid.prev_rank, "grad")
             elif op == "reduce_tied":
+                if self._tied_early:
+                    continue  # done before the boundary reduction
                 views = getattr(self.strategy, "views", None)
                 self.module.allreduce_tied_weight_gradients(
                     grad_of=(lambda p: views.get(p)) if views is not None else None)
@@ -283,17 +292,30 @@ def initialize_parallel(args, model, optimizer, model_parameters, training_data,
     cfg = resolve_config(source, world_size=dist.get_world_size(),
                          dp_world_size=mpu.get_data_parallel_world_size(),
                          model_num_params=num_params)
-    if float(cfg.values.get("gradient_clipping") or 0.0) > 0 and \
-            mpu.get_model_parallel_world_size() > 1:
-        raise ValueError("gradient_clipping: not supported yet with tensor parallelism (the "
-                         "norm would be this rank's slice only)")
+    stage = int((cfg.values.get("zero_optimization") or {}).get("stage") or 0)
+    if stage >= 3 and mpu.get_model_parallel_world_size() > 1:
+        raise ValueError("zero_optimization.stage: 3 with tensor parallelism is not supported "
+                         "yet: use stage 0, 1 or 2")
     engine = DSLaunchEngine(args=args, model=model, optimizer=optimizer,
                             model_parameters=model_parameters, training_data=training_data,
                             lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg,
                             comm=GroupComm(dp_group))
     engine.mpu = mpu
     engine.global_rank, engine.world_size = dist.get_rank(), dist.get_world_size()
+    _install_norm(engine, mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size(),
+                  mpu.get_data_parallel_rank(), mpu.get_model_parallel_world_size())
     return engine
+
+
+def _install_norm(engine, tp_rank, tp_world, dp_rank, model_parallel_size) -> None:
+    """Gradient clipping and fp16's overflow check need the norm of the whole model, not of
+    this stage / TP slice: route the strategy's step through ``grad_norm.py`` when either is
+    on and the model is split."""
+    wants = engine.gradient_clipping > 0 or engine.precision.name == "fp16"
+    if model_parallel_size > 1 and wants:
+        from .grad_norm import install
+
+        install(engine.strategy, engine.module, tp_rank, tp_world, dp_rank)
 
 
 def _launcher_triad_fix(source, dp: int):
