@@ -1,0 +1,96 @@
+"""Trains the example GPT through dslaunch.initialize (config from the launcher) and writes, on
+rank 0, per-step losses, step times, every rank's memory_breakdown(), peak RSS and (with NVMe
+offload) swap statistics and the swap files seen during training, as JSON.
+
+    dslaunch run --nproc-per-node 2 tests/scripts/nvme_train.py --config c.json --
+        --steps 6 --out o.json [--save DIR --save-at K] [--load DIR] [--fail-at K]
+        [--d-model 32 --n-layer 2 --vocab 256 --seq 32 --batch 8] [--bench]
+
+``--bench`` uses examples/gpt.py's bench_config (27.4M parameters).
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import dslaunch  # noqa: E402
+from examples.gpt import GPT, GPTConfig, TextBatches, bench_config, stdlib_bytes  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=6)
+ap.add_argument("--out", required=True)
+ap.add_argument("--save", default=None)
+ap.add_argument("--save-at", type=int, default=-1)
+ap.add_argument("--load", default=None)
+ap.add_argument("--d-model", type=int, default=32)
+ap.add_argument("--n-layer", type=int, default=2)
+ap.add_argument("--vocab", type=int, default=256)
+ap.add_argument("--seq", type=int, default=32)
+ap.add_argument("--batch", type=int, default=8, help="global batch of the data stream")
+ap.add_argument("--bench", action="store_true")
+ap.add_argument("--fail-at", type=int, default=-1, help="rank 1 raises after this many steps")
+a = ap.parse_args()
+
+
+def swap_files(engine):
+    """The files under this rank's swap directory right now (NVMe offload only)."""
+    d = getattr(engine.optimizer, "swap_dir", None)
+    if d is None:
+        return None
+    return {f: os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)}
+
+
+torch.manual_seed(0)
+cfg = bench_config() if a.bench else GPTConfig(vocab_size=a.vocab, seq_len=a.seq,
+                                                n_layer=a.n_layer, n_head=2, d_model=a.d_model)
+model = GPT(cfg)
+engine, _, _, _ = dslaunch.initialize(model=model)
+rank, world = dist.get_rank(), dist.get_world_size()
+gas = engine.gradient_accumulation_steps()
+batches = TextBatches(stdlib_bytes(1 << 20), seq_len=cfg.seq_len, global_batch=a.batch,
+                      vocab_size=cfg.vocab_size) if a.bench else \
+    TextBatches(stdlib_bytes(1 << 18), seq_len=cfg.seq_len, global_batch=a.batch)
+start = 0
+if a.load:
+    engine.load_checkpoint(a.load)
+    start = engine.global_steps
+losses, times, files = {}, {}, None
+for step in range(start, a.steps):
+    tot = torch.zeros(1)
+    t0 = time.perf_counter()
+    for m in range(gas):
+        tok, tgt = batches.batch_at(step * gas + m, rank, world)
+        loss = engine(tok, tgt)
+        engine.backward(loss)
+        engine.step()
+        tot += loss.detach().float() / gas
+    times[step] = time.perf_counter() - t0
+    dist.all_reduce(tot)
+    losses[step] = tot.item() / world
+    files = swap_files(engine) if files is None else files
+    if step + 1 == a.fail_at and rank == 1:
+        raise RuntimeError("planned failure")
+    if step + 1 == a.save_at and a.save:
+        engine.save_checkpoint(a.save)
+stats = engine.optimizer.swap_stats() if hasattr(engine.optimizer, "swap_stats") else None
+mine = {"rank": rank, "memory": engine.memory_breakdown(),
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "swap": stats, "swap_files": files}
+every = [None] * world
+dist.all_gather_object(every, mine)
+if rank == 0:
+    Path(a.out).write_text(json.dumps({
+        "losses": losses, "step_seconds": times, "numel": model.num_params(), "world": world,
+        "optimizer": type(engine.optimizer).__name__, "ranks": every}))
+dist.barrier()
+dist.destroy_process_group()
