@@ -72,7 +72,17 @@ def parse_args(argv=None):
     p.add_argument("--results-dir", default=str(bu.RESULTS), help="where train-<timestamp>.json goes")
     p.add_argument("--no-save", action="store_true", help="JSON to stdout only")
     p.add_argument("--keep-logs", action="store_true", help="keep each run's directory (printed)")
+    p.add_argument("--zero-extra", default="",
+                   help="JSON object merged into zero_optimization for dslaunch and DeepSpeed alike, "
+                        "e.g. '{\"stage3_max_reuse_distance\": 0}' (passed as BENCH_ZERO_EXTRA)")
     args = p.parse_args(argv)
+    if args.zero_extra:
+        try:
+            extra = json.loads(args.zero_extra)
+        except ValueError as exc:
+            p.error(f"--zero-extra: not JSON ({exc})")
+        if not isinstance(extra, dict):
+            p.error("--zero-extra: must be a JSON object of zero_optimization keys")
     if args.steps is None:
         args.steps = 3 if args.smoke else 20
     if args.warmup is None:
@@ -174,6 +184,9 @@ def run_env(args) -> dict:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(args.omp_threads)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.pop("BENCH_ZERO_EXTRA", None)
+    if args.zero_extra:  # zero_config.train_config merges it, in every runtime's script
+        env["BENCH_ZERO_EXTRA"] = args.zero_extra
     # the peers must not see dslaunch's launcher variables if this harness runs inside a job
     for k in ("DSLAUNCH_CONFIG", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
               "MASTER_PORT", "NODE_RANK"):
@@ -375,7 +388,8 @@ def main(argv=None) -> int:
                      "data": "TextBatches(stdlib bytes), global batch = micro_batch x ranks, seed 0",
                      "nproc": args.nproc, "micro_batch": args.micro_batch, "lr": args.lr, "steps": args.steps,
                      "warmup": args.warmup, "repeats": args.repeats, "smoke": args.smoke,
-                     "ds_launcher": args.ds_launcher, "optimizer": "Adam (torch fused=True for DDP/FSDP2; "
+                     "ds_launcher": args.ds_launcher, "zero_extra": args.zero_extra or None,
+                     "optimizer": "Adam (torch fused=True for DDP/FSDP2; "
                      "config optimizer.type=Adam for dslaunch and DeepSpeed)",
                      "tokens_per_s": "tokens per step / median over timed steps of the slowest rank's step time"},
         "configurations": [c["name"] for c in configs],

@@ -2,7 +2,11 @@
 
 DeepSpeed's JSON schema, which dslaunch accepts as it is: micro-batch per rank, no gradient
 accumulation, Adam at a fixed lr, a ZeRO stage, optional CPU optimizer offload, bf16 on or off.
+BENCH_ZERO_EXTRA (JSON, set by ``bench_train.py --zero-extra``) is merged into zero_optimization.
 """
+
+import json
+import os
 
 
 def train_config(stage: int, precision: str = "fp32", offload: bool = False,
@@ -18,4 +22,5 @@ def train_config(stage: int, precision: str = "fp32", offload: bool = False,
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     if precision == "bf16":
         cfg["bf16"] = {"enabled": True}
+    cfg["zero_optimization"].update(json.loads(os.environ.get("BENCH_ZERO_EXTRA") or "{}"))
     return cfg

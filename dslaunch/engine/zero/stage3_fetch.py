@@ -121,6 +121,19 @@ class FetchCoordinator:
         self.ahead = 0  # forward: trace positions below this were prefetched
         self.behind = None  # backward: trace positions from this on were prefetched
         self.stack = []
+        self.kept = []  # keys kept gathered past their forward for reuse, oldest first
+
+    def _make_room(self, keys):
+        """Release units kept for reuse (oldest first) until gathering ``keys`` fits in
+        ``stage3_max_live_parameters``; units in use now are never touched."""
+        for k in keys:
+            if k in self.kept:
+                self.kept.remove(k)  # in use again
+        need = sum(self.plan.numel(k) for k in keys if self.store.state[k] == RELEASED)
+        while self.kept and self.store.gathered_numel() + need > self.opts.max_live_parameters:
+            k = self.kept.pop(0)
+            if not self.active.get(k):
+                self.store.release(k)
 
     def _unit_numel(self, m) -> int:
         return sum(self.plan.numel(k) for k in self.plan.fetch[m])
@@ -129,7 +142,7 @@ class FetchCoordinator:
     def begin_forward(self, training: bool):
         # a forward without backward before (evaluation) may have left units gathered
         self.store.release_all()
-        self.pos, self.ahead, self.stack = 0, 0, []
+        self.pos, self.ahead, self.stack, self.kept = 0, 0, [], []
         self.recording = training and not self.recorded
         self.on_trace = self.recorded and training
 
@@ -149,6 +162,7 @@ class FetchCoordinator:
             self.on_trace = False  # this pass runs another order: no prefetch, no keeping
         self.stack.append(self.pos)
         self.pos += 1
+        self._make_room(self.plan.fetch[m])
         for k in self.plan.fetch[m]:
             self.active[k] = self.active.get(k, 0) + 1
             self.store.gather(k)
@@ -165,11 +179,14 @@ class FetchCoordinator:
             if self.active[k] > 0:
                 continue  # an enclosing module still runs with it (tied weights)
             if keep and self.store.gathered_numel() <= self.opts.max_live_parameters:
-                continue  # backward needs it again soon: skip the release and the re-gather
+                if k not in self.kept:  # backward needs it again soon: no release, no re-gather
+                    self.kept.append(k)
+                continue
             self.store.release(k)
 
     # -- backward --------------------------------------------------------------------------------
     def pre_backward(self, m):
+        self._make_room(self.plan.fetch[m])
         for k in self.plan.fetch[m]:
             self.store.gather(k)
         j = self.index.get(m)
@@ -182,7 +199,7 @@ class FetchCoordinator:
 
     def end_backward(self):
         self.store.release_all()
-        self.behind = None
+        self.behind, self.kept = None, []
 
     # -- prefetch --------------------------------------------------------------------------------
     def _prefetch(self, positions, default):
