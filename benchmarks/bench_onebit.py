@@ -1,17 +1,34 @@
-"""1-bit Adam / 0/1 Adam / 1-bit LAMB vs Adam / LAMB: losses and bytes, measured.
+"""1-bit Adam / 0/1 Adam / 1-bit LAMB vs Adam / LAMB: losses, bytes and step time, measured.
 
-Each optimizer trains the example GPT on N ranks (gloo) through `dslaunch run` with
-tests/scripts/onebit_train.py, which records every step's loss and the bytes each collective
-booked in ``engine.comm_stats()`` (payload bytes: what this rank handed to the collective). The
-warmup (``freeze_step`` / ``var_freeze_step``) is ``--warmup-frac`` of the steps (15%, DeepSpeed's
-figure). Reported per optimizer: the loss curve and final mean loss, the bytes per rank per step
-in the warmup and in the compression stage, their ratio to an fp32 all-reduce of the same
-gradients (measured on the Adam run) and to a bf16 one (half of it), the end-to-end ratio, and the
-same ratios in estimated wire bytes (ring all-reduce 2(w-1)/w x payload, all_to_all (w-1)/w x,
-all_gather (w-1) x). DeepSpeed's published figures for reference: up to 5x less communication end
-to end, 16x less in the compression stage vs fp16 gradients.
+Part 1 (convergence and bytes): each optimizer trains the example GPT on ``--nproc`` ranks (gloo)
+through ``dslaunch run`` with tests/scripts/onebit_train.py, which records every step's loss and
+the bytes each collective booked in ``engine.comm_stats()``: ``bytes`` (payload handed to the
+collective) and ``sent_bytes`` (what this rank sends to the others: ring all-reduce
+``2(N-1)/N`` x payload, all_gather ``(N-1)`` x input, all_to_all ``(N-1)/N`` x input; the
+definition is ``dslaunch/engine/comm.sent_bytes``, the same for the baseline and the compressed
+path). The warmup (``freeze_step`` / ``var_freeze_step``) is ``--warmup-frac`` of the steps (15%,
+DeepSpeed's figure). Reported per optimizer: the loss curve, the final loss (mean of the last 10%
+of the steps, and on held-out batches), sent bytes per rank per step in the warmup and in the
+compression stage, their ratio to an fp32 all-reduce of the same gradients (the Adam run's
+measured bytes) and to a bf16 one (half of it), the end-to-end ratio; payload ratios beside.
 
-    python benchmarks/bench_onebit.py --nproc 2 --steps 200 --out benchmarks/results/onebit.json
+Part 2 (``--slow-link RATE``): 2 ranks in 2 network namespaces joined by one veth pair, each
+end rate-limited with ``tc ... tbf`` (the kernel has no netem). Each rank is started inside its
+namespace with the launcher variables (RANK, WORLD_SIZE, MASTER_ADDR...) that dslaunch's
+``init_distributed`` reads, as under torchrun or srun, because ``dslaunch run`` reaches other
+hosts over ssh and the shared fake hosts (tests/infra, bridge dsl-br0) belong to the multi-host
+tests, which may be running. Adam and 1-bit Adam (15% warmup) alternate ``--repeats`` times on a
+bigger GPT; reported: median step time in warmup and compression stage, and the bytes the veth
+really transmitted (TCP/IP headers and the rendezvous included) against ``comm_stats``'s sent
+bytes. Namespaces ``onebit-n0/1`` (203.0.113.1-2, TEST-NET-3, no route out) are removed at the
+end. Needs root.
+
+DeepSpeed's published figures for reference: up to 5x less communication end to end, 16x less
+in the compression stage vs fp16 gradients, same convergence as Adam at 15% warmup.
+
+    python benchmarks/bench_onebit.py --steps 1000 --out benchmarks/results/onebit-conv.json
+    python benchmarks/bench_onebit.py --only "" --slow-link 300mbit \
+        --out benchmarks/results/onebit-slowlink.json
 """
 
 from __future__ import annotations
@@ -19,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,36 +44,42 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from dslaunch.engine.compressed import wire_bytes  # noqa: E402
-
 SCRIPT = ROOT / "tests" / "scripts" / "onebit_train.py"
+PY = sys.executable
+CLI = [PY, "-c", "import sys; from dslaunch.cli import main; sys.exit(main())"]
 
 
-def optimizer_configs(steps: int, warmup: int, lr: float) -> dict:
-    common = {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+def optimizer_configs(steps: int, warmup: int, lr: float, lamb_lr: float) -> dict:
+    common = {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    adam, lamb = {**common, "lr": lr}, {**common, "lr": lamb_lr}
     return {
-        "Adam": {"type": "Adam", "params": dict(common)},
-        "OneBitAdam": {"type": "OneBitAdam", "params": {**common, "freeze_step": warmup}},
+        "Adam": {"type": "Adam", "params": adam},
+        "OneBitAdam": {"type": "OneBitAdam", "params": {**adam, "freeze_step": warmup}},
         "ZeroOneAdam": {"type": "ZeroOneAdam", "params": {
-            **common, "var_freeze_step": warmup, "var_update_scaler": 4,
+            **adam, "var_freeze_step": warmup, "var_update_scaler": 16,
             "local_step_scaler": max(1, (steps - warmup) // 4), "local_step_clipper": 4}},
-        "Lamb": {"type": "Lamb", "params": dict(common)},
-        "OneBitLamb": {"type": "OneBitLamb", "params": {**common, "freeze_step": warmup}},
+        "Lamb": {"type": "Lamb", "params": lamb},
+        "OneBitLamb": {"type": "OneBitLamb", "params": {**lamb, "freeze_step": warmup}},
     }
 
 
-def run(name, opt, args, workdir: Path) -> list:
-    cfg = {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": 1,
+def model_args(args) -> list:
+    return ["--layers", str(args.layers), "--d-model", str(args.d_model), "--seq", str(args.seq)]
+
+
+def write_config(workdir: Path, name: str, opt: dict, micro_batch: int) -> Path:
+    cfg = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
            "steps_per_print": 10 ** 9, "optimizer": opt}
-    cfg_path = workdir / f"{name}.json"
-    cfg_path.write_text(json.dumps(cfg))
+    path = workdir / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def run(name, opt, args, workdir: Path) -> list:
     out = workdir / name
-    cmd = [sys.executable, "-c", "import sys; from dslaunch.cli import main; sys.exit(main())",
-           "run", "--nproc-per-node", str(args.nproc),
-           str(SCRIPT), "--out", str(out), "--steps", str(args.steps), "--layers",
-           str(args.layers), "--d-model", str(args.d_model), "--seq", str(args.seq),
-           "--deepspeed_config", str(cfg_path)]
+    cmd = [*CLI, "run", "--nproc-per-node", str(args.nproc), str(SCRIPT), "--out", str(out),
+           "--steps", str(args.steps), "--eval-batches", "8", *model_args(args),
+           "--deepspeed_config", str(write_config(workdir, name, opt, args.micro_batch))]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -66,78 +90,221 @@ def run(name, opt, args, workdir: Path) -> list:
     return recs
 
 
-def summarise(rec: dict, fp32_step: float, world: int) -> dict:
-    steps = rec["step_bytes"]
-    warm = [sum(b.values()) for b, c in zip(steps, rec["compressing"]) if not c]
-    comp = [sum(b.values()) for b, c in zip(steps, rec["compressing"]) if c]
+def mean(xs):
+    return sum(xs) / len(xs) if xs else None
 
-    def wire(b):
-        return sum(wire_bytes(k, v, world) for k, v in b.items())
 
-    wire_comp = [wire(b) for b, c in zip(steps, rec["compressing"]) if c]
-    total = sum(sum(b.values()) for b in steps)
-    total_wire = sum(wire(b) for b in steps)
-    fp32_wire = wire_bytes("all_reduce", fp32_step, world)
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+def summarise(rec: dict, fp32_sent: float, fp32_payload: float) -> dict:
+    comp = rec["compressing"]
+    sent = [sum(b.values()) for b in rec["step_sent"]]
+    payload = [sum(b.values()) for b in rec["step_bytes"]]
+    warm_s = [b for b, c in zip(sent, comp) if not c]
+    comp_s = [b for b, c in zip(sent, comp) if c]
+    k = max(10, len(rec["losses"]) // 10)
     out = {
-        "final_loss_mean_last10": sum(rec["losses"][-10:]) / 10,
-        "losses": rec["losses"],
-        "bytes_per_step": [sum(b.values()) for b in steps],
-        "warmup_steps": len(warm), "compression_steps": len(comp),
-        "bytes_per_step_warmup": mean(warm), "bytes_per_step_compression": mean(comp),
-        "total_bytes": total, "total_wire_bytes_est": total_wire,
-        "ratio_end_to_end_vs_fp32": fp32_step * len(steps) / total if total else None,
-        "ratio_end_to_end_vs_fp32_wire": fp32_wire * len(steps) / total_wire if total_wire else None,
+        "final_loss_train_mean_last": sum(rec["losses"][-k:]) / k, "last_k": k,
+        "final_loss_heldout": rec.get("eval_loss"),
+        "warmup_steps": len(warm_s), "compression_steps": len(comp_s),
+        "sent_bytes_per_step_warmup": mean(warm_s),
+        "sent_bytes_per_step_compression": mean(comp_s),
+        "sent_bytes_total": sum(sent), "payload_bytes_total": sum(payload),
+        "ratio_end_to_end_vs_fp32": fp32_sent * len(sent) / sum(sent) if sum(sent) else None,
+        "ratio_end_to_end_vs_fp32_payload":
+            fp32_payload * len(payload) / sum(payload) if sum(payload) else None,
         "wall_s": rec.get("wall_s"),
+        "losses": rec["losses"], "sent_bytes_per_step": sent,
     }
-    if comp:
-        out["ratio_compression_vs_fp32"] = fp32_step / mean(comp)
-        out["ratio_compression_vs_bf16"] = fp32_step / 2 / mean(comp)
-        out["ratio_compression_vs_fp32_wire"] = fp32_wire / mean(wire_comp)
-        out["ratio_compression_vs_bf16_wire"] = fp32_wire / 2 / mean(wire_comp)
+    if comp_s:
+        comp_p = [b for b, c in zip(payload, comp) if c]
+        out["ratio_compression_vs_fp32"] = fp32_sent / mean(comp_s)
+        out["ratio_compression_vs_bf16"] = fp32_sent / 2 / mean(comp_s)
+        out["ratio_compression_vs_fp32_payload"] = fp32_payload / mean(comp_p)
     return out
+
+
+def convergence(args, result: dict) -> None:
+    warmup = max(1, round(args.steps * args.warmup_frac))
+    configs = optimizer_configs(args.steps, warmup, args.lr, args.lamb_lr)
+    wanted = [k for k in args.only.split(",") if k]
+    configs = {k: v for k, v in configs.items() if k in wanted}
+    if not configs:
+        return
+    if "Adam" not in configs:
+        raise SystemExit("--only must include Adam (its measured bytes are the fp32 baseline)")
+    result.update({"steps": args.steps, "warmup": warmup, "nproc": args.nproc,
+                   "micro_batch": args.micro_batch, "lr": args.lr, "lamb_lr": args.lamb_lr,
+                   "model": {"layers": args.layers, "d_model": args.d_model, "seq": args.seq}})
+    with tempfile.TemporaryDirectory() as tmp:
+        recs = {name: run(name, opt, args, Path(tmp)) for name, opt in configs.items()}
+    adam = recs["Adam"][0]
+    fp32_sent = mean([sum(b.values()) for b in adam["step_sent"]])
+    fp32_payload = mean([sum(b.values()) for b in adam["step_bytes"]])
+    result["num_params"] = adam["num_params"]
+    result["fp32_allreduce_per_step"] = {"sent_bytes": fp32_sent, "payload_bytes": fp32_payload}
+    opts = result["optimizers"] = {}
+    for name, r in recs.items():
+        opts[name] = summarise(r[0], fp32_sent, fp32_payload)
+        opts[name]["ranks_in_sync"] = len({x["param_sha"] for x in r}) == 1
+    for comp, base in (("OneBitAdam", "Adam"), ("ZeroOneAdam", "Adam"), ("OneBitLamb", "Lamb")):
+        if comp in opts and base in opts:
+            for key in ("final_loss_train_mean_last", "final_loss_heldout"):
+                a, b = opts[comp][key], opts[base][key]
+                opts[comp][f"{key}_vs_{base}"] = (a - b) / b
+
+
+# -- part 2: the slow link ---------------------------------------------------------------------
+
+NS, DEV, IPS = ("onebit-n0", "onebit-n1"), ("onebit-v0", "onebit-v1"), ("203.0.113.1",
+                                                                           "203.0.113.2")
+
+
+def ip(*a, check=True):
+    return subprocess.run(["ip", *a], check=check, capture_output=True, text=True)
+
+
+def link_down() -> None:
+    for ns in NS:
+        ip("netns", "del", ns, check=False)  # takes its veth end (and so the pair) with it
+
+
+def link_up(rate: str) -> None:
+    if os.geteuid() != 0:
+        raise SystemExit("--slow-link needs root (network namespaces, tc)")
+    link_down()
+    if "203.0.113." in ip("-4", "addr").stdout:
+        raise SystemExit("203.0.113.0/24 is in use on this machine; the slow link needs it")
+    for ns in NS:
+        ip("netns", "add", ns)
+    ip("link", "add", DEV[0], "netns", NS[0], "type", "veth", "peer", "name", DEV[1], "netns",
+       NS[1])
+    for ns, dev, addr in zip(NS, DEV, IPS):
+        ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+        ip("-n", ns, "link", "set", "lo", "up")
+        ip("-n", ns, "link", "set", dev, "up")
+        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                        "rate", rate, "burst", "512kb", "latency", "100ms"], check=True)
+
+
+def tx_bytes(r: int) -> int:
+    return int(subprocess.run(["ip", "netns", "exec", NS[r], "cat",
+                               f"/sys/class/net/{DEV[r]}/statistics/tx_bytes"],
+                              capture_output=True, text=True, check=True).stdout)
+
+
+def run_slow(name, opt, args, workdir: Path, port: int) -> dict:
+    cfg = write_config(workdir, name, opt, args.slow_micro_batch)
+    out = workdir / name
+    before = [tx_bytes(r) for r in range(2)]
+    procs = []
+    for r in range(2):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+               "MASTER_ADDR": IPS[0], "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": DEV[r],
+               "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        cmd = ["ip", "netns", "exec", NS[r], PY, str(SCRIPT), "--out", str(out), "--steps",
+               str(args.slow_steps), "--layers", str(args.slow_layers), "--d-model",
+               str(args.slow_d_model), "--seq", str(args.slow_seq), "--deepspeed_config",
+               str(cfg)]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"{name} on the slow link failed:\n" + "\n".join(x[-2000:] for x in logs))
+    wire = [tx_bytes(r) - before[r] for r in range(2)]
+    rec = json.loads((out / "rank_0.json").read_text())
+    comp = rec["compressing"]
+    secs = rec["step_seconds"][1:]  # the first step pays for lazy set-up
+    comp = comp[1:]
+    warm = [s for s, c in zip(secs, comp) if not c]
+    compr = [s for s, c in zip(secs, comp) if c]
+    sent = sum(sum(b.values()) for b in rec["step_sent"])
+    return {"step_s_warmup_median": statistics.median(warm) if warm else None,
+            "step_s_compression_median": statistics.median(compr) if compr else None,
+            "train_loop_s": sum(rec["step_seconds"]),
+            "veth_tx_bytes_per_rank": wire, "comm_stats_sent_bytes_rank0": sent,
+            "num_params": rec["num_params"]}
+
+
+def slow_link(args, result: dict) -> None:
+    steps = args.slow_steps
+    warmup = max(1, round(steps * args.warmup_frac))
+    base = {"lr": args.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    configs = {"Adam": {"type": "Adam", "params": base},
+               "OneBitAdam": {"type": "OneBitAdam", "params": {**base, "freeze_step": warmup}}}
+    runs = {k: [] for k in configs}
+    link_up(args.slow_link)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(args.repeats):  # interleaved: the machine's load hits both alike
+                for j, (name, opt) in enumerate(configs.items()):
+                    runs[name].append(run_slow(name, opt, args, Path(tmp), 29400 + 2 * i + j))
+    finally:
+        link_down()
+    med = lambda xs: statistics.median(xs) if xs and None not in xs else None  # noqa: E731
+    summary = {}
+    for name, rs in runs.items():
+        summary[name] = {
+            "step_s_warmup_median": med([r["step_s_warmup_median"] for r in rs]),
+            "step_s_compression_median": med([r["step_s_compression_median"] for r in rs]),
+            "train_loop_s_median": med([r["train_loop_s"] for r in rs]),
+            "veth_tx_bytes_per_rank_median": med([sum(r["veth_tx_bytes_per_rank"]) / 2
+                                                  for r in rs]),
+            "comm_stats_sent_bytes_rank0": rs[0]["comm_stats_sent_bytes_rank0"],
+            "repeats": rs}
+    a, b = summary["Adam"], summary["OneBitAdam"]
+    result["slow_link"] = {
+        "rate": args.slow_link, "steps": steps, "warmup": warmup, "repeats": args.repeats,
+        "model": {"layers": args.slow_layers, "d_model": args.slow_d_model,
+                  "seq": args.slow_seq, "micro_batch": args.slow_micro_batch,
+                  "num_params": runs["Adam"][0]["num_params"]},
+        "optimizers": summary,
+        "speedup_compression_stage": a["step_s_warmup_median"] / b["step_s_compression_median"],
+        "speedup_train_loop": a["train_loop_s_median"] / b["train_loop_s_median"],
+        "veth_bytes_ratio_end_to_end": (a["veth_tx_bytes_per_rank_median"]
+                                        / b["veth_tx_bytes_per_rank_median"]),
+    }
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--warmup-frac", type=float, default=0.15)
     p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--lamb-lr", type=float, default=0.01)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--only", default="", help="comma list of optimizers (default: all)")
+    p.add_argument("--only", default="Adam,OneBitAdam,ZeroOneAdam,Lamb,OneBitLamb",
+                   help="comma list of optimizers for part 1 (empty: skip part 1)")
+    p.add_argument("--slow-link", default="", help="tbf rate, e.g. 300mbit (empty: skip part 2)")
+    p.add_argument("--slow-steps", type=int, default=40)
+    p.add_argument("--slow-layers", type=int, default=4)
+    p.add_argument("--slow-d-model", type=int, default=256)
+    p.add_argument("--slow-seq", type=int, default=64)
+    p.add_argument("--slow-micro-batch", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default="", help="JSON file (default: stdout only)")
     args = p.parse_args(argv)
-    warmup = max(1, round(args.steps * args.warmup_frac))
-    configs = optimizer_configs(args.steps, warmup, args.lr)
-    if args.only:
-        configs = {k: v for k, v in configs.items() if k in args.only.split(",")}
-    result = {"bench": "onebit", "nproc": args.nproc, "steps": args.steps, "warmup": warmup,
-              "model": {"layers": args.layers, "d_model": args.d_model, "seq": args.seq},
-              "micro_batch": args.micro_batch, "lr": args.lr, "optimizers": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        recs = {name: run(name, opt, args, Path(tmp)) for name, opt in configs.items()}
-    n_params = next(iter(recs.values()))[0]["num_params"]
-    fp32_step = 4.0 * n_params  # what an fp32 all-reduce of the gradients books per step
-    result["num_params"] = n_params
-    result["fp32_allreduce_bytes_per_step"] = fp32_step
-    for name, r in recs.items():
-        result["optimizers"][name] = summarise(r[0], fp32_step, args.nproc)
-        result["optimizers"][name]["ranks_in_sync"] = len({x["param_sha"] for x in r}) == 1
-    for comp, base in (("OneBitAdam", "Adam"), ("ZeroOneAdam", "Adam"), ("OneBitLamb", "Lamb")):
-        if comp in result["optimizers"] and base in result["optimizers"]:
-            a = result["optimizers"][comp]["final_loss_mean_last10"]
-            b = result["optimizers"][base]["final_loss_mean_last10"]
-            result["optimizers"][comp]["final_loss_vs_" + base] = (a - b) / b
+    result = {"bench": "onebit", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "loadavg_start": os.getloadavg()}
+    convergence(args, result)
+    if args.slow_link:
+        slow_link(args, result)
+    result["loadavg_end"] = os.getloadavg()
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
-    brief = {k: {kk: v[kk] for kk in v if kk not in ("losses", "bytes_per_step")}
-             for k, v in result["optimizers"].items()}
+    brief = dict(result)
+    if "optimizers" in brief:
+        brief["optimizers"] = {k: {kk: v[kk] for kk in v
+                                   if kk not in ("losses", "sent_bytes_per_step")}
+                               for k, v in result["optimizers"].items()}
+    if "slow_link" in brief:
+        brief["slow_link"] = {**brief["slow_link"], "optimizers": {
+            k: {kk: vv for kk, vv in v.items() if kk != "repeats"}
+            for k, v in brief["slow_link"]["optimizers"].items()}}
     print(json.dumps(brief, indent=1))
 
 

@@ -9,6 +9,12 @@ A single process with no launcher variables gets a one-rank gloo group over an i
 the calls, the payload bytes (the size of the tensor handed to the collective on this rank — what
 the caller asked to move, not the algorithm's wire bytes) and the seconds this rank spent from the
 call until the result was ready (for an async call: until ``wait()`` returned).
+
+``sent_bytes`` (beside ``bytes``) is what this rank sends to the other ranks: the bytes the
+collective must move across the network in total, divided by the ranks (what each rank sends with
+the ring / pairwise algorithms gloo and NCCL use), so that different collectives compare honestly:
+all_reduce ``2(N-1)/N x payload``, all_gather ``(N-1) x input``, reduce_scatter, all_to_all and
+broadcast ``(N-1)/N x input``; 0 with one rank and for object/barrier collectives.
 """
 
 from __future__ import annotations
@@ -102,6 +108,21 @@ def local_rank() -> int:
     return env_layout()[2]
 
 
+def sent_bytes(collective: str, payload: int, world: int) -> int:
+    """Bytes one rank sends for ``payload`` bytes handed to ``collective`` on ``world`` ranks (see
+    the module docstring). ``collective`` is matched by its ending ("onebit_all_gather" counts as
+    an all_gather)."""
+    if world <= 1:
+        return 0
+    if collective.endswith("all_reduce"):
+        return 2 * (world - 1) * payload // world
+    if collective.endswith("all_gather"):
+        return (world - 1) * payload
+    if collective.endswith(("reduce_scatter", "all_to_all", "broadcast")):
+        return (world - 1) * payload // world
+    return 0
+
+
 class _TimedWork:
     """An async collective's handle that books the wait time when it completes."""
 
@@ -127,13 +148,15 @@ class Comm:
         self.group = group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-        self._stats: dict = defaultdict(lambda: {"calls": 0, "bytes": 0, "seconds": 0.0})
+        self._stats: dict = defaultdict(
+            lambda: {"calls": 0, "bytes": 0, "sent_bytes": 0, "seconds": 0.0})
 
     # -- accounting ---------------------------------------------------------------------------
     def _book(self, name: str, nbytes: int) -> dict:
         rec = self._stats[name]
         rec["calls"] += 1
         rec["bytes"] += int(nbytes)
+        rec["sent_bytes"] += sent_bytes(name, int(nbytes), self.world_size)
         return rec
 
     def _run(self, name, nbytes, fn, async_op):
@@ -146,7 +169,8 @@ class Comm:
         return None
 
     def stats(self) -> dict:
-        """{collective: {"calls", "bytes", "seconds"}} since start (or the last reset)."""
+        """{collective: {"calls", "bytes", "sent_bytes", "seconds"}} since start (or the last
+        reset)."""
         return {k: dict(v) for k, v in self._stats.items()}
 
     def reset_stats(self) -> None:

@@ -14,13 +14,15 @@ torch.distributed collectives (gloo and NCCL both have them):
    compresses the average again the same way (its loss kept in ``server_error``), and the packed
    chunks + scales are exchanged with ONE ``all_gather``; every rank decodes the same result.
 
-Bytes handed to the collectives per rank and call (``c`` = chunk, ``k`` = blocks per chunk):
-``world * (c/8 + 4k)`` (all_to_all) plus ``c/8 + 4k`` (all_gather), against ``4*numel`` for an fp32
-all-reduce. On the wire (ring all-reduce moves ``2(w-1)/w`` of its payload, all_to_all
-``(w-1)/w``, all_gather ``w-1`` times its input) that is ``32 / (1 + 32/block_size)`` times fewer
-bytes than fp32 (31.5x with the default 2048) and half that against bf16, whatever ``w`` is.
-Both collectives are booked in the engine's ``Comm`` accounting as ``onebit_all_to_all`` and
-``onebit_all_gather`` (payload bytes, as every other collective there).
+Bytes per rank and call (``c`` = chunk, ``k`` = blocks per chunk, ``w`` ranks). Handed to the
+collectives (``comm_stats()`` ``bytes``): ``w * (c/8 + 4k)`` (all_to_all) plus ``c/8 + 4k``
+(all_gather). Sent to the other ranks (``comm_stats()`` ``sent_bytes``, see ``engine/comm.py``):
+``(w-1) * (c/8 + 4k)`` twice, against ``2(w-1) * 4c`` for a ring fp32 all-reduce of the same
+``w*c`` values: ``32 / (1 + 32/block_size)`` times fewer bytes whatever ``w`` is (31.5x with the
+default block of 2048; 15.75x against bf16). Payload ratios differ (21x on 2 ranks) because a
+payload counts the all_to_all's own chunk, which never leaves the rank, and an all-reduce's
+buffer once, whatever the algorithm moves: they are not bytes on the network. Both collectives are booked in the engine's ``Comm`` accounting as
+``onebit_all_to_all`` and ``onebit_all_gather``.
 
 Sign of 0 is +1 (one bit has no zero); padding positions never carry error from one call to the
 next. The error buffers are per rank and belong in that rank's checkpoint (``state_dict``).
@@ -211,17 +213,11 @@ def fp32_allreduce_bytes(numel: int) -> int:
 
 
 def wire_bytes(collective: str, payload: int, world: int) -> float:
-    """Bytes one rank sends on the wire for a payload, with the usual algorithms (ring
-    all-reduce, pairwise all-to-all, ring all-gather)."""
-    if world <= 1:
-        return 0.0
-    if collective.endswith("all_reduce"):
-        return 2.0 * (world - 1) / world * payload
-    if collective.endswith("all_to_all"):
-        return (world - 1) / world * payload
-    if collective.endswith("all_gather"):
-        return float((world - 1) * payload)
-    return float(payload)
+    """Bytes one rank sends for a payload (``engine/comm.sent_bytes``, the definition
+    ``comm_stats()`` books as ``sent_bytes``)."""
+    from .comm import sent_bytes
+
+    return float(sent_bytes(collective, int(payload), world))
 
 
 __all__ = ["CompressedAllReduce", "pack_bits", "unpack_bits", "compress", "decode",

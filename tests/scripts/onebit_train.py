@@ -1,7 +1,9 @@
 """Rank script for the 1-bit optimizer tests and benchmark: trains the tiny example GPT through
 dslaunch's public API with the config's optimizer and writes --out/rank_{r}.json: per-step global
 mean loss, per-step bytes each collective booked in engine.comm_stats() (the difference of two
-snapshots around the step), the optimizer's stage, and a checksum of the parameters.
+snapshots around the step: payload ``step_bytes`` and sent ``step_sent``), the step's wall time,
+the optimizer's stage, the final loss on --eval-batches held-out batches, and a checksum of the
+parameters.
 
 Data: TextBatches(global batch = train_batch_size).batch_at(step, rank, world), cut into the
 gradient-accumulation micro-batches in order (the same rows whatever the optimizer)."""
@@ -11,6 +13,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -31,6 +34,7 @@ p.add_argument("--seq", type=int, default=32)
 p.add_argument("--save-dir")
 p.add_argument("--save-at", type=int, default=-1)
 p.add_argument("--load-dir")
+p.add_argument("--eval-batches", type=int, default=0)
 dslaunch.add_config_arguments(p)
 args = p.parse_args()
 
@@ -49,16 +53,21 @@ if args.load_dir:
     start = engine.global_steps
 
 
-def snapshot():
-    return {k: v["bytes"] for k, v in engine.comm_stats().items()}
+def snapshot(key="bytes"):
+    return {k: v[key] for k, v in engine.comm_stats().items()}
+
+
+def delta(after, before):
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
 
 
 rec = {"rank": rank, "world": world, "start": start, "losses": [], "step_bytes": [],
-       "compressing": [], "optimizer": type(optimizer).__name__,
+       "step_sent": [], "step_seconds": [], "compressing": [], "optimizer": type(optimizer).__name__,
        "num_params": sum(p.numel() for p in model.parameters())}
 for step in range(start, args.steps):
     tokens, targets = batches.batch_at(step, rank, world)
-    before = snapshot()
+    before, before_sent = snapshot(), snapshot("sent_bytes")
+    t0 = time.perf_counter()
     total = torch.zeros(())
     stage = getattr(optimizer, "in_compression_stage", lambda: False)()
     for i in range(gas):
@@ -66,9 +75,9 @@ for step in range(start, args.steps):
         total += loss.detach().float()
         engine.backward(loss)
         engine.step()
-    after = snapshot()
-    rec["step_bytes"].append({k: after[k] - before.get(k, 0) for k in after
-                              if after[k] != before.get(k, 0)})
+    rec["step_seconds"].append(time.perf_counter() - t0)
+    rec["step_bytes"].append(delta(snapshot(), before))
+    rec["step_sent"].append(delta(snapshot("sent_bytes"), before_sent))
     rec["compressing"].append(bool(stage))
     mean = total / gas
     dist.all_reduce(mean)  # outside the engine (not booked): the global loss, for comparison
@@ -77,6 +86,13 @@ for step in range(start, args.steps):
         engine.save_checkpoint(args.save_dir, tag="ckpt")
 
 with torch.no_grad():
+    if args.eval_batches:  # batches far past the training ones: held out
+        held = torch.zeros(())
+        for i in range(args.eval_batches):
+            tokens, targets = batches.batch_at(10 ** 6 + i, rank, world)
+            held += engine(tokens, targets).detach().float()
+        dist.all_reduce(held)
+        rec["eval_loss"] = held.item() / args.eval_batches / world
     h = hashlib.sha256()
     for t in engine.module.parameters():
         h.update(t.detach().float().cpu().numpy().tobytes())

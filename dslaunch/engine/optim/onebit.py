@@ -111,6 +111,15 @@ class OneBitOptimizer(torch.optim.Optimizer):
         self._pending_errors = None
 
     @staticmethod
+    def mask_unseen(t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One bit cannot say zero: a coordinate that never had a gradient (variance exactly 0,
+        e.g. the embedding rows of tokens absent from the data) comes back from the compressed
+        all-reduce as +-scale, and ``scale / (sqrt(0) + eps)`` throws it ~1e4 away per step.
+        Keep it at 0 there, which is what Adam does for such a coordinate (DeepSpeed asks the
+        user for an ``exp_avg_mask`` instead)."""
+        return t.masked_fill_(v == 0, 0.0)
+
+    @staticmethod
     def grad_of(p: torch.Tensor) -> torch.Tensor:
         return p.grad if p.grad is not None else torch.zeros_like(p)
 

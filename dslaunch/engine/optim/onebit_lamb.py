@@ -151,7 +151,7 @@ class OneBitLamb(OneBitOptimizer):
             for p in group["params"]:
                 state = self.state[p]
                 m, v, fresh = state["exp_avg"], state["exp_avg_sq"], state["exp_avg_sq_fresh"]
-                m.div_(state["scaling_coeff"])
+                self.mask_unseen(m.div_(state["scaling_coeff"]), v)
                 g_rec = (m - last[i] * beta1) / (1 - beta1)
                 i += 1
                 fresh.mul_(beta2).addcmul_(g_rec, g_rec, value=1 - beta2)

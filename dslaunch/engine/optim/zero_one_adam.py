@@ -121,6 +121,8 @@ class ZeroOneAdam(OneBitOptimizer):
                 m.mul_(beta1).add_(g, alpha=1 - beta1)
                 if var_step:
                     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                elif not frozen:
+                    self.mask_unseen(m, v)  # m came from a 1-bit gradient
                 if wd:
                     p.mul_(1 - lr * wd)
                 p.addcdiv_(m, self._denom(group, v, bc2), value=-lr / bc1)
@@ -156,6 +158,8 @@ class ZeroOneAdam(OneBitOptimizer):
                 moved.append((state["anchor"] - p).mul_(denom))
                 denoms.append(denom)
         self.compressed_average(moved)
+        for p, w in zip(self.all_params(), moved):
+            self.mask_unseen(w, self.state[p]["exp_avg_sq"])
         i = 0
         for gi_, group in enumerate(self.param_groups):
             lrs = max(self.lrs[gi_], 1e-30)
