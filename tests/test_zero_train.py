@@ -39,6 +39,8 @@ def _config(stage, precision="fp32", offload=False, bucket=20000, offload_param=
         c["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     if offload_param:
         c["zero_optimization"]["offload_param"] = {"device": "cpu"}
+    if stage == 3:  # every parameter partitioned (the default 1e5 would keep this whole model
+        c["zero_optimization"]["stage3_param_persistence_threshold"] = 0  # whole on each rank)
     return c
 
 
