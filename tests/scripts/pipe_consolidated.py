@@ -18,6 +18,8 @@ p.add_argument("--file", required=True)
 p.add_argument("--ranks", required=True, help="directory of the job's rank_*.json")
 p.add_argument("--tied", action="store_true")
 p.add_argument("--blocks", type=int, default=2)
+p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+               help="bf16: evaluate with the fp32 weights rounded to bf16, as the job held them")
 args = p.parse_args()
 
 from dslaunch.pipe import PipelineModule, load_consolidated  # noqa: E402
@@ -32,6 +34,10 @@ for f in sorted(Path(args.ranks).glob("rank_*.json")):
     rec = json.loads(f.read_text())
     if "eval_batches" in rec:
         batches[rec["dp_rank"]] = rec["eval_batches"]
+# fp32 masters, not the rounded bf16 weights: some value is not representable in bf16
+exact = all(torch.equal(v, v.bfloat16().float()) for v in state.values() if v.is_floating_point())
+if args.dtype == "bf16":
+    module.to(torch.bfloat16)
 module.eval()
 with torch.no_grad():
     per_dp = []
@@ -40,4 +46,5 @@ with torch.no_grad():
         per_dp.append(torch.stack(losses).mean())
     loss = torch.stack(per_dp).mean().item()
 print(json.dumps({"loss": loss, "keys": sorted(state), "dp_ranks": sorted(batches),
-                  "missing": list(result.missing_keys)}))
+                  "missing": list(result.missing_keys),
+                  "all_bf16_representable": exact}))

@@ -15,6 +15,10 @@ Everything else (optimizer, precision, LR schedule, counters, monitors) is ``DSL
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections import defaultdict
+
 import torch
 import torch.distributed as dist
 
@@ -60,8 +64,15 @@ class PipelineEngine(DSLaunchEngine):
         self.pipe_schedule = str((values.get("dslaunch") or {}).get("pipe_schedule") or "1f1b")
         self.p2p = P2P(self.device)
         self.peak_live_micro_batches = 0  # most micro-batches of activations held at once
-        # ZeRO 1 reduce-scatters at the boundary backward: tied gradients are summed before it
-        self._tied_early = self.zero_stage >= 1
+        # seconds per instruction kind, summed over train batches (bench_pipe: busy vs wall)
+        self.pipe_times: dict = defaultdict(float)
+        # bench_pipe sets it: count the bytes autograd saves per micro-batch (a hook per tensor)
+        self.measure_activations = False
+        self.peak_activation_bytes = 0
+        # ZeRO 1 reduce-scatters in the boundary after_backward, so tied gradients must be summed
+        # before it: that reduction then waits for the reduce_tied instruction (doing it inside
+        # the backward instruction would block before send_grad: a deadlock)
+        self._tied_early = self.zero_stage >= 1 and bool(model.tied_groups)
         _install_norm(self, grid.tp_rank, grid.tp_world_size, grid.dp_rank,
                       grid.num_stages * grid.tp_world_size)
 
@@ -146,9 +157,18 @@ class PipelineEngine(DSLaunchEngine):
     def _execute(self, instrs, data_iter, train: bool) -> list:
         inputs, outputs, labels, grads_in, grads_out = {}, {}, {}, {}, {}
         losses, live, n_bwd = [], 0, 0
+        act_bytes, live_bytes = {}, 0
         first, last = self.is_first_stage(), self.is_last_stage()
         scale = self.precision.scaler.loss_scale / self.micro_batches
+        times = self.pipe_times if train else defaultdict(float)
+        clock = time.perf_counter
+        t_prev = t_start = clock()
+        prev_op = None
         for ins in instrs:
+            t_now = clock()
+            if prev_op is not None:
+                times[prev_op] += t_now - t_prev
+            t_prev, prev_op = t_now, ins.op
             m, op = ins.micro, ins.op
             if op == "load":
                 batch = next(data_iter)
@@ -169,7 +189,13 @@ class PipelineEngine(DSLaunchEngine):
                         t.requires_grad_(True)
                 inputs[m] = x
             elif op == "forward":
-                out = self.module(inputs[m])
+                counting = train and self.measure_activations
+                with _count_saved(act_bytes, m, self.module) if counting else \
+                        contextlib.nullcontext():
+                    out = self.module(inputs[m])
+                if counting:
+                    live_bytes += act_bytes[m]
+                    self.peak_activation_bytes = max(self.peak_activation_bytes, live_bytes)
                 if last:
                     if not train:
                         self._eval_outputs.append(out)
@@ -202,11 +228,10 @@ class PipelineEngine(DSLaunchEngine):
                     pairs = [(t, gt) for t, gt in zip(_floats(out), g) if t.requires_grad]
                     if pairs:
                         torch.autograd.backward([t for t, _ in pairs], [gt for _, gt in pairs])
-                if boundary and self._tied_early:
-                    self.module.allreduce_tied_weight_gradients()
-                self.strategy.after_backward(boundary)
+                self.strategy.after_backward(boundary and not self._tied_early)
                 n_bwd += 1
                 live -= 1
+                live_bytes -= act_bytes.pop(m, 0)
                 x = inputs.pop(m)
                 if not first:
                     ins_grads = tuple(t.grad if t.grad is not None else torch.zeros_like(t)
@@ -216,7 +241,9 @@ class PipelineEngine(DSLaunchEngine):
                 self.p2p.send(grads_in.pop(m), self.grid.prev_rank, "grad")
             elif op == "reduce_tied":
                 if self._tied_early:
-                    continue  # done before the boundary reduction
+                    self.module.allreduce_tied_weight_gradients()
+                    self.strategy.after_backward(True)  # the deferred boundary reduction
+                    continue
                 views = getattr(self.strategy, "views", None)
                 self.module.allreduce_tied_weight_gradients(
                     grad_of=(lambda p: views.get(p)) if views is not None else None)
@@ -224,7 +251,12 @@ class PipelineEngine(DSLaunchEngine):
                 pass  # after the loss is aggregated (train_batch)
             else:
                 raise RuntimeError(f"PipelineEngine: unknown instruction {ins}")
+        t_now = clock()
+        if prev_op is not None:
+            times[prev_op] += t_now - t_prev
         self.p2p.wait_all()
+        times["wait_sends"] += clock() - t_now
+        times["total"] += clock() - t_start
         return losses
 
     def _to_device(self, x):
@@ -262,6 +294,24 @@ class PipelineEngine(DSLaunchEngine):
         self.timers.stop("step")
         self._losses = [loss.detach()]
         self._after_step(applied)
+
+
+@contextlib.contextmanager
+def _count_saved(act_bytes: dict, m: int, module):
+    """Bytes of the tensors autograd saves for backward during this forward (parameters and
+    storages already counted excluded): the activations micro-batch ``m`` stashes."""
+    seen = {p.data_ptr() for p in module.parameters()}
+    act_bytes[m] = 0
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            act_bytes[m] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
 
 
 def _detach(out):
