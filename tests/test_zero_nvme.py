@@ -210,6 +210,14 @@ def test_config_errors(work):
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "zero_optimization.offload_param.device: not supported yet" in out
     assert "offload_optimizer" not in out  # optimizer offload to NVMe is supported
+    from dslaunch.config import ConfigError, resolve_config
+
+    c = _config(1, "nvme", work)
+    c["zero_optimization"]["stage"] = 0
+    with pytest.raises(ConfigError, match="offload_optimizer.device: nvme needs zero_optimization"
+                                          ".stage 1, 2 or 3"):
+        resolve_config(c, world_size=2)
+    resolve_config(ROOT / "configs" / "zero3_nvme_offload.json", world_size=2)
 
 
 def test_peak_rss_lower_than_cpu_offload(work):

@@ -135,6 +135,9 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
         if sub["device"] == "nvme" and not sub["nvme_path"]:
             problems.append(f"zero_optimization.{section}.nvme_path: missing; device is nvme, so put "
                             f"the directory on the NVMe drive here")
+    if zero["offload_optimizer"]["device"] == "nvme" and zero["stage"] == 0:
+        problems.append("zero_optimization.offload_optimizer.device: nvme needs zero_optimization."
+                        "stage 1, 2 or 3 (stage is 0: nothing is partitioned to offload)")
     if zero["offload_param"]["device"] != "none" and isinstance(zero["stage"], int) and zero["stage"] != 3:
         problems.append(f"zero_optimization.offload_param.device: parameter offload needs "
                         f"zero_optimization.stage 3 (stage is {zero['stage']})")
