@@ -38,6 +38,8 @@ ap.add_argument("--vocab", type=int, default=256)
 ap.add_argument("--seq", type=int, default=32)
 ap.add_argument("--batch", type=int, default=8, help="global batch of the data stream")
 ap.add_argument("--bench", action="store_true")
+ap.add_argument("--warmup", type=int, default=0,
+                help="also report swap statistics counted after this many steps")
 ap.add_argument("--fail-at", type=int, default=-1, help="rank 1 raises after this many steps")
 a = ap.parse_args()
 
@@ -64,7 +66,7 @@ start = 0
 if a.load:
     engine.load_checkpoint(a.load)
     start = engine.global_steps
-losses, times, files = {}, {}, None
+losses, times, files, warm = {}, {}, None, None
 for step in range(start, a.steps):
     tot = torch.zeros(1)
     t0 = time.perf_counter()
@@ -78,11 +80,16 @@ for step in range(start, a.steps):
     dist.all_reduce(tot)
     losses[step] = tot.item() / world
     files = swap_files(engine) if files is None else files
+    if step + 1 == a.warmup and hasattr(engine.optimizer, "swap_stats"):
+        warm = engine.optimizer.swap_stats()
     if step + 1 == a.fail_at and rank == 1:
         raise RuntimeError("planned failure")
     if step + 1 == a.save_at and a.save:
         engine.save_checkpoint(a.save)
 stats = engine.optimizer.swap_stats() if hasattr(engine.optimizer, "swap_stats") else None
+if stats and warm:  # what the steps after the warm-up moved and took
+    stats["after_warmup"] = {k: v - warm[k] for k, v in stats.items()
+                             if isinstance(v, (int, float)) and k in warm}
 mine = {"rank": rank, "memory": engine.memory_breakdown(),
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "swap": stats, "swap_files": files}
