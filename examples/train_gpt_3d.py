@@ -12,6 +12,13 @@ vocabulary-split logits go straight into the vocab-parallel cross-entropy (never
 micro-batches (1F1B; ``{"dslaunch": {"pipe_schedule": "gpipe"}}`` for GPipe) and returns the
 batch loss on every rank. Every data replica reads the global batch of step ``s`` and keeps its
 own rows, so the loss curve does not depend on the layout.
+
+configs/pipe_3d_bf16_zero1.json adds bf16, gradient clipping (global norm over stages and TP
+ranks) and ZeRO stage 1 over the data-parallel group. With ``--save-dir`` the last step is saved
+(one file per stage and TP rank); ``dslaunch ckpt to-fp32 DIR model.pt`` turns that into one
+plain fp32 state_dict named like the unpartitioned PipelineModule (``N.param``), which
+``dslaunch.pipe.load_consolidated(module, "model.pt")`` loads into these layers built with
+``--tp 1`` on one stage.
 """
 
 import argparse
@@ -81,6 +88,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--partition", default="parameters", help="parameters | uniform | type:REGEX")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--save-dir", help="save a checkpoint after the last step")
     dslaunch.add_config_arguments(p)
     return p.parse_args()
 
@@ -126,6 +134,11 @@ def main():
             rate = (step + 1) * engine.train_batch_size() * cfg.seq_len / (time.perf_counter() - t0)
             print(f"[train_gpt_3d] step {step + 1} loss {loss.item():.4f} tokens/s {rate:,.0f}",
                   flush=True)
+    if args.save_dir:
+        engine.save_checkpoint(args.save_dir)
+        if dist.get_rank() == 0:
+            print(f"[train_gpt_3d] saved {args.save_dir}; consolidate with: dslaunch ckpt "
+                  f"to-fp32 {args.save_dir} model.pt", flush=True)
 
 
 if __name__ == "__main__":
