@@ -180,6 +180,40 @@ def test_swap_files_removed_when_the_job_is_stopped(work):
     assert list(root.iterdir()) == []
 
 
+_HOLDER = """
+import os, sys, signal
+from dslaunch.engine.zero.nvme_swap import make_swap_dir
+d = make_swap_dir(sys.argv[1], 0)
+open(os.path.join(d, "optimizer_states.swp"), "w").write("x")
+print(d, flush=True)
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_rank_leaves_files_the_next_job_removes(work):
+    """SIGKILL runs no cleanup: the next job using the nvme_path removes the directory, because
+    its flock died with its process; a live process's directory (lock held) is left alone."""
+    root = _swap_root(work, "killed")
+    run = lambda how: subprocess.Popen([sys.executable, "-c", _HOLDER, str(root), how],  # noqa
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       cwd=ROOT)
+    killed, live = run("kill"), run("live")
+    dead_dir = Path(killed.stdout.readline().strip()).parent
+    live_dir = Path(live.stdout.readline().strip()).parent
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL and dead_dir.is_dir() and live_dir.is_dir()
+    from dslaunch.engine.zero.nvme_swap import _remove_dir, make_swap_dir
+
+    mine = make_swap_dir(root, 3)
+    assert not dead_dir.exists() and live_dir.is_dir()
+    live.communicate("")  # the live one exits normally: atexit removes its directory
+    assert not live_dir.exists()
+    _remove_dir(mine)
+    assert list(root.iterdir()) == []
+
+
 def test_bad_nvme_path_is_a_clear_error(work):
     missing = work / "no_such_dir"
     p = _launch(work, "bad_missing", _config(2, "nvme", missing), "--steps", "1", check=False)

@@ -20,17 +20,19 @@ The fp32 master shard is not swapped (it stays on the CPU as with CPU offload; D
 too). Checkpoints are those of CPU offload: saving reads the states back into ordinary tensors
 for the shard writer; loading writes the loaded states to the file. The swap directory is removed
 at exit, on SIGTERM (when no one else handles it) and, for a rank that was SIGKILLed, by the next
-job on the same host that uses the same ``nvme_path``.
+job that uses the same ``nvme_path`` (a live job holds an flock in its directory).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import socket
+import tempfile
 import time
 import weakref
 
@@ -49,35 +51,70 @@ def _round_up(n: int) -> int:
 
 # -- the swap directory -----------------------------------------------------------------------------
 
-def _pid_alive(pid: int) -> bool:
+def _try_lock(path: str):
+    """An fd holding an exclusive flock on ``path``, or None when someone holds it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
-def _remove_stale(nvme_path: str, host: str) -> None:
-    """Swap directories this host's dead processes left behind (a SIGKILLed rank cannot clean
-    up after itself). Only this host's: another host may share the file system."""
-    prefix = f"{SWAP_PREFIX}{host}-"
+def _remove_stale(nvme_path: str) -> None:
+    """Remove swap directories whose process is gone (a SIGKILLed rank cannot clean up after
+    itself). A live process holds an flock on ``<dir>/.lock`` and the kernel drops it when the
+    process dies, however it dies; so a directory whose lock can be taken is stale, whichever host
+    or pid namespace it came from. A directory without a lock file is left alone."""
     try:
         names = os.listdir(nvme_path)
     except OSError:
         return
     for name in names:
-        if not name.startswith(prefix) or not name[len(prefix):].isdigit():
+        job_dir = os.path.join(nvme_path, name)
+        if not name.startswith(SWAP_PREFIX):
             continue
-        pid = int(name[len(prefix):])
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(os.path.join(nvme_path, name), ignore_errors=True)
+        fd = _try_lock(os.path.join(job_dir, ".lock"))
+        if fd is None:
+            continue
+        try:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+_JOB_DIRS: dict = {}  # nvme_path -> [job directory, lock fd] of this process
+
+
+def _job_dir(path: str) -> str:
+    """This process's directory under ``path``, locked for as long as the process lives. It is
+    made under a hidden name and renamed once locked, so a scan never sees it unlocked."""
+    if path in _JOB_DIRS:
+        return _JOB_DIRS[path][0]
+    tmp = tempfile.mkdtemp(prefix=".dslaunch-new-", dir=path)
+    fd = os.open(os.path.join(tmp, ".lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    host = socket.gethostname().replace("/", "_")
+    final = os.path.join(path, f"{SWAP_PREFIX}{host}-{os.getpid()}")
+    for k in range(1000):  # a name left by an earlier process with our pid is still locked
+        try:
+            os.rename(tmp, final if k == 0 else f"{final}.{k}")
+            final = final if k == 0 else f"{final}.{k}"
+            break
+        except OSError:
+            continue
+    _JOB_DIRS[path] = [final, fd]
+    return final
 
 
 def make_swap_dir(nvme_path, rank: int, key: str = KEY) -> str:
-    """Create ``nvme_path/dslaunch-<host>-<pid>/rank<rank>``; a clear error naming ``key`` when
-    nvme_path is missing, not a directory or not writable."""
+    """Create ``nvme_path/dslaunch-<host>-<pid>/rank<rank>`` (``rank<rank>.<k>`` for a second
+    optimizer of the same rank in one process); a clear error naming ``key`` when nvme_path is
+    missing, not a directory or not writable."""
     if not nvme_path:
         raise ValueError(f"{key}.nvme_path: missing; device is nvme, so put the directory on the "
                          "NVMe drive here")
@@ -90,15 +127,21 @@ def make_swap_dir(nvme_path, rank: int, key: str = KEY) -> str:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"{key}.nvme_path: {path} is not writable by this user; pick a "
                          "directory you can write to")
-    host = socket.gethostname().replace("-", "_")
-    _remove_stale(path, host)
-    job_dir = os.path.join(path, f"{SWAP_PREFIX}{host}-{os.getpid()}")
-    rank_dir = os.path.join(job_dir, f"rank{rank}")
     try:
-        os.makedirs(rank_dir, exist_ok=True)
+        _remove_stale(path)
+        job_dir = _job_dir(path)
+        for k in range(1000):
+            rank_dir = os.path.join(job_dir, f"rank{rank}" + (f".{k}" if k else ""))
+            try:
+                os.mkdir(rank_dir)
+                _register_cleanup(rank_dir)
+                return rank_dir
+            except FileExistsError:
+                continue
+        raise OSError(17, "too many swap directories for one rank")
     except OSError as exc:
-        raise ValueError(f"{key}.nvme_path: cannot create {rank_dir}: {exc.strerror}") from None
-    return rank_dir
+        raise ValueError(f"{key}.nvme_path: cannot create a swap directory in {path}: "
+                         f"{exc.strerror or exc}") from None
 
 
 _LIVE_DIRS: set = set()
@@ -113,8 +156,16 @@ def _cleanup_all() -> None:
 def _remove_dir(rank_dir: str) -> None:
     _LIVE_DIRS.discard(rank_dir)
     shutil.rmtree(rank_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):  # the per-job directory, once its last rank is gone
-        os.rmdir(os.path.dirname(rank_dir))
+    job_dir = os.path.dirname(rank_dir)
+    for path, (jd, fd) in list(_JOB_DIRS.items()):
+        if jd != job_dir:
+            continue
+        with contextlib.suppress(OSError):  # the job directory, once its last rank is gone
+            if os.listdir(jd) == [".lock"]:
+                os.unlink(os.path.join(jd, ".lock"))
+                os.rmdir(jd)
+                os.close(fd)
+                del _JOB_DIRS[path]
 
 
 def _on_sigterm(signum, frame):
@@ -187,7 +238,6 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
         self.stats = {"read_bytes": 0, "write_bytes": 0, "io_wait_seconds": 0.0,
                       "step_seconds": 0.0, "steps": 0}
         self._sg_of = {p: i for i, sg in enumerate(self.subgroups) for p in sg.params}
-        _register_cleanup(swap_dir)
         weakref.finalize(self, _remove_dir, swap_dir)
 
     # -- layout ---------------------------------------------------------------------------------
