@@ -105,6 +105,27 @@ def test_nvme_losses_match_cpu_offload(work, stage):
     assert nvme["losses"][STEPS - 1] < nvme["losses"][0]  # it trains
 
 
+def test_stage1_with_torch_sgd_lamb_adagrad(work):
+    """Optimizers the compiled CPU Adam does not replace step their CPU shards themselves; the
+    swapper learns their per-element states (momentum_buffer; exp_avg/exp_avg_sq; sum) from the
+    first step. ZeRO stage 1, both offload devices trained in one job."""
+    root = _swap_root(work, "optimizers")
+    out = work / "optimizers.out.json"
+    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", "2",
+                        str(ROOT / "tests" / "scripts" / "nvme_optimizers.py"),
+                        "--nvme-path", str(root), "--out", str(out), "--stage", "1"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    expect = {"SGD": ["momentum_buffer"], "Lamb": ["exp_avg", "exp_avg_sq"], "Adagrad": ["sum"]}
+    for name, states in expect.items():
+        assert res[name]["nvme"]["optimizer"] == res[name]["cpu"]["optimizer"] == name
+        assert sorted(res[name]["nvme"]["swapped"]) == states
+        assert res[name]["nvme"]["losses"] == res[name]["cpu"]["losses"], name
+    assert list(root.iterdir()) == []
+
+
 def test_states_live_in_swap_files_and_are_removed(work):
     nvme = _run(work, "nvme3", 3, "nvme")
     for r in nvme["ranks"]:
