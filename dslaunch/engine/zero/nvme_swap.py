@@ -16,6 +16,14 @@ system accepts it). The first step lets the optimizer create its states sub-grou
 (so even then no more than one sub-group's states exist in plain memory) and learns from them
 what to swap: every state tensor with as many elements as its parameter.
 
+CPU memory for the states is ``buffer_count`` x (the largest sub-group's states), about
+``buffer_count * sub_group_size * 8`` bytes for fp32 Adam (a sub-group holds whole shard chunks,
+so it can exceed ``sub_group_size`` by up to one chunk); buffers are page-aligned and mlock'ed
+where RLIMIT_MEMLOCK allows (``pin_memory``; CUDA-pinned when CUDA is there). With one buffer
+nothing overlaps; with two the prefetch waits for the previous write-back. DeepSpeed's
+``pipeline_read``/``pipeline_write``/``fast_init``/``ratio`` are accepted and not used: reads and
+writes always overlap the step when there are two buffers or more, and all states are swapped.
+
 The fp32 master shard is not swapped (it stays on the CPU as with CPU offload; DeepSpeed swaps it
 too). Checkpoints are those of CPU offload: saving reads the states back into ordinary tensors
 for the shard writer; loading writes the loaded states to the file. The swap directory is removed
