@@ -105,10 +105,11 @@ def test_nvme_losses_match_cpu_offload(work, stage):
     assert nvme["losses"][STEPS - 1] < nvme["losses"][0]  # it trains
 
 
-def test_stage1_with_torch_sgd_lamb_adagrad(work):
+def test_stage1_with_torch_sgd_lamb_adagrad_and_bf16_adam(work):
     """Optimizers the compiled CPU Adam does not replace step their CPU shards themselves; the
     swapper learns their per-element states (momentum_buffer; exp_avg/exp_avg_sq; sum) from the
-    first step. ZeRO stage 1, both offload devices trained in one job."""
+    first step. AdamW runs in bf16 (fp32 masters, DSCPUAdam). ZeRO stage 1, both offload devices
+    trained in one job."""
     root = _swap_root(work, "optimizers")
     out = work / "optimizers.out.json"
     p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", "2",
@@ -118,9 +119,11 @@ def test_stage1_with_torch_sgd_lamb_adagrad(work):
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads(out.read_text())
-    expect = {"SGD": ["momentum_buffer"], "Lamb": ["exp_avg", "exp_avg_sq"], "Adagrad": ["sum"]}
+    expect = {"SGD": ["momentum_buffer"], "Lamb": ["exp_avg", "exp_avg_sq"], "Adagrad": ["sum"],
+              "AdamW": ["exp_avg", "exp_avg_sq"]}
     for name, states in expect.items():
-        assert res[name]["nvme"]["optimizer"] == res[name]["cpu"]["optimizer"] == name
+        assert res[name]["nvme"]["optimizer"] == res[name]["cpu"]["optimizer"] == \
+            ("DSCPUAdam" if name == "AdamW" else name)
         assert sorted(res[name]["nvme"]["swapped"]) == states
         assert res[name]["nvme"]["losses"] == res[name]["cpu"]["losses"], name
     assert list(root.iterdir()) == []

@@ -3,7 +3,9 @@ GPT twice in this process (offload_optimizer cpu, then nvme; the same ZeRO stage
 rank 0, both loss lists and the optimizer classes as JSON.
 
     dslaunch run --nproc-per-node 2 tests/scripts/nvme_optimizers.py -- --nvme-path DIR
-        --out o.json [--stage 1] [--steps 4] [--types SGD,Lamb,Adagrad]
+        --out o.json [--stage 1] [--steps 4] [--types SGD,Lamb,Adagrad,AdamW]
+
+AdamW runs in bf16 (the compiled CPU Adam on fp32 masters), the others in fp32.
 """
 
 import argparse
@@ -21,14 +23,16 @@ import dslaunch  # noqa: E402
 from examples.gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
 
 PARAMS = {"SGD": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01},
-          "Lamb": {"lr": 3e-3, "weight_decay": 0.01}, "Adagrad": {"lr": 0.05}}
+          "Lamb": {"lr": 3e-3, "weight_decay": 0.01}, "Adagrad": {"lr": 0.05},
+          "AdamW": {"lr": 3e-3, "weight_decay": 0.1}}
+BF16 = ("AdamW",)  # trained in bf16 (fp32 masters on the CPU, the compiled CPU Adam)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--nvme-path", required=True)
 ap.add_argument("--out", required=True)
 ap.add_argument("--stage", type=int, default=1)
 ap.add_argument("--steps", type=int, default=4)
-ap.add_argument("--types", default="SGD,Lamb,Adagrad")
+ap.add_argument("--types", default="SGD,Lamb,Adagrad,AdamW")
 a = ap.parse_args()
 
 
@@ -42,6 +46,8 @@ def train(opt_type: str, device: str):
            "optimizer": {"type": opt_type, "params": PARAMS[opt_type]},
            "zero_optimization": {"stage": a.stage, "reduce_bucket_size": 8000,
                                  "sub_group_size": 3000, "offload_optimizer": off}}
+    if opt_type in BF16:
+        cfg["bf16"] = {"enabled": True}
     engine, _, _, _ = dslaunch.initialize(model=model, config=cfg)
     rank, world = dist.get_rank(), dist.get_world_size()
     batches = TextBatches(stdlib_bytes(1 << 18), seq_len=32, global_batch=8)
