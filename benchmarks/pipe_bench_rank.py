@@ -105,7 +105,7 @@ if args.runtime == "dslaunch":
     grid = get_grid(make_topology(dist.get_world_size(), pipe=args.pp, model=args.tp))
     tp_group = grid.model_group if args.tp > 1 else None
     module = PipelineModule(specs(LayerSpec, tp_group), topology=grid.topology, loss_fn=loss_fn,
-                            partition_method="parameters", seed_layers=True)
+                            partition_method="parameters")
     cfg = dict(config(), dslaunch={"pipe_schedule": args.schedule})
     engine, _, _, _ = dslaunch.initialize(model=module, config=cfg, optimizer=adam(module))
     engine.measure_activations = args.measure_activations
@@ -118,7 +118,7 @@ else:
         raise SystemExit("the DeepSpeed peer runs pipe x data layouts with its 1F1B schedule")
     deepspeed.init_distributed(dist_backend="gloo")
     module = PipelineModule(layers=specs(LayerSpec), num_stages=args.pp, loss_fn=loss_fn,
-                            partition_method="parameters", seed_layers=True)
+                            partition_method="parameters")
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=adam(module), config=config())
     dp_world = dist.get_world_size() // args.pp
     stage = engine.stage_id
@@ -149,7 +149,7 @@ for step in range(args.warmup + args.steps):
 rec = {"runtime": args.runtime, "rank": rank, "stage": stage, "dp_rank": dp_rank,
        "times": times[args.warmup:], "losses": losses,
        "tokens_per_step": args.micro * args.gas * dp_world * CFG.seq_len,
-       "params": sum(p.numel() for p in module.parameters()), "parts": list(module.parts)}
+       "params": sum(p.numel() for p in module.parameters()), "parts": [int(x) for x in module.parts]}
 if args.runtime == "dslaunch":
     rec["pipe_times"] = dict(engine.pipe_times)
     rec["peak_live_micro_batches"] = engine.peak_live_micro_batches
