@@ -58,3 +58,47 @@ def breakdown(params, grads, optimizer_tensors) -> dict:
             total[dev] += n
     result["total"] = dict(total)
     return result
+
+
+# -- the C allocator -------------------------------------------------------------------------------
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
+MALLOC_ENV = "DSLAUNCH_MALLOC_TUNE"
+_tuned = None
+
+
+def limit_allocator_retention(threshold: int = 128 << 10) -> bool:
+    """Make glibc give large freed blocks back to the OS (once per process; glibc only).
+
+    Tensors of ``threshold`` bytes or more (default 128 KiB, glibc's starting value, now fixed)
+    are then always mmap'd and unmapped when freed, and free heap memory above ``threshold`` is
+    trimmed. By default glibc raises its mmap threshold
+    each time such a block is freed (up to 32 MiB), after which buffers of that size come from the
+    heap and stay in the process when freed: a ZeRO rank, which frees whole parameters, gradients
+    and gathered units as it goes, then kept 100-200 MB it no longer used (measured: peak RSS of a
+    12.9M-parameter GPT at stage 3 on 2 ranks, 576 MB untuned vs 489 MB with these settings, stage 0
+    588 -> 572; with a 1 MiB threshold 503). Set DSLAUNCH_MALLOC_TUNE=0 to leave the allocator alone (or pick a threshold in
+    bytes with DSLAUNCH_MALLOC_TUNE=N); MALLOC_MMAP_THRESHOLD_ set by the user also wins.
+    """
+    global _tuned
+    if _tuned is not None:
+        return _tuned
+    import os
+    import sys
+
+    _tuned = False
+    setting = os.environ.get(MALLOC_ENV, "1").strip()
+    if setting in ("0", "false", "no", "off") or not sys.platform.startswith("linux") or \
+            "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    if setting.isdigit() and int(setting) > 1:
+        threshold = int(setting)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        _tuned = bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)) and
+                      libc.mallopt(_M_TRIM_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        _tuned = False
+    return _tuned

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..memory import breakdown, optimizer_state_tensors
+from ..memory import breakdown, limit_allocator_retention, optimizer_state_tensors
 
 
 class OptimizerStrategy:
@@ -29,6 +29,8 @@ class OptimizerStrategy:
         self.comm = comm
         self.precision = precision
         self._grad_norm = None
+        # what a strategy frees must leave the process, or peak RSS never falls with the stage
+        limit_allocator_retention()
 
     # -- per micro-step ------------------------------------------------------------------------
     def prepare_backward(self, is_boundary: bool) -> None:

@@ -12,9 +12,9 @@ optimizer param group, see ``partition.py``) but owns one chunk of every bucket:
   the parameters) and are reduce-scattered at the accumulation boundary, one collective per bucket;
 - stage 2: every micro-step, gradients are copied bucket by bucket into a reused staging buffer
   (and freed), reduce-scattered, and this rank's chunk is added to its gradient shard: the only
-  gradient memory that lasts is the shard, and accumulation over micro-steps is exact. By default
-  this runs right after backward; with ``overlap_comm`` a post-accumulate hook per parameter stages
-  gradients as they appear and launches a full bucket's reduce-scatter asynchronously (waited at
+  gradient memory that lasts is the shard, and accumulation over micro-steps is exact. A
+  post-accumulate hook per parameter stages gradients as they appear; a full bucket is
+  reduce-scattered right there (synchronously), or with ``overlap_comm`` asynchronously (waited at
   the end of backward: waiting inside autograd hooks made gloo abort at exit now and then);
 - stage 3 (``stage3.py``) builds on the stage-2 path and frees the flat parameter storage at rest;
 - buckets hold at most ``reduce_bucket_size`` elements, capped at ``COMM_BUCKET_CAP`` (see there).
@@ -139,10 +139,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
             self._open = {}  # (group idx, bucket idx) -> staging buffer
             self._pending = {}
             self._reset_pending()
-            # Hooks only when overlapping: without overlap the buckets are reduced right after
-            # backward (same arithmetic; gradients then live whole until backward ends). Hooks
-            # that reduce from inside backward made gloo processes abort at exit now and then.
-            for gi, g in enumerate(self.groups if self.opts.overlap_comm and stage == 2 else []):
+            # A bucket is reduced as soon as its gradients exist (synchronously from the hook
+            # without overlap_comm), so whole gradients never exist for the whole model: that is
+            # stage 2's memory saving during backward, not only after it. (Hooks that *wait on
+            # async* gloo work made ranks abort at exit now and then; overlap keeps its waits in
+            # after_backward, and the bootstrap no longer runs gloo's teardown at exit.)
+            for gi, g in enumerate(self.groups if stage == 2 else []):
                 for name, p in g.params.items():
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         self._make_hook(gi, name)))
@@ -177,10 +179,17 @@ class ZeroStage12Strategy(OptimizerStrategy):
         self._next = 0
 
     def _staging(self, numel):
-        for i, buf in enumerate(self._staging_pool):
-            if buf.numel() >= numel:
-                return self._staging_pool.pop(i)[:numel]
+        """A reusable buffer of ``numel`` elements: a view of the smallest pooled buffer that is
+        big enough (the pool holds whole buffers: pooling the views instead let it grow by a
+        buffer every step, seen as RSS creeping up)."""
+        fits = [i for i, buf in enumerate(self._staging_pool) if buf.numel() >= numel]
+        if fits:
+            i = min(fits, key=lambda j: self._staging_pool[j].numel())
+            return self._staging_pool.pop(i)[:numel]
         return torch.empty(numel, dtype=self.dtype, device=self.device)
+
+    def _unstage(self, staging):
+        self._staging_pool.append(staging if staging._base is None else staging._base)
 
     def _make_hook(self, gi, name):
         ref = weakref.ref(self)
@@ -241,14 +250,11 @@ class ZeroStage12Strategy(OptimizerStrategy):
         off = g.layout.shard_offsets()[bi]
         dst = g.grad_shard[off: off + out.numel()]
         dst.add_(out.to(dst.dtype), alpha=1.0 / self.world)
-        self._staging_pool.append(staging)
+        self._unstage(staging)
 
     # -- the engine's seam ---------------------------------------------------------------------
     def after_backward(self, is_boundary: bool = True):
         if self.stage >= 2:
-            if not self._hooks:
-                self._reduce_after_backward()
-                return
             for key in self._order[self._next:]:  # buckets whose parameters went unused
                 if key not in self._open:
                     self._stage_empty(key)
@@ -283,18 +289,6 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 for out in outs:
                     out.mul_(1.0 / self.world)
             self._stage1_grad_chunks.append(outs)
-
-    def _reduce_after_backward(self):
-        """Stage 2 without overlap: one bucket at a time, gradients freed as they are staged."""
-        for gi, g in enumerate(self.groups):
-            for bi, b in enumerate(g.layout.buckets):
-                for s in b.slots:
-                    p = g.params[s.name]
-                    if p.grad is not None:
-                        self._stage_grad((gi, bi), s.name, p.grad)
-                        p.grad = None
-                if (gi, bi) in self._open:
-                    self._launch((gi, bi))
 
     # DeepSpeed-era name for the same call
     on_backward_done = after_backward
