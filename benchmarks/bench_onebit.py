@@ -7,7 +7,8 @@ collective) and ``sent_bytes`` (what this rank sends to the others: ring all-red
 ``2(N-1)/N`` x payload, all_gather ``(N-1)`` x input, all_to_all ``(N-1)/N`` x input; the
 definition is ``dslaunch/engine/comm.sent_bytes``, the same for the baseline and the compressed
 path). The warmup (``freeze_step`` / ``var_freeze_step``) is ``--warmup-frac`` of the steps (15%,
-DeepSpeed's figure). Reported per optimizer: the loss curve, the final loss (mean of the last 10%
+DeepSpeed's figure); ``--schedule decay`` (default) puts every optimizer under the same
+WarmupDecayLR. Reported per optimizer: the loss curve, the final loss (mean of the last 10%
 of the steps, and on held-out batches), sent bytes per rank per step in the warmup and in the
 compression stage, their ratio to an fp32 all-reduce of the same gradients (the Adam run's
 measured bytes) and to a bf16 one (half of it), the end-to-end ratio; payload ratios beside.
@@ -67,9 +68,20 @@ def model_args(args) -> list:
     return ["--layers", str(args.layers), "--d-model", str(args.d_model), "--seq", str(args.seq)]
 
 
-def write_config(workdir: Path, name: str, opt: dict, micro_batch: int) -> Path:
+def schedule(steps: int, lr: float) -> dict:
+    """WarmupDecayLR: linear lr warmup over the first 10% of the steps, linear decay to 0 (the
+    shape of the BERT recipes the 1-bit papers used; the same for every optimizer)."""
+    return {"type": "WarmupDecayLR", "params": {
+        "total_num_steps": steps, "warmup_num_steps": max(1, steps // 10), "warmup_min_lr": 0.0,
+        "warmup_max_lr": lr, "warmup_type": "linear"}}
+
+
+def write_config(workdir: Path, name: str, opt: dict, micro_batch: int, steps: int = 0,
+                 decay: bool = False) -> Path:
     cfg = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
            "steps_per_print": 10 ** 9, "optimizer": opt}
+    if decay:
+        cfg["scheduler"] = schedule(steps, opt["params"]["lr"])
     path = workdir / f"{name}.json"
     path.write_text(json.dumps(cfg))
     return path
@@ -79,7 +91,8 @@ def run(name, opt, args, workdir: Path) -> list:
     out = workdir / name
     cmd = [*CLI, "run", "--nproc-per-node", str(args.nproc), str(SCRIPT), "--out", str(out),
            "--steps", str(args.steps), "--eval-batches", "8", *model_args(args),
-           "--deepspeed_config", str(write_config(workdir, name, opt, args.micro_batch))]
+           "--deepspeed_config", str(write_config(workdir, name, opt, args.micro_batch,
+                                                   args.steps, args.schedule == "decay"))]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -133,6 +146,7 @@ def convergence(args, result: dict) -> None:
         raise SystemExit("--only must include Adam (its measured bytes are the fp32 baseline)")
     result.update({"steps": args.steps, "warmup": warmup, "nproc": args.nproc,
                    "micro_batch": args.micro_batch, "lr": args.lr, "lamb_lr": args.lamb_lr,
+                   "schedule": args.schedule,
                    "model": {"layers": args.layers, "d_model": args.d_model, "seq": args.seq}})
     with tempfile.TemporaryDirectory() as tmp:
         recs = {name: run(name, opt, args, Path(tmp)) for name, opt in configs.items()}
@@ -275,6 +289,8 @@ def main(argv=None):
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--schedule", choices=("constant", "decay"), default="decay",
+                   help="lr: constant, or WarmupDecayLR (10%% warmup, linear decay to 0)")
     p.add_argument("--only", default="Adam,OneBitAdam,ZeroOneAdam,Lamb,OneBitLamb",
                    help="comma list of optimizers for part 1 (empty: skip part 1)")
     p.add_argument("--slow-link", default="", help="tbf rate, e.g. 300mbit (empty: skip part 2)")

@@ -44,8 +44,12 @@ engine, optimizer, _, _ = dslaunch.initialize(args=args, model=model,
                                               model_parameters=model.parameters())
 rank, world = engine.global_rank, engine.world_size
 mb, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
-batches = TextBatches(stdlib_bytes(1 << 20), seq_len=args.seq,
-                      global_batch=engine.train_batch_size(), seed=args.seed)
+text = stdlib_bytes(1 << 20)
+batches = TextBatches(text, seq_len=args.seq, global_batch=engine.train_batch_size(),
+                      seed=args.seed)
+# embedding rows of bytes absent from the whole text: never a gradient, must never move
+absent = sorted(set(range(256)) - set(torch.unique(text).tolist()))
+absent_rows0 = engine.module.tok_emb.weight.detach()[absent].float().clone()
 
 start = 0
 if args.load_dir:
@@ -97,6 +101,9 @@ with torch.no_grad():
     for t in engine.module.parameters():
         h.update(t.detach().float().cpu().numpy().tobytes())
 rec["param_sha"] = h.hexdigest()
+rec["absent_rows"] = len(absent)
+rec["absent_rows_moved"] = (engine.module.tok_emb.weight.detach()[absent].float()
+                            - absent_rows0).abs().max().item() if absent else 0.0
 rec["comm_stats"] = engine.comm_stats()
 rec["memory"] = engine.memory_breakdown()
 os.makedirs(args.out, exist_ok=True)

@@ -21,6 +21,8 @@ provided and are refused, as is ``cuda_aware: true`` (it only means something fo
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..compressed import CompressedAllReduce
@@ -118,6 +120,23 @@ class OneBitOptimizer(torch.optim.Optimizer):
         Keep it at 0 there, which is what Adam does for such a coordinate (DeepSpeed asks the
         user for an ``exp_avg_mask`` instead)."""
         return t.masked_fill_(v == 0, 0.0)
+
+    @staticmethod
+    def adam_bound(beta1: float, beta2: float) -> float:
+        """The largest per-coordinate step exact Adam can take, in units of lr:
+        (1 - beta1) / sqrt(1 - beta2) (3.16 for 0.9 / 0.999)."""
+        return (1 - beta1) / math.sqrt(1 - beta2)
+
+    @staticmethod
+    def clamp_to_adam(m: torch.Tensor, denom: torch.Tensor, bound: float) -> torch.Tensor:
+        """Clamp a decompressed momentum so that ``|m / denom| <= bound``. One scale per block
+        gives every coordinate of the block the block's magnitude; a coordinate with a small
+        (frozen) variance, e.g. the embedding row of a rare token, then steps by
+        ``block_rms / sqrt(v)``, hundreds of times what Adam could, and the run diverges (seen:
+        NaN after 15 compressed steps). Error feedback still corrects the direction over time;
+        this only keeps each step within what exact Adam could do."""
+        lim = denom * bound
+        return torch.maximum(torch.minimum(m, lim), -lim, out=m)
 
     @staticmethod
     def grad_of(p: torch.Tensor) -> torch.Tensor:

@@ -92,8 +92,16 @@ class OneBitAdam(OneBitOptimizer):
             # the momentum itself is compressed, as in the paper and DeepSpeed (compressing
             # m / denom instead, tried here before, ended 18% above Adam after 400 steps)
             self.compressed_average(momenta)
-            for p, m in zip(self.all_params(), momenta):
-                self.mask_unseen(m, self.state[p]["exp_avg_sq"])
+            i = 0
+            for group in self.param_groups:
+                beta1, beta2 = group["betas"]
+                bc1 = 1 - beta1 ** t if group["bias_correction"] else 1.0
+                bound = self.adam_bound(beta1, beta2) * bc1  # m / bc1 / denom <= bound
+                for p in group["params"]:
+                    m = momenta[i]
+                    self.clamp_to_adam(self.mask_unseen(m, self.state[p]["exp_avg_sq"]),
+                                       denoms[i], bound)
+                    i += 1
         i = 0
         for group in self.param_groups:
             beta1 = group["betas"][0]

@@ -151,11 +151,12 @@ class OneBitLamb(OneBitOptimizer):
             for p in group["params"]:
                 state = self.state[p]
                 m, v, fresh = state["exp_avg"], state["exp_avg_sq"], state["exp_avg_sq_fresh"]
-                self.mask_unseen(m.div_(state["scaling_coeff"]), v)
+                denom = self._denom(v, bc2, eps)
+                self.clamp_to_adam(self.mask_unseen(m.div_(state["scaling_coeff"]), v), denom,
+                                   self.adam_bound(beta1, beta2) * bc1)
                 g_rec = (m - last[i] * beta1) / (1 - beta1)
                 i += 1
                 fresh.mul_(beta2).addcmul_(g_rec, g_rec, value=1 - beta2)
-                denom = self._denom(v, bc2, eps)
                 prelim = (m / bc1) / denom
                 update = prelim + p * wd if wd else prelim
                 factor = (denom / self._denom(fresh, bc2_now, eps)).max().item()

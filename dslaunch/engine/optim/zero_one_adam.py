@@ -121,11 +121,13 @@ class ZeroOneAdam(OneBitOptimizer):
                 m.mul_(beta1).add_(g, alpha=1 - beta1)
                 if var_step:
                     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                elif not frozen:
-                    self.mask_unseen(m, v)  # m came from a 1-bit gradient
+                denom = self._denom(group, v, bc2)
+                if not var_step and not frozen:  # m came from a 1-bit gradient
+                    self.clamp_to_adam(self.mask_unseen(m, v), denom,
+                                       self.adam_bound(beta1, beta2) * bc1)
                 if wd:
                     p.mul_(1 - lr * wd)
-                p.addcdiv_(m, self._denom(group, v, bc2), value=-lr / bc1)
+                p.addcdiv_(m, denom, value=-lr / bc1)
             if frozen:
                 self.lrs[gi_] += lr
 
@@ -158,8 +160,14 @@ class ZeroOneAdam(OneBitOptimizer):
                 moved.append((state["anchor"] - p).mul_(denom))
                 denoms.append(denom)
         self.compressed_average(moved)
-        for p, w in zip(self.all_params(), moved):
-            self.mask_unseen(w, self.state[p]["exp_avg_sq"])
+        i = 0
+        for gi_, group in enumerate(self.param_groups):
+            # each local step moved a coordinate by at most lr * bound: so may their average
+            bound = self.adam_bound(*group["betas"]) * self.lrs[gi_]
+            for p in group["params"]:
+                self.clamp_to_adam(self.mask_unseen(moved[i], self.state[p]["exp_avg_sq"]),
+                                   denoms[i], bound)
+                i += 1
         i = 0
         for gi_, group in enumerate(self.param_groups):
             lrs = max(self.lrs[gi_], 1e-30)
