@@ -223,9 +223,10 @@ def test_a_killed_rank_leaves_files_the_next_job_removes(work):
     run = lambda how: subprocess.Popen([sys.executable, "-c", _HOLDER, str(root), how],  # noqa
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                        cwd=ROOT)
-    killed, live = run("kill"), run("live")
-    dead_dir = Path(killed.stdout.readline().strip()).parent
+    live = run("live")  # first: its start-up scan must not see the killed one's directory
     live_dir = Path(live.stdout.readline().strip()).parent
+    killed = run("kill")
+    dead_dir = Path(killed.stdout.readline().strip()).parent
     killed.wait()
     assert killed.returncode == -signal.SIGKILL and dead_dir.is_dir() and live_dir.is_dir()
     from dslaunch.engine.zero.nvme_swap import _remove_dir, make_swap_dir
