@@ -229,6 +229,19 @@ class Init(contextlib.ContextDecorator):
         return False
 
 
+def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:
+    """Stage 3 gathers a module's own parameters around its forward; a forward that also reads
+    ``parameter`` (owned by another module) must say so here, before ``dslaunch.initialize``."""
+    ext = module.__dict__.setdefault("_dsl_external_params", [])
+    if all(p is not parameter for p in ext):
+        ext.append(parameter)
+
+
+def unregister_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:
+    ext = module.__dict__.get("_dsl_external_params", [])
+    module.__dict__["_dsl_external_params"] = [p for p in ext if p is not parameter]
+
+
 def _as_list(params):
     if isinstance(params, torch.Tensor):
         return [params]

@@ -58,6 +58,8 @@ RUNS = {  # name: (ranks, config, extra script args)
     "init": (2, _config(3, **TIGHT), ("--init",)),
     "modify": (2, _config(3, **TIGHT), ("--modify", "4")),
     "init_modify": (2, _config(3, **TIGHT), ("--init", "--modify", "4")),
+    "ext0": (2, _config(0), ("--external",)),
+    "ext3": (2, _config(3, **TIGHT), ("--external",)),
 }
 
 
@@ -159,6 +161,15 @@ def test_gathered_parameters_modification_survives_a_step(work, name):
     ref = run(work, "tight")["losses"]
     assert _max_rel(ref, res["losses"], steps=range(4)) <= 1e-5  # identical before the change
     assert res["losses"][5] != ref[5]  # and the change took effect
+
+
+def test_external_parameter_is_gathered_with_the_module_that_uses_it(work):
+    """The head reads the token embedding's weight (tied) without owning it: registered with
+    zero.register_external_parameter, stage 3 gathers it for the head too and trains like stage 0
+    (the tied weight's gradient sums both uses before it is reduce-scattered)."""
+    r, got = run(work, "ext0")["losses"], run(work, "ext3")["losses"]
+    assert r[STEPS - 1] < r[0] - 0.5
+    assert _max_rel(r, got) <= 1e-5
 
 
 # -- peak RSS ------------------------------------------------------------------------------------

@@ -40,6 +40,9 @@ ap.add_argument("--bench-model", action="store_true", help="examples/gpt.py benc
 ap.add_argument("--seq", type=int, default=32)
 ap.add_argument("--save", default=None)
 ap.add_argument("--load", default=None)
+ap.add_argument("--external", action="store_true",
+                help="tie the output head to the token embedding through a module that does not "
+                     "own it (registered with zero.register_external_parameter)")
 a, _ = ap.parse_known_args()
 
 torch.manual_seed(0)
@@ -59,6 +62,17 @@ if a.init:
         "numel": sum(p.numel() for p in model.parameters())}
 else:
     model = GPT(cfg)
+if a.external:
+    class TiedHead(torch.nn.Module):
+        def __init__(self, emb):
+            super().__init__()
+            self.emb = [emb]  # a plain list: the embedding stays the other module's
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.emb[0].weight)
+
+    model.head = TiedHead(model.tok_emb)
+    dslaunch.zero.register_external_parameter(model.head, model.tok_emb.weight)
 numel = sum(p.numel() for p in model.parameters())
 engine, _, _, _ = dslaunch.initialize(model=model)
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -6,7 +6,9 @@ gathered just before that module runs (forward or backward) and released after. 
 one bucket per optimizer param group (more if it holds more than the bucket cap), so gathering a
 unit is one ``all_gather_into_tensor`` per bucket and its gradients one ``reduce_scatter_tensor``.
 A parameter registered under two modules (tied weights) belongs to the first one in
-``named_modules()`` order, but both modules fetch its bucket.
+``named_modules()`` order, but both modules fetch its bucket. A module that uses another module's
+parameter in its forward names it with ``dslaunch.zero.register_external_parameter(module, p)``
+(DeepSpeed's call): it is then fetched with that module too.
 
 Parameters smaller than ``stage3_param_persistence_threshold`` elements are *persistent*: packed
 into buckets of their own that stay gathered on every rank (they are still partitioned for the
@@ -73,7 +75,9 @@ def plan_units(model, named_groups, world: int, cap: int, persistence_threshold:
     owned = []  # (module, [[(name, p)] per group]) for the parameters it owns first
     persist = [[] for _ in named_groups]
     for _, m in model.named_modules():
-        ps = [p for p in m.parameters(recurse=False) if id(p) in where]
+        extra = [p for p in getattr(m, "_dsl_external_params", ()) if p is not None]
+        ps = [p for p in list(m.parameters(recurse=False)) + extra if id(p) in where]
+        ps = list({id(p): p for p in ps}.values())
         if not ps:
             continue
         direct[m] = ps
