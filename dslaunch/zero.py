@@ -17,6 +17,9 @@ launcher); under other stages it builds the model normally. While the context is
 Parameters built this way must not be read outside a gathered context before
 ``dslaunch.initialize`` (stage 3), which regroups them unit by unit without materialising the model.
 
+A forward that reads a parameter owned by another module (a tied head, say) declares it with
+``register_external_parameter(module, param)`` so stage 3 gathers it around that module too.
+
 ``GatheredParameters(params, modifier_rank=None)`` (collective: every rank enters it) makes
 partitioned parameters whole inside the block: a stage-3 strategy's buckets, or zero.Init's
 per-parameter shards. With ``modifier_rank=r`` the values rank r holds when the block ends are
