@@ -149,7 +149,8 @@ for step in range(args.warmup + args.steps):
 rec = {"runtime": args.runtime, "rank": rank, "stage": stage, "dp_rank": dp_rank,
        "times": times[args.warmup:], "losses": losses,
        "tokens_per_step": args.micro * args.gas * dp_world * CFG.seq_len,
-       "params": sum(p.numel() for p in module.parameters()), "parts": [int(x) for x in module.parts]}
+       "params": sum(p.numel() for p in module.parameters()),
+       "parts": [int(x) for x in module.parts]}  # DeepSpeed's may be numpy ints
 if args.runtime == "dslaunch":
     rec["pipe_times"] = dict(engine.pipe_times)
     rec["peak_live_micro_batches"] = engine.peak_live_micro_batches
