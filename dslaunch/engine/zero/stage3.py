@@ -18,7 +18,8 @@ parameters a module owns directly, ``stage3_units.py``):
 
 Collectives are issued in the same order on every rank: forward in module order, backward in
 autograd's (deterministic) order, leftovers in bucket order at the end of backward. Prefetches are
-``async_op=True`` all-gathers, all waited before the pass that issued them ends.
+``async_op=True`` all-gathers, all waited by the end of the backward that follows (or the
+next forward).
 
 Models built under ``dslaunch.zero.Init`` arrive partitioned per parameter; the constructor
 regroups them unit by unit (one bucket whole at a time), never the whole model. Checkpoints are
