@@ -72,7 +72,9 @@ def run(work, name):
         p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", str(nproc), "--config",
                             str(cfg), str(SCRIPT), "--steps", str(STEPS), "--out", str(out), *args],
                            capture_output=True, text=True, timeout=240, cwd=ROOT,
-                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+                           env=dict(os.environ, OMP_NUM_THREADS="1",
+                                    # the RSS runs return freed memory to the OS (see memory.py)
+                                    DSLAUNCH_MALLOC_TUNE="1" if name.startswith("rss") else "0"))
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         res = json.loads(out.read_text())
         res["losses"] = {int(k): v for k, v in res["losses"].items()}

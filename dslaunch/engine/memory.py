@@ -77,8 +77,11 @@ def limit_allocator_retention(threshold: int = 128 << 10) -> bool:
     heap and stay in the process when freed: a ZeRO rank, which frees whole parameters, gradients
     and gathered units as it goes, then kept 100-200 MB it no longer used (measured: peak RSS of a
     12.9M-parameter GPT at stage 3 on 2 ranks, 576 MB untuned vs 489 MB with these settings, stage 0
-    588 -> 572; with a 1 MiB threshold 503). Set DSLAUNCH_MALLOC_TUNE=0 to leave the allocator alone (or pick a threshold in
-    bytes with DSLAUNCH_MALLOC_TUNE=N); MALLOC_MMAP_THRESHOLD_ set by the user also wins.
+    588 -> 572; with a 1 MiB threshold 503). It is OFF by default: every large tensor then costs
+    fresh page faults, and the 27.4M bench GPT at stage 2 on 2 ranks ran 416 tokens/s tuned vs 559
+    untuned (peak RSS 759 vs 942 MB; DeepSpeed's 1066). Set DSLAUNCH_MALLOC_TUNE=1 to trade that
+    speed for memory (or pick a threshold in bytes with DSLAUNCH_MALLOC_TUNE=N);
+    MALLOC_MMAP_THRESHOLD_ set by the user also wins.
     """
     global _tuned
     if _tuned is not None:
@@ -87,7 +90,7 @@ def limit_allocator_retention(threshold: int = 128 << 10) -> bool:
     import sys
 
     _tuned = False
-    setting = os.environ.get(MALLOC_ENV, "1").strip()
+    setting = os.environ.get(MALLOC_ENV, "0").strip()
     if setting in ("0", "false", "no", "off") or not sys.platform.startswith("linux") or \
             "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
