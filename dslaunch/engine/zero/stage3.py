@@ -231,18 +231,7 @@ class Stage3Strategy(ZeroStage12Strategy):
                          for bi, b in enumerate(g.layout.buckets)}
 
     # -- gradient reduction, one bucket at a time ---------------------------------------------
-    def _staging(self, numel):
-        """A reusable buffer of ``numel`` elements: a view of the smallest pooled buffer that is
-        big enough (the pool holds whole buffers: pooling the views instead let it grow by a
-        buffer every step, seen as RSS creeping up)."""
-        fits = [i for i, buf in enumerate(self._staging_pool) if buf.numel() >= numel]
-        if fits:
-            i = min(fits, key=lambda j: self._staging_pool[j].numel())
-            return self._staging_pool.pop(i)[:numel]
-        return torch.empty(numel, dtype=self.dtype, device=self.device)
-
-    def _unstage(self, staging):
-        self._staging_pool.append(staging if staging._base is None else staging._base)
+    # _staging / _unstage: the stage-2 pool (stage12.py)
 
     def _reduce(self, key):
         self._pending[key] = -1  # reduced for this backward
