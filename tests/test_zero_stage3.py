@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "zero3_train.py"
@@ -194,3 +195,36 @@ def test_peak_rss_falls_with_the_stage(work):
     mb = psi / 2**20
     assert rss["rss2"] < rss["rss0"] - 0.4 * (16 - 10) * mb, rss
     assert rss["rss3"] < rss["rss0"] - 0.4 * (16 - 8) * mb, rss
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_save_16bit_model(tmp_path, gather):
+    """engine.save_16bit_model under stage 3, bf16: with stage3_gather_16bit_weights_on_model_save
+    rank 0 writes the whole model in bf16, equal to the consolidated fp32 masters rounded to bf16
+    (the model's weights are exactly that after a step); without it nothing is written (False),
+    as DeepSpeed does."""
+    cfg = _config(3, "bf16", **TIGHT, stage3_gather_16bit_weights_on_model_save=gather)
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    out, ck, m16 = tmp_path / "o.json", tmp_path / "ck", tmp_path / "m16"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", "2", "--config",
+                        str(tmp_path / "c.json"), str(SCRIPT), "--steps", "3", "--out", str(out),
+                        "--save", str(ck), "--save16", str(m16)],
+                       capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    if not gather:
+        assert res["saved16"] is False and not (m16 / "pytorch_model.bin").exists()
+        assert "stage3_gather_16bit_weights_on_model_save" in p.stdout + p.stderr
+        return
+    assert res["saved16"] is True
+    fp32 = tmp_path / "fp32.pt"
+    c = subprocess.run([str(DSLAUNCH), "ckpt", "to-fp32", str(ck), str(fp32)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert c.returncode == 0, c.stdout + c.stderr
+    got = torch.load(m16 / "pytorch_model.bin", weights_only=True)
+    ref = torch.load(fp32, weights_only=True)
+    assert set(got) == set(ref)
+    for k, v in ref.items():
+        assert got[k].dtype == torch.bfloat16, k
+        assert torch.equal(got[k], v.to(torch.bfloat16)), k

@@ -286,3 +286,30 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
     engine.skipped_steps = int(states.get("skipped_steps", 0))
     engine.strategy.zero_grad()
     return path, states.get("client_state", {})
+
+
+def save_16bit_model(engine, save_dir: str, save_filename: str = "pytorch_model.bin",
+                     exclude_frozen_parameters: bool = False) -> bool:
+    """DeepSpeed's ``save_16bit_model``: rank 0 writes the whole model's weights in the training
+    dtype (bf16/fp16; fp32 when training in fp32) as one plain ``state_dict`` file. Every rank must
+    call it: under ZeRO stage 3 the weights are gathered bucket by bucket, and only when
+    ``stage3_gather_16bit_weights_on_model_save`` is true (as in DeepSpeed; otherwise nothing is
+    written, a note says why, and the result is False)."""
+    strategy = engine.strategy
+    if strategy.stage == 3 and not strategy.opts.gather_16bit_weights_on_model_save:
+        if engine.global_rank == 0:
+            print("[dslaunch] save_16bit_model: nothing saved: under ZeRO stage 3 set "
+                  "zero_optimization.stage3_gather_16bit_weights_on_model_save to true (or "
+                  "consolidate a checkpoint with `dslaunch ckpt to-fp32`)", file=sys.stderr,
+                  flush=True)
+        return False
+    state = strategy.module_state_dict()  # every rank takes part (stage 3 gathers)
+    if engine.global_rank == 0:
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        os.makedirs(save_dir, exist_ok=True)
+        _atomic_torch_save({k: v.detach().cpu().clone() for k, v in state.items()},
+                           os.path.join(save_dir, save_filename))
+    engine.comm.barrier()
+    return True

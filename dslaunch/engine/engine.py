@@ -208,6 +208,13 @@ class DSLaunchEngine(torch.nn.Module):
         return ckpt.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
                                     save_latest=save_latest)
 
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters=False):
+        return ckpt.save_16bit_model(self, save_dir, save_filename=save_filename,
+                                     exclude_frozen_parameters=exclude_frozen_parameters)
+
+    save_fp16_model = save_16bit_model  # DeepSpeed's older name
+
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):

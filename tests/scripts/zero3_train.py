@@ -40,6 +40,7 @@ ap.add_argument("--bench-model", action="store_true", help="examples/gpt.py benc
 ap.add_argument("--seq", type=int, default=32)
 ap.add_argument("--save", default=None)
 ap.add_argument("--load", default=None)
+ap.add_argument("--save16", default=None, help="engine.save_16bit_model(DIR) at the end")
 ap.add_argument("--external", action="store_true",
                 help="tie the output head to the token embedding through a module that does not "
                      "own it (registered with zero.register_external_parameter)")
@@ -117,6 +118,7 @@ for step in range(start, a.steps):
             modified["other_rows"] = model.head.weight[1:].float().abs().max().item()
 if a.save:
     engine.save_checkpoint(a.save)
+saved16 = engine.save_16bit_model(a.save16) if a.save16 else None
 rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
 rss_all = [torch.zeros(1) for _ in range(world)]
 dist.all_gather(rss_all, rss)
@@ -125,6 +127,7 @@ if rank == 0:
         "losses": losses, "numel": numel, "world": world, "memory": engine.memory_breakdown(),
         "max_whole_numel": max_whole[0], "init": init_info, "modified": modified,
         "max_live": getattr(getattr(engine.strategy, "store", None), "max_live", None),
-        "comm": engine.comm_stats(), "peak_rss_mb": [float(t) for t in rss_all]}))
+        "comm": engine.comm_stats(), "peak_rss_mb": [float(t) for t in rss_all],
+        "saved16": saved16}))
 dist.barrier()
 dist.destroy_process_group()
