@@ -93,16 +93,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         self._hooks = []
         self._stage1_grad_chunks = None
 
-        named = named_groups(model, optimizer)
-        first = next((p for g in named for _, p in g), None)
-        if first is None:
-            raise ValueError("the optimizer has no trainable parameters")
-        # the engine hands us an fp32 model: the masters are taken before the model is cast
-        self.dtype = precision.dtype if precision is not None else first.dtype
-        self.device = first.device
-        self.mixed = self.dtype != torch.float32
-        self.opt_device = torch.device("cpu") if self.opts.offload_optimizer else self.device
-        self.need_master = self.mixed or self.opts.offload_optimizer
+        named = self._trainable_groups(model, optimizer, precision)
 
         broadcast_model(model, comm)  # every rank starts from rank 0's weights
         bucket = min(self.opts.reduce_bucket_size, COMM_BUCKET_CAP)
@@ -177,6 +168,21 @@ class ZeroStage12Strategy(OptimizerStrategy):
                          for bi, b in enumerate(g.layout.buckets)}
         self._order = sorted(self._pending)  # every rank launches buckets in this order
         self._next = 0
+
+    def _trainable_groups(self, model, optimizer, precision) -> list:
+        """The optimizer's named parameter groups; sets the training dtype, devices and whether
+        fp32 masters are kept (stages 1-3 alike)."""
+        named = named_groups(model, optimizer)
+        first = next((p for g in named for _, p in g), None)
+        if first is None:
+            raise ValueError("the optimizer has no trainable parameters")
+        # the engine hands us an fp32 model: the masters are taken before the model is cast
+        self.dtype = precision.dtype if precision is not None else first.dtype
+        self.device = first.device
+        self.mixed = self.dtype != torch.float32
+        self.opt_device = torch.device("cpu") if self.opts.offload_optimizer else self.device
+        self.need_master = self.mixed or self.opts.offload_optimizer
+        return named
 
     def _staging(self, numel):
         """A reusable buffer of ``numel`` elements: a view of the smallest pooled buffer that is

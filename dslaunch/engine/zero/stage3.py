@@ -33,7 +33,7 @@ import torch
 
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero.base import OptimizerStrategy
-from dslaunch.engine.zero.common import ZeroOptions, get_comm, named_groups, repoint_optimizer
+from dslaunch.engine.zero.common import ZeroOptions, get_comm, repoint_optimizer
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
@@ -75,15 +75,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         self.opts.overlap_comm = False  # stage 3 reduces from its own hooks, unit by unit
         self.world, self.rank = comm.world_size, comm.rank
         self._hooks, self._stage1_grad_chunks, self._grad_norm = [], None, None
-        named = named_groups(model, optimizer)
-        first = next((p for g in named for _, p in g), None)
-        if first is None:
-            raise ValueError("the optimizer has no trainable parameters")
-        self.dtype = precision.dtype if precision is not None else first.dtype
-        self.device = first.device
-        self.mixed = self.dtype != torch.float32
-        self.opt_device = torch.device("cpu") if self.opts.offload_optimizer else self.device
-        self.need_master = self.mixed or self.opts.offload_optimizer
+        named = self._trainable_groups(model, optimizer, precision)
         shard_device = torch.device("cpu") if self.opts.offload_param else self.device
 
         cap = min(self.opts.reduce_bucket_size, COMM_BUCKET_CAP)
