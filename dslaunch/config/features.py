@@ -36,8 +36,6 @@ def _any_enabled(tree) -> bool:
 
 
 NOT_SUPPORTED_YET = [
-    Feature("zero_optimization.offload_param.device", "parameter offload to NVMe", "issue 8",
-            lambda get: get("zero_optimization.offload_param.device") == "nvme"),
     Feature("zero_optimization.zero_quantized_weights", "ZeRO++ quantized weights", "",
             lambda get: bool(get("zero_optimization.zero_quantized_weights"))),
     Feature("zero_optimization.zero_quantized_gradients", "ZeRO++ quantized gradients", "",

@@ -1,6 +1,7 @@
 """Trains the example GPT through dslaunch.initialize (config from the launcher) and writes, on
 rank 0, per-step losses, step times, every rank's memory_breakdown(), peak RSS and (with NVMe
-offload) swap statistics and the swap files seen during training, as JSON.
+offload of the optimizer states or the parameters) swap statistics and the swap files seen during
+training, as JSON.
 
     dslaunch run --nproc-per-node 2 tests/scripts/nvme_train.py --config c.json --
         --steps 6 --out o.json [--save DIR --save-at K] [--load DIR] [--fail-at K]
@@ -45,11 +46,19 @@ a = ap.parse_args()
 
 
 def swap_files(engine):
-    """The files under this rank's swap directory right now (NVMe offload only)."""
-    d = getattr(engine.optimizer, "swap_dir", None)
-    if d is None:
+    """The files under this rank's swap directories right now (NVMe offload only): the
+    optimizer's and the parameter store's."""
+    dirs = [getattr(engine.optimizer, "swap_dir", None),
+            getattr(getattr(engine.strategy, "store", None), "swap_dir", None)]
+    dirs = [d for d in dirs if d is not None]
+    if not dirs:
         return None
-    return {f: os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)}
+    return {f: os.path.getsize(os.path.join(d, f)) for d in dirs for f in os.listdir(d)}
+
+
+def param_swap_stats(engine):
+    store = getattr(engine.strategy, "store", None)
+    return store.swap_stats() if hasattr(store, "swap_stats") else None
 
 
 torch.manual_seed(0)
@@ -92,7 +101,7 @@ if stats and warm:  # what the steps after the warm-up moved and took
                              if isinstance(v, (int, float)) and k in warm}
 mine = {"rank": rank, "memory": engine.memory_breakdown(),
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "swap": stats, "swap_files": files}
+        "swap": stats, "swap_files": files, "param_swap": param_swap_stats(engine)}
 every = [None] * world
 dist.all_gather_object(every, mine)
 if rank == 0:

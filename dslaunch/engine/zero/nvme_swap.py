@@ -493,12 +493,22 @@ def uses_nvme(cfg) -> bool:
     return cfg_get(cfg, f"{KEY}.device", "none") == "nvme"
 
 
-def wrap_optimizer(optimizer, cfg, rank: int):
-    """The NVMe wrapper around a strategy's CPU optimizer, from the config."""
-    rank_dir = make_swap_dir(cfg_get(cfg, f"{KEY}.nvme_path"), rank)
+def aio_settings(cfg) -> dict:
+    """The config's ``aio`` section as AsyncIOHandle arguments (``thread_count`` is DeepSpeed's
+    older name for ``intra_op_parallelism``)."""
     aio = cfg_get(cfg, "aio", {}) or {}
     if "thread_count" in aio and "intra_op_parallelism" not in aio:
         aio = dict(aio, intra_op_parallelism=aio["thread_count"])
+    return {k: v for k, v in aio.items() if k in AIO_KEYS and v is not None}
+
+
+AIO_KEYS = ("block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism")
+
+
+def wrap_optimizer(optimizer, cfg, rank: int):
+    """The NVMe wrapper around a strategy's CPU optimizer, from the config."""
+    rank_dir = make_swap_dir(cfg_get(cfg, f"{KEY}.nvme_path"), rank)
+    aio = aio_settings(cfg)
     return NVMeSwappedOptimizer(optimizer, rank_dir,
                                 sub_group_size=int(cfg_get(cfg, "zero_optimization.sub_group_size",
                                                            int(1e9))),

@@ -36,6 +36,7 @@ from dslaunch.engine.zero.base import OptimizerStrategy
 from dslaunch.engine.zero.common import ZeroOptions, get_comm, repoint_optimizer
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
+from dslaunch.engine.zero.nvme_param_store import nvme_param_store, uses_param_nvme
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
 from dslaunch.engine.zero.stage3_units import plan_units
 
@@ -77,16 +78,22 @@ class Stage3Strategy(ZeroStage12Strategy):
         self._hooks, self._stage1_grad_chunks, self._grad_norm = [], None, None
         named = self._trainable_groups(model, optimizer, precision)
         shard_device = torch.device("cpu") if self.opts.offload_param else self.device
+        param_nvme = uses_param_nvme(cfg)
+        if param_nvme:  # the optimizer steps an fp32 master: the shard itself is in a file
+            self.need_master = True
 
         cap = min(self.opts.reduce_bucket_size, COMM_BUCKET_CAP)
         self.plan = plan_units(model, named, self.world, cap,
                                self.opts.param_persistence_threshold)
         self.groups = [_Group(n, lay, self.rank) for n, lay in zip(named, self.plan.layouts)]
-        self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, comm)
+        if param_nvme:
+            self.store = nvme_param_store(self.plan, self.dtype, self.device, comm, cfg, self.rank)
+        else:
+            self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, comm)
         self._prepare_rest(model, named)
         self._partition()
         for gi, g in enumerate(self.groups):
-            g.local, g.chunks = self.store.local[gi], self.store.chunks[gi]
+            g.chunks = self.store.chunk_views(gi)
             self._make_shard(g)
         shard_groups = [g.shard_params for g in self.groups]
         cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.opts.offload_optimizer \
@@ -163,7 +170,7 @@ class Stage3Strategy(ZeroStage12Strategy):
                 mine = tmp[self.rank * c: (self.rank + 1) * c]
                 if g.master is not None:
                     g.master[offsets[bi]: offsets[bi] + c].copy_(mine)
-                self.store.chunks[gi][bi].copy_(mine)
+                self.store.write_chunk(key, mine)
                 if key in self.plan.persistent:
                     self.store.full[key].copy_(tmp)
                 for s in b.slots:
@@ -266,8 +273,8 @@ class Stage3Strategy(ZeroStage12Strategy):
         parameters, which every rank keeps whole)."""
         with torch.no_grad():
             if self.need_master:
-                for g in self.groups:
-                    g.local.copy_(g.master)
+                for gi, g in enumerate(self.groups):
+                    self.store.write_shard(gi, g.master)
             self.store.refresh_persistent()
 
     # -- whole weights, bucket by bucket -------------------------------------------------------
@@ -309,16 +316,15 @@ class Stage3Strategy(ZeroStage12Strategy):
                     if s.name in sd:
                         self.store.param_view(key, s).copy_(sd[s.name])
                 c = b.chunk(self.world)
-                self.store.chunks[key[0]][key[1]].copy_(
-                    self.store.full[key][self.rank * c: (self.rank + 1) * c])
+                self.store.write_chunk(key, self.store.full[key][self.rank * c: (self.rank + 1) * c])
             rest = {k: v for k, v in sd.items() if k in mine and id(mine[k]) not in ours}
             self.model.load_state_dict(rest, strict=False)
 
     def sync_from_model(self) -> None:
         if self.need_master:
             with torch.no_grad():
-                for g in self.groups:
-                    g.master.copy_(g.local)
+                for gi, g in enumerate(self.groups):
+                    g.master.copy_(self.store.read_shard(gi))
 
     # -- zero.GatheredParameters -------------------------------------------------------------
     def gather_params(self, params) -> list:
@@ -342,7 +348,7 @@ class Stage3Strategy(ZeroStage12Strategy):
                         self.comm.broadcast(full, modifier_rank)
                     c = g.layout.buckets[bi].chunk(self.world)
                     mine = full[self.rank * c: (self.rank + 1) * c]
-                    self.store.chunks[gi][bi].copy_(mine)
+                    self.store.write_chunk(key, mine)
                     if g.master is not None:
                         off = g.layout.shard_offsets()[bi]
                         g.master[off: off + c].copy_(mine)
@@ -355,13 +361,18 @@ class Stage3Strategy(ZeroStage12Strategy):
 
     # -- accounting ----------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
-        params = list(self.store.local) + list(self.store.full.values())
+        params = self.store.resident_tensors() + list(self.store.full.values())
         seen = {id(p) for g in self.groups for p in g.params.values()}
         params += [p for p in self.model.parameters() if id(p) not in seen]
         grads = [g.grad_shard for g in self.groups if g.grad_shard is not None]
         grads += [p.grad for p in self.model.parameters() if p.grad is not None]
         opt = [g.master for g in self.groups if g.master is not None]
-        return breakdown(params, grads, opt + optimizer_state_tensors(self.optimizer))
+        out = breakdown(params, grads, opt + optimizer_state_tensors(self.optimizer))
+        on_nvme = self.store.nvme_bytes()
+        if on_nvme:  # the parameter shard's file
+            for kind in ("params", "total"):
+                out[kind]["nvme"] = out[kind].get("nvme", 0) + on_nvme
+        return out
 
     def remove_hooks(self):
         super().remove_hooks()

@@ -1,9 +1,9 @@
 """Where stage 3's parameters live, and when they are gathered and released.
 
-``ParamStore`` is the one place that knows where this rank's parameter shard lives (the seam an
-NVMe offload would swap): per optimizer group a flat ``local`` tensor (this rank's chunk of every
-bucket, concatenated, in the training dtype; on the CPU with ``offload_param``), and per bucket a
-``full`` buffer that the model's parameters are views of. A bucket's full buffer has storage only
+``ParamStore`` is the one place that knows where this rank's parameter shard lives: per optimizer
+group a flat ``local`` tensor (this rank's chunk of every bucket, concatenated, in the training
+dtype; on the CPU with ``offload_param: cpu``; in a file with ``offload_param: nvme``, see
+``nvme_param_store.py``), and per bucket a ``full`` buffer that the model's parameters are views of. A bucket's full buffer has storage only
 while it is gathered (``untyped_storage().resize_(0)`` frees it: parameters and the tensors
 autograd saved stay valid views and are refilled in place by the next all-gather).
 
@@ -14,7 +14,8 @@ later passes prefetch the next units along that order asynchronously
 (``stage3_prefetch_bucket_size`` elements in flight at most), keep a unit gathered past its
 forward when its next use (in backward) comes within ``stage3_max_reuse_distance`` elements of
 other units, and neither prefetch nor keep beyond ``stage3_max_live_parameters`` gathered
-elements (a unit a module needs right now is always gathered).
+elements (a unit a module needs right now is always gathered). Past the prefetched units, a store
+whose shards take time to read (NVMe) is told the next units (``read_ahead``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ RELEASED, IN_FLIGHT, GATHERED = 0, 1, 2
 
 
 class ParamStore:
+    """This rank's parameter shard, in memory (on the device, or on the CPU with
+    ``offload_param: cpu``). ``nvme_param_store.NVMeParamStore`` keeps it in a file instead; the
+    strategy touches the shard only through the methods of "the seam" below."""
+
+    read_ahead_depth = 0  # units whose shards ``read_ahead`` may load before they are gathered
+
     def __init__(self, plan, dtype, device, shard_device, comm):
         self.plan, self.dtype, self.device, self.comm = plan, dtype, device, comm
         self.shard_device = shard_device
-        self.local = [torch.zeros(lay.shard_numel, dtype=dtype, device=shard_device)
-                      for lay in plan.layouts]
-        self.chunks = [P.shard_chunks(loc, lay) for loc, lay in zip(self.local, plan.layouts)]
         self.full = {}
         self.state = {}
         self.work = {}
@@ -44,6 +48,12 @@ class ParamStore:
                 self.full[key] = torch.empty(b.numel, dtype=dtype, device=device)
                 self.state[key] = GATHERED
         self.nbytes = {k: t.numel() * t.element_size() for k, t in self.full.items()}
+        self._make_shards()
+
+    def _make_shards(self):
+        self.local = [torch.zeros(lay.shard_numel, dtype=self.dtype, device=self.shard_device)
+                      for lay in self.plan.layouts]
+        self.chunks = [P.shard_chunks(loc, lay) for loc, lay in zip(self.local, self.plan.layouts)]
 
     # -- the seam --------------------------------------------------------------------------------
     def local_shards(self) -> list:
@@ -52,6 +62,41 @@ class ParamStore:
 
     def param_view(self, key, slot) -> torch.Tensor:
         return self.full[key][slot.start: slot.start + slot.numel].view(slot.shape)
+
+    def chunk_views(self, gi) -> list:
+        """Group ``gi``'s chunks as tensors the optimizer may step in place (fp32 without
+        masters); storage-less ``meta`` tensors where the shard is not in memory."""
+        return self.chunks[gi]
+
+    def read_shard(self, gi) -> torch.Tensor:
+        """Group ``gi``'s whole shard (read-only; a copy where it does not live in memory)."""
+        return self.local[gi]
+
+    def write_chunk(self, key, values) -> None:
+        """New values (any dtype / device) for this rank's chunk of bucket ``key``."""
+        self.chunks[key[0]][key[1]].copy_(values)
+
+    def write_shard(self, gi, values) -> None:
+        """New values for group ``gi``'s whole shard (after the optimizer step)."""
+        self.local[gi].copy_(values)
+
+    def resident_tensors(self) -> list:
+        """The tensors holding the shard in memory (for memory_breakdown)."""
+        return list(self.local)
+
+    def nvme_bytes(self) -> int:
+        return 0
+
+    def read_ahead(self, keys) -> None:
+        """Start loading the shards of ``keys`` (the next units) where that takes time."""
+
+    def _source(self, key) -> torch.Tensor:
+        """The all-gather's input for bucket ``key``: this rank's chunk, on the device."""
+        src = self.chunks[key[0]][key[1]]
+        return src if src.device == self.device else src.to(self.device, non_blocking=True)
+
+    def _source_done(self, key) -> None:
+        """The all-gather of ``key`` has finished with its input."""
 
     # -- gather / release ------------------------------------------------------------------------
     def gather(self, key, async_op=False):
@@ -64,9 +109,7 @@ class ParamStore:
             return
         full = self.full[key]
         full.untyped_storage().resize_(self.nbytes[key])
-        src = self.chunks[key[0]][key[1]]
-        if src.device != full.device:
-            src = src.to(full.device, non_blocking=True)
+        src = self._source(key)
         self.live += full.numel()
         self.max_live = max(self.max_live, self.live)
         work = self.comm.all_gather_into_tensor(full, src, async_op=async_op)
@@ -75,11 +118,13 @@ class ParamStore:
             self.state[key] = IN_FLIGHT
         else:
             self.state[key] = GATHERED
+            self._source_done(key)
 
     def wait(self, key):
         if self.state[key] == IN_FLIGHT:
             self.work.pop(key).wait()
             self.state[key] = GATHERED
+            self._source_done(key)
 
     def wait_all(self):
         for key in list(self.work):
@@ -101,8 +146,8 @@ class ParamStore:
     def refresh_persistent(self):
         """Persistent buckets stay gathered: bring them up to date with the shards."""
         for key in sorted(self.plan.persistent):
-            src = self.chunks[key[0]][key[1]]
-            self.comm.all_gather_into_tensor(self.full[key], src.to(self.device))
+            self.comm.all_gather_into_tensor(self.full[key], self._source(key))
+            self._source_done(key)
 
     def gathered_numel(self) -> int:
         return self.live
@@ -169,6 +214,7 @@ class FetchCoordinator:
         if self.on_trace:
             self.ahead = self._prefetch(range(max(self.ahead, self.pos), len(self.trace)),
                                         self.ahead)
+            self._read_ahead(range(max(self.ahead, self.pos), len(self.trace)))
 
     def post_forward(self, m, backward_follows: bool):
         i = self.stack.pop() if self.stack else None
@@ -196,12 +242,28 @@ class FetchCoordinator:
             last = self._prefetch(positions, None)
             if last is not None:
                 self.behind = last
+            self._read_ahead(range((j if self.behind is None else self.behind) - 1, -1, -1))
 
     def end_backward(self):
         self.store.release_all()
         self.behind, self.kept = None, []
 
     # -- prefetch --------------------------------------------------------------------------------
+    def _read_ahead(self, positions):
+        """Past what is prefetched: let the store load the next units' shards (NVMe reads) so
+        that their all-gathers do not wait for the drive."""
+        depth = self.store.read_ahead_depth
+        if not depth:
+            return
+        keys = []
+        for i in positions:
+            keys += [k for k in self.plan.fetch[self.trace[i]]
+                     if self.store.state[k] == RELEASED and k not in keys]
+            if len(keys) >= depth:
+                break
+        if keys:
+            self.store.read_ahead(keys[:depth])
+
     def _prefetch(self, positions, default):
         """Start async gathers for the units at ``positions`` (in order) while the budget lasts;
         returns the position after the last unit considered (forward) or the last one started."""
