@@ -21,6 +21,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec("cpu_adam", "cpu", ("cpu/cpu_adam.cpp",), "Adam/AdamW CPU step, fp32/bf16, fused copy"),
     OpSpec("cpu_adagrad", "cpu", ("cpu/cpu_adagrad.cpp",), "Adagrad CPU step"),
     OpSpec("cpu_lion", "cpu", ("cpu/cpu_lion.cpp",), "Lion CPU step"),
+    OpSpec("onebit_pack", "cpu", ("cpu/onebit_pack.cpp",),
+           "1-bit sign pack with error feedback, and decode, for the compressed all-reduce"),
     OpSpec("cpu_membw", "cpu", ("cpu/cpu_membw.cpp",),
            "STREAM-style bandwidth probes (copy/triad/read) for benchmarks"),
     OpSpec("async_io", "cpu", ("aio/aio_engine.cpp", "aio/aio_py.cpp"),
