@@ -49,7 +49,28 @@ def test_bad_combinations_are_rejected():
         estimate(PSI, N, 0, offload_optimizer=True)
     with pytest.raises(ValueError, match="stage 3"):
         estimate(PSI, N, 2, offload_param=True)
-    assert len(all_estimates(PSI, N)) == 8
+    with pytest.raises(ValueError, match="offload_param must be one of"):
+        estimate(PSI, N, 3, offload_param="disk")
+    assert len(all_estimates(PSI, N)) == 12
+
+
+def test_nvme_moves_states_and_params_off_the_host():
+    """ZeRO-Infinity: optimizer nvme = CPU offload with Adam's two states (8Ψ/N) on the drive,
+    fp32 master and gradient shards still on the host; param nvme puts the parameter shard on
+    the drive instead of the host."""
+    for precision, p in (("bf16", 2), ("fp32", 4)):
+        cpu = estimate(PSI, N, 3, precision, "cpu", "cpu")
+        nvme = estimate(PSI, N, 3, precision, "nvme", "nvme")
+        assert nvme.device == cpu.device == 0
+        assert nvme.optimizer == {"device": 0, "cpu": 4 * PSI // N, "nvme": 8 * PSI // N}
+        assert nvme.params == {"device": 0, "cpu": 0, "nvme": p * PSI // N}
+        assert cpu.cpu - nvme.cpu == nvme.nvme == (8 + p) * PSI // N
+        assert nvme.label() == "stage 3 + offload_optimizer=nvme + offload_param=nvme"
+    # fp32 without optimizer offload: the parameters on the drive need an fp32 master on device
+    plain, pn = estimate(PSI, N, 3, "fp32"), estimate(PSI, N, 3, "fp32", offload_param="nvme")
+    assert pn.device - plain.device == 0 and pn.nvme == 4 * PSI // N
+    assert pn.optimizer["device"] - plain.optimizer["device"] == 4 * PSI // N
+    assert estimate(PSI, N, 2, "bf16", True).offload_optimizer == "cpu"  # the older spelling
 
 
 def test_cli_json_per_rank_and_per_host():
@@ -89,6 +110,14 @@ def test_cli_model_script_and_config(tmp_path):
     assert out["params"] == 1_001_000 and out["precision"] == "bf16"
     marked = [e for e in out["estimates"] if e["config"]]
     assert [(e["stage"], e["offload_optimizer"]) for e in marked] == [(2, "cpu")]
+    cfg.write_text(json.dumps({"zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"},
+        "offload_param": {"device": "nvme", "nvme_path": "/x"}}}))
+    r = CliRunner().invoke(estimate_memory, ["--params", "1M", "--world-size", "2",
+                                             "--config", str(cfg), "--offload-param", "nvme"])
+    assert r.exit_code == 0, r.output
+    assert "stage 3 + offload_optimizer=nvme + offload_param=nvme" in r.output
+    assert r.output.count("<- config") == 1 and "per rank nvme" in r.output
 
 
 def test_console_script_is_registered():

@@ -68,10 +68,10 @@ def _from_config(path: str) -> dict:
         precision = "bf16"
     elif (raw.get("fp16") or {}).get("enabled"):
         precision = "fp16"
-    off_opt = (zero.get("offload_optimizer") or {}).get("device", "none") == "cpu" or bool(
-        zero.get("cpu_offload"))
-    off_par = (zero.get("offload_param") or {}).get("device", "none") == "cpu" or bool(
-        zero.get("cpu_offload_param"))
+    off_opt = (zero.get("offload_optimizer") or {}).get("device", "none")
+    off_opt = "cpu" if zero.get("cpu_offload") else off_opt
+    off_par = (zero.get("offload_param") or {}).get("device", "none")
+    off_par = "cpu" if zero.get("cpu_offload_param") else off_par
     opt = ((raw.get("optimizer") or {}).get("type") or "adam").lower()
     return {"stage": int(zero.get("stage", 0)), "precision": precision, "offload_optimizer": off_opt,
             "offload_param": off_par, "optimizer": opt}
@@ -92,9 +92,9 @@ def _from_config(path: str) -> dict:
               help="Parameter/gradient precision (default bf16, or the config's).")
 @click.option("--optimizer", default=None, help="adam (default), adamw, lamb, sgd, sgd-momentum, ...")
 @click.option("--stage", type=click.IntRange(0, 3), default=None, help="Only this stage.")
-@click.option("--offload-optimizer", type=click.Choice(["none", "cpu"]), default=None,
+@click.option("--offload-optimizer", type=click.Choice(["none", "cpu", "nvme"]), default=None,
               help="Only rows with this optimizer offload.")
-@click.option("--offload-param", type=click.Choice(["none", "cpu"]), default=None,
+@click.option("--offload-param", type=click.Choice(["none", "cpu", "nvme"]), default=None,
               help="Only rows with this parameter offload.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def estimate_memory(params, model_script, config_path, world_size, ranks_per_host, precision,
@@ -119,9 +119,9 @@ def estimate_memory(params, model_script, config_path, world_size, ranks_per_hos
     if stage is not None:
         rows = [r for r in rows if r.stage == stage]
     if offload_optimizer is not None:
-        rows = [r for r in rows if r.offload_optimizer == (offload_optimizer == "cpu")]
+        rows = [r for r in rows if r.offload_optimizer == offload_optimizer]
     if offload_param is not None:
-        rows = [r for r in rows if r.offload_param == (offload_param == "cpu")]
+        rows = [r for r in rows if r.offload_param == offload_param]
     if not rows:
         raise click.UsageError("no stage matches these options (offload_param needs stage 3, "
                                "offload_optimizer stage >= 1)")
@@ -140,11 +140,12 @@ def estimate_memory(params, model_script, config_path, world_size, ranks_per_hos
     click.echo(f"Model states for {num_params:,} parameters, {world_size} data-parallel ranks "
                f"({per_host} per host), {precision}, {optimizer}:")
     head = f"  {'':52s} {'per rank device':>16s} {'per rank cpu':>14s} " \
-           f"{'per host device':>16s} {'per host cpu':>14s}"
+           f"{'per host device':>16s} {'per host cpu':>14s} {'per rank nvme':>14s}"
     click.echo(head)
     for r in rows:
         mark = "  <- config" if chosen(r) else ""
         click.echo(f"  {r.label():52s} {human(r.device):>16s} {human(r.cpu):>14s} "
-                   f"{human(r.device * per_host):>16s} {human(r.cpu * per_host):>14s}{mark}")
+                   f"{human(r.device * per_host):>16s} {human(r.cpu * per_host):>14s} "
+                   f"{human(r.nvme):>14s}{mark}")
     click.echo("  (activations and communication buffers come on top; on a CPU-only host "
                "'device' memory is host memory too)")

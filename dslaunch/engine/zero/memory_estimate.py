@@ -1,8 +1,8 @@
-"""Model-state memory per rank for ZeRO stages 0-3, with and without CPU offload.
+"""Model-state memory per rank for ZeRO stages 0-3, with and without CPU / NVMe offload.
 
 Pure arithmetic (no torch at import): the ZeRO paper's accounting, written as the bytes each rank
-holds for parameters, gradients and optimizer states, on the accelerator ("device") and on the host
-("cpu"). Ψ = number of parameters, N = data-parallel ranks.
+holds for parameters, gradients and optimizer states, on the accelerator ("device"), on the host
+("cpu") and in NVMe swap files ("nvme"). Ψ = number of parameters, N = data-parallel ranks.
 
 Bytes per parameter:
 - ``fp32``:         params 4, grads 4, optimizer states 4·S (S = states per param: Adam 2). The
@@ -18,7 +18,14 @@ cost 4 bytes per parameter whatever the model's dtype.
 Offload (``offload_optimizer: cpu``): optimizer states and an fp32 gradient shard (what the CPU step
 reads) live on the host; in fp32 the master is the parameters, so the host also keeps the fp32
 parameter shard the step updates (4Ψ/N). ``offload_param: cpu`` (stage 3 only) moves the parameter
-shard to the host. Working buffers (communication buckets, the gathered parameters of the modules
+shard to the host.
+
+NVMe (ZeRO-Infinity): ``offload_optimizer: nvme`` is CPU offload with the optimizer states
+(4·S/N) moved from the host to the drive; the fp32 master and gradient shards stay on the host.
+``offload_param: nvme`` (stage 3) moves the parameter shard to the drive instead of the host, and
+always keeps an fp32 master (in fp32 without optimizer offload that is 4Ψ/N more on the device:
+the optimizer steps the master, not the shard). The swap buffers are working buffers. Working
+buffers (communication buckets, the gathered parameters of the modules
 that are live in stage 3) are left out: they are bounded by the bucket/live-parameter knobs, not Ψ.
 
 The engine's ``memory_breakdown()`` reports what the strategies really hold; the tests check that it
@@ -35,12 +42,24 @@ OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "lamb": 2, "sgd": 0, "sgd-momentum": 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+def _device(value, what: str) -> str:
+    """True/False (CPU offload or none, the older spelling) or a device name."""
+    if value is True or value is False:
+        return "cpu" if value else "none"
+    if value not in OFFLOAD_DEVICES:
+        raise ValueError(f"{what} must be one of {OFFLOAD_DEVICES}, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Estimate:
     stage: int
-    offload_optimizer: bool
-    offload_param: bool
-    params: dict  # {"device": bytes, "cpu": bytes} per rank
+    offload_optimizer: str  # "none" | "cpu" | "nvme"
+    offload_param: str
+    params: dict  # {"device": bytes, "cpu": bytes, "nvme": bytes} per rank
     grads: dict
     optimizer: dict
 
@@ -52,22 +71,28 @@ class Estimate:
     def cpu(self) -> int:
         return self.params["cpu"] + self.grads["cpu"] + self.optimizer["cpu"]
 
+    @property
+    def nvme(self) -> int:
+        return self.params["nvme"] + self.grads["nvme"] + self.optimizer["nvme"]
+
     def label(self) -> str:
         off = []
-        if self.offload_optimizer:
-            off.append("offload_optimizer=cpu")
-        if self.offload_param:
-            off.append("offload_param=cpu")
+        if self.offload_optimizer != "none":
+            off.append(f"offload_optimizer={self.offload_optimizer}")
+        if self.offload_param != "none":
+            off.append(f"offload_param={self.offload_param}")
         return f"stage {self.stage}" + (f" + {' + '.join(off)}" if off else "")
 
     def to_dict(self, ranks_per_host: int = 1) -> dict:
         return {
             "stage": self.stage,
-            "offload_optimizer": "cpu" if self.offload_optimizer else "none",
-            "offload_param": "cpu" if self.offload_param else "none",
-            "per_rank": {"device": self.device, "cpu": self.cpu, "params": self.params,
-                         "grads": self.grads, "optimizer_states": self.optimizer},
-            "per_host": {"device": self.device * ranks_per_host, "cpu": self.cpu * ranks_per_host},
+            "offload_optimizer": self.offload_optimizer,
+            "offload_param": self.offload_param,
+            "per_rank": {"device": self.device, "cpu": self.cpu, "nvme": self.nvme,
+                         "params": self.params, "grads": self.grads,
+                         "optimizer_states": self.optimizer},
+            "per_host": {"device": self.device * ranks_per_host, "cpu": self.cpu * ranks_per_host,
+                         "nvme": self.nvme * ranks_per_host},
         }
 
 
@@ -76,16 +101,19 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def estimate(num_params: int, world_size: int, stage: int, precision: str = "bf16",
-             offload_optimizer: bool = False, offload_param: bool = False,
+             offload_optimizer: bool | str = False, offload_param: bool | str = False,
              optimizer: str = "adam") -> Estimate:
-    """Bytes of model states one rank holds. Shards are rounded up as the runtime pads them."""
+    """Bytes of model states one rank holds. Shards are rounded up as the runtime pads them.
+    ``offload_*``: "none", "cpu", "nvme" (True / False: "cpu" / "none")."""
+    offload_optimizer = _device(offload_optimizer, "offload_optimizer")
+    offload_param = _device(offload_param, "offload_param")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"stage must be 0..3, not {stage}")
-    if offload_optimizer and stage == 0:
+    if offload_optimizer != "none" and stage == 0:
         raise ValueError("offload_optimizer needs ZeRO stage 1, 2 or 3")
-    if offload_param and stage != 3:
+    if offload_param != "none" and stage != 3:
         raise ValueError("offload_param needs ZeRO stage 3")
     opt = optimizer.lower()
     if opt not in OPTIMIZER_STATES:
@@ -101,15 +129,20 @@ def estimate(num_params: int, world_size: int, stage: int, precision: str = "bf1
     grads_whole = 4 * psi if stage == 0 else p * (shard if stage >= 2 else psi)
     opt_bytes = states * (psi if stage == 0 else shard)
 
-    params = {"device": params_whole, "cpu": 0}
-    grads = {"device": grads_whole, "cpu": 0}
-    optim = {"device": opt_bytes, "cpu": 0}
-    if offload_optimizer:
-        optim = {"device": 0, "cpu": opt_bytes + (0 if mixed else 4 * shard)}
+    params = {"device": params_whole, "cpu": 0, "nvme": 0}
+    grads = {"device": grads_whole, "cpu": 0, "nvme": 0}
+    optim = {"device": opt_bytes, "cpu": 0, "nvme": 0}
+    if offload_param == "nvme" and not mixed and offload_optimizer == "none":
+        optim["device"] += 4 * shard  # the fp32 master the optimizer steps instead of the shard
+    if offload_optimizer != "none":
+        optim = {"device": 0, "cpu": opt_bytes + (0 if mixed else 4 * shard), "nvme": 0}
+        if offload_optimizer == "nvme":  # the states go to the drive, the fp32 master stays
+            optim = {"device": 0, "cpu": 4 * shard, "nvme": 4 * OPTIMIZER_STATES[opt] * shard}
         # the CPU step reads an fp32 gradient shard; from stage 2 on it replaces the device shard
-        grads = {"device": grads_whole if stage < 2 else 0, "cpu": 4 * shard}
-    if offload_param:
-        params = {"device": 0, "cpu": params_whole}
+        grads = {"device": grads_whole if stage < 2 else 0, "cpu": 4 * shard, "nvme": 0}
+    if offload_param != "none":
+        params = {"device": 0, "cpu": 0, "nvme": 0}
+        params[offload_param] = params_whole
     return Estimate(stage, offload_optimizer, offload_param, params, grads, optim)
 
 
@@ -118,12 +151,17 @@ def all_estimates(num_params: int, world_size: int, precision: str = "bf16",
     """Every stage and offload choice, in the order the CLI prints them."""
     out = []
     for stage in range(4):
-        out.append(estimate(num_params, world_size, stage, precision, optimizer=optimizer))
+        choices = [("none", "none")]
         if stage >= 1:
-            out.append(estimate(num_params, world_size, stage, precision, True, optimizer=optimizer))
+            choices += [("cpu", "none")]
         if stage == 3:
-            out.append(estimate(num_params, world_size, stage, precision, True, True,
-                                optimizer=optimizer))
+            choices += [("cpu", "cpu")]
+        if stage >= 1:
+            choices += [("nvme", "none")]
+        if stage == 3:
+            choices += [("nvme", "nvme")]
+        out += [estimate(num_params, world_size, stage, precision, o, p, optimizer=optimizer)
+                for o, p in choices]
     return out
 
 
