@@ -14,6 +14,8 @@
 //   sum_rows = 1: out[i] = alpha * sum over rows of row_r's value i   (i < min(row, n_out))
 //   sum_rows = 0: out[r * row + i] = alpha * row_r's value i         (index < n_out)
 //   with row = row_blocks * block values per row.
+// clamp(m, denom, n, bound, nthreads): m = clamp(m, -denom * bound, denom * bound), and 0 where
+//   denom is +inf (a coordinate that never had a gradient; see dslaunch/engine/optim/onebit.py).
 // One block (8 KB at the default 2048) stays in L1 between the norm and the sign pass, so each
 // call reads and writes its arrays once. OpenMP over blocks.
 #include <cmath>
@@ -183,6 +185,27 @@ static PyObject* decode(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+static PyObject* clamp(PyObject*, PyObject* args) {
+  unsigned long long mp, dp;
+  long long n;
+  double bound;
+  int nthreads;
+  if (!PyArg_ParseTuple(args, "KKLdi", &mp, &dp, &n, &bound, &nthreads)) return nullptr;
+  float* m = reinterpret_cast<float*>(mp);
+  const float* d = reinterpret_cast<const float*>(dp);
+  const float b = float(bound);
+  Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t i = 0; i < n; ++i) {
+    const float lim = d[i] * b, v = m[i];
+    const float c = v < -lim ? -lim : (v > lim ? lim : v);
+    m[i] = std::isinf(d[i]) ? 0.0f : c;
+  }
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
 DSLAUNCH_PY_MODULE(TORCH_EXTENSION_NAME, "1-bit sign pack with error feedback, and decode (OpenMP)",
                    {"pack", pack, METH_VARARGS, "error-compensated sign compression into rows"},
-                   {"decode", decode, METH_VARARGS, "decode (and sum) rows of signs + scales"})
+                   {"decode", decode, METH_VARARGS, "decode (and sum) rows of signs + scales"},
+                   {"clamp", clamp, METH_VARARGS, "clamp a momentum to +-denom * bound"})

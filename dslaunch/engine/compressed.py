@@ -25,7 +25,12 @@ buffer once, whatever the algorithm moves: they are not bytes on the network. Bo
 ``onebit_all_to_all`` and ``onebit_all_gather``.
 
 Sign of 0 is +1 (one bit has no zero); padding positions never carry error from one call to the
-next. The error buffers are per rank and belong in that rank's checkpoint (``state_dict``).
+next. The compression (``x + error``, block norms, signs packed 8 per byte straight into the
+send buffer, the new error) and the decoding are two kernels, ``pack`` and ``decode``: on CPU the
+compiled op ``onebit_pack`` (``cpp/cpu/onebit_pack.cpp``, one pass over memory each, OpenMP),
+elsewhere or when it cannot be built the torch versions below (several passes); the tests hold
+the two equal. The wire buffers are allocated once, and a contiguous fp32 tensor is compressed
+and overwritten in place: no copy of it is made. The error buffers are per rank and belong in that rank's checkpoint (``state_dict``).
 """
 
 from __future__ import annotations
@@ -59,18 +64,88 @@ def unpack_bits(packed: torch.Tensor) -> torch.Tensor:
     return (torch.bitwise_right_shift(p, _shifts(p.device)) & 1).reshape(-1).bool()
 
 
-def compress(x: torch.Tensor, counts: torch.Tensor):
-    """``x``: [chunks, chunk] fp32; ``counts``: real (unpadded) elements per chunk. Returns
-    (bits [chunks, chunk] bool, scales [chunks] fp32, decoded [chunks, chunk])."""
-    norms = torch.linalg.vector_norm(x, dim=1)
-    scales = torch.where(counts > 0, norms / counts.clamp(min=1).sqrt(), torch.zeros_like(norms))
-    bits = x >= 0
-    decoded = torch.where(bits, scales[:, None], -scales[:, None])
-    return bits, scales, decoded
+# -- the two kernels, torch versions (the compiled op cpp/cpu/onebit_pack.cpp must equal them) --
+#
+# Wire layout: blocks of ``block`` values grouped in rows of ``row_blocks`` blocks; a row is
+# ``row_blocks * block / 8`` bytes of signs (element 8i+k in bit k of byte i, 1 = non-negative)
+# then ``row_blocks`` fp32 scales. One row per destination rank, so a row is what one rank sends
+# another in the all_to_all, and what it contributes to the all_gather.
+
+def pack_torch(x: torch.Tensor, err: torch.Tensor, n_valid: int, block: int, row_blocks: int,
+               out: torch.Tensor) -> None:
+    """``c = x + err`` on the first ``n_valid`` values (later ones count as 0); per block
+    ``scale = ||c|| / sqrt(valid values)``; signs and scales into ``out`` (uint8 rows);
+    ``err = c - (+-scale)`` on valid positions, 0 beyond (padding never carries error).
+    ``x``: >= n_valid fp32 values; ``err``: fp32, a whole number of rows of blocks, zero beyond
+    n_valid on entry (the invariant this function keeps)."""
+    nblocks = err.numel() // block
+    rows = nblocks // row_blocks
+    err[:n_valid].add_(x[:n_valid])
+    c = err.view(nblocks, block)
+    counts = (n_valid - torch.arange(nblocks, device=err.device) * block).clamp(0, block)
+    norms = torch.linalg.vector_norm(c, dim=1)
+    scales = torch.where(counts > 0, norms / counts.clamp(min=1).float().sqrt(),
+                         torch.zeros_like(norms))
+    bits = c >= 0
+    c.sub_((bits.float() * 2 - 1) * scales[:, None])
+    err[n_valid:].zero_()
+    o = out.view(rows, -1)
+    sign_bytes = row_blocks * block // 8
+    o[:, :sign_bytes].copy_(pack_bits(bits).view(rows, sign_bytes))
+    o[:, sign_bytes:].copy_(scales.view(rows, row_blocks).view(torch.uint8))
 
 
-def decode(bits: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return torch.where(bits, scales[:, None], -scales[:, None])
+def decode_torch(rows_in: torch.Tensor, nrows: int, row_blocks: int, block: int,
+                 out: torch.Tensor, n_out: int, alpha: float, sum_rows: bool) -> None:
+    """``sum_rows``: ``out[i] = alpha * sum over rows of row r's value i``; else the rows' values
+    one after the other: ``out[r * row + i] = alpha * row r's value i``; only ``n_out`` values of
+    ``out`` are written."""
+    g = rows_in.view(nrows, -1)
+    sign_bytes = row_blocks * block // 8
+    bits = unpack_bits(g[:, :sign_bytes].contiguous()).view(nrows * row_blocks, block)
+    scales = g[:, sign_bytes:].reshape(-1).clone().view(torch.float32)  # clone: 4-byte aligned
+    vals = (bits.float() * 2 - 1) * (scales * alpha)[:, None]
+    if sum_rows:
+        row = row_blocks * block
+        vals = vals.view(nrows, row).sum(dim=0)
+        k = min(row, n_out)
+        out[:k].copy_(vals[:k])
+    else:
+        out[:n_out].copy_(vals.view(-1)[:n_out])
+
+
+class _Compiled:
+    """The same two kernels from the compiled op (fp32, contiguous CPU tensors)."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def pack(self, x, err, n_valid, block, row_blocks, out):
+        nblocks = err.numel() // block
+        row_bytes = out.numel() // (nblocks // row_blocks)
+        self.op.pack(x.data_ptr(), err.data_ptr(), n_valid, nblocks, block, out.data_ptr(),
+                     row_blocks, row_bytes, torch.get_num_threads())
+
+    def decode(self, rows_in, nrows, row_blocks, block, out, n_out, alpha, sum_rows):
+        self.op.decode(rows_in.data_ptr(), nrows, rows_in.numel() // nrows, row_blocks, block,
+                       out.data_ptr(), n_out, float(alpha), int(bool(sum_rows)),
+                       torch.get_num_threads())
+
+
+class _Torch:
+    pack = staticmethod(pack_torch)
+    decode = staticmethod(decode_torch)
+
+
+def kernels(device, use_compiled: bool = True):
+    """The compiled op's kernels for CPU tensors when it can be had, else the torch ones."""
+    if use_compiled and torch.device(device).type == "cpu":
+        from dslaunch.kernels import load_op
+
+        op = load_op("onebit_pack")
+        if op is not None:
+            return _Compiled(op)
+    return _Torch()
 
 
 DEFAULT_BLOCK = 2048  # elements per scale: 4 bytes of scale per 256 bytes of signs (1.6%)
@@ -93,10 +168,13 @@ class CompressedAllReduce:
     ``comm``: the engine's accounting ``Comm`` (its ``group``, ``rank`` and ``world_size`` are
     used), or None for the default world group. ``block_size``: elements per scale (a multiple
     of 8; each rank's chunk is cut into blocks of at most this many elements, each with its own
-    fp32 scale: 4 bytes per ``block_size/8`` bytes of signs). Keep one instance per tensor
-    layout: it owns that layout's worker and server error buffers."""
+    fp32 scale: 4 bytes per ``block_size/8`` bytes of signs). ``use_compiled``: pack/decode with
+    the compiled CPU op ``onebit_pack`` when it loads (``self.compiled`` says whether it did),
+    else torch. Keep one instance per tensor layout: it owns that layout's worker and server
+    error buffers and the wire buffers, reused every call."""
 
-    def __init__(self, numel: int, device=None, comm=None, block_size: int = DEFAULT_BLOCK):
+    def __init__(self, numel: int, device=None, comm=None, block_size: int = DEFAULT_BLOCK,
+                 use_compiled: bool = True):
         self.comm = comm
         self.group = getattr(comm, "group", None)
         if comm is not None:
@@ -113,21 +191,31 @@ class CompressedAllReduce:
         self.blocks = -(-per_rank // self.block)  # blocks per rank chunk
         self.chunk = self.blocks * self.block
         self.padded = self.chunk * self.world
+        self.row_bytes = self.chunk // 8 + 4 * self.blocks  # one rank's chunk on the wire
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        starts = torch.arange(self.world * self.blocks, dtype=torch.float32) * self.block
-        self.counts = (self.numel - starts).clamp(0, self.block).to(self.device)  # per block
         self.worker_error = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
         self.server_error = torch.zeros(self.chunk, dtype=torch.float32, device=self.device)
-        self._buf = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
+        self.kernels = kernels(self.device, use_compiled)
+        self.compiled = isinstance(self.kernels, _Compiled)
+        self._buffers = None
         self.calls = 0
+
+    def _wire(self):
+        """send/recv rows of the all_to_all, the server's average, the all_gather's rows."""
+        if self._buffers is None:
+            u8 = dict(dtype=torch.uint8, device=self.device)
+            w, rb = self.world, self.row_bytes
+            self._buffers = (torch.empty(w * rb, **u8), torch.empty(w * rb, **u8),
+                             torch.empty(self.chunk, dtype=torch.float32, device=self.device),
+                             torch.empty(rb, **u8), torch.empty(w * rb, **u8))
+        return self._buffers
 
     # -- wire sizes (what one call hands to the collectives on this rank) -------------------------
     @property
     def bytes_per_call(self) -> int:
         if self.world == 1:
             return 0
-        per_rank = self.chunk // 8 + 4 * self.blocks
-        return per_rank * self.world + per_rank  # all_to_all + all_gather
+        return self.row_bytes * self.world + self.row_bytes  # all_to_all + all_gather
 
     def reset_errors(self) -> None:
         self.worker_error.zero_()
@@ -136,57 +224,40 @@ class CompressedAllReduce:
     # -- the collective ---------------------------------------------------------------------------
     @torch.no_grad()
     def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Replace ``tensor`` (1-D, ``numel`` elements, any float dtype) by the compressed average
-        over the group; returns it."""
+        """Replace ``tensor`` (``numel`` elements, any float dtype) by the compressed average over
+        the group; returns it. A contiguous fp32 tensor is read and written in place, with no
+        copy."""
         if tensor.numel() != self.numel:
             raise ValueError(f"compressed all-reduce set up for {self.numel} elements, got "
                              f"{tensor.numel()}")
         self.calls += 1
+        k = self.kernels
         w, nb, blk, chunk, n = self.world, self.blocks, self.block, self.chunk, self.numel
-        sign_bytes = chunk // 8
-        x = self._buf
-        x[:n].copy_(tensor.reshape(-1))
-        x[n:].zero_()
-        x.add_(self.worker_error)
-        xb = x.view(w * nb, blk)
-        bits, scales, decoded = compress(xb, self.counts)
-        torch.sub(xb, decoded, out=self.worker_error.view(w * nb, blk))
-        self.worker_error[n:].zero_()
+        direct = tensor.dtype == torch.float32 and tensor.is_contiguous()
+        flat = tensor.view(-1) if direct else tensor.reshape(-1).float()
+        send, recv, avg, gsend, gathered = self._wire()
 
-        if w == 1:  # nothing to exchange: the server phase still runs, on our own chunk
-            recv_bits, recv_scales = bits, scales
+        # worker: compress x + worker_error, one row per destination rank
+        k.pack(flat, self.worker_error, n, blk, nb, send)
+        if w == 1:
+            recv = send
         else:
-            send = torch.cat([pack_bits(bits).view(w, sign_bytes),
-                              scales.view(w, nb).view(torch.uint8)], dim=1).contiguous()
-            recv = torch.empty_like(send)
             _book(self.comm, "onebit_all_to_all", send.numel(),
                   lambda: dist.all_to_all_single(recv, send, group=self.group))
-            recv_bits = unpack_bits(recv[:, :sign_bytes].contiguous()).view(w * nb, blk)
-            recv_scales = recv[:, sign_bytes:].contiguous().view(torch.float32).view(w * nb)
 
-        # server: average of my chunk over the workers, error-compensated re-compression
-        avg = decode(recv_bits, recv_scales).view(w, chunk).sum(dim=0).div_(w)
-        avg.add_(self.server_error)
+        # server: average of my chunk over the workers, compressed again with its own error
         valid_n = min(max(n - self.rank * chunk, 0), chunk)
-        avg[valid_n:].zero_()
-        mine = self.counts[self.rank * nb:(self.rank + 1) * nb]
-        sbits, sscales, sdecoded = compress(avg.view(nb, blk), mine)
-        torch.sub(avg, sdecoded.view(chunk), out=self.server_error)
-        self.server_error[valid_n:].zero_()
-
+        k.decode(recv, w, nb, blk, avg, valid_n, 1.0 / w, True)
+        k.pack(avg, self.server_error, valid_n, blk, nb, gsend)
         if w == 1:
-            all_bits, all_scales = sbits, sscales
+            gathered = gsend
         else:
-            send = torch.cat([pack_bits(sbits), sscales.view(torch.uint8)]).contiguous()
-            gathered = torch.empty(w * send.numel(), dtype=torch.uint8, device=send.device)
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            _book(self.comm, "onebit_all_gather", send.numel(),
-                  lambda: gather(gathered, send, group=self.group))
-            g = gathered.view(w, -1)
-            all_bits = unpack_bits(g[:, :sign_bytes].contiguous()).view(w * nb, blk)
-            all_scales = g[:, sign_bytes:].contiguous().view(torch.float32).view(w * nb)
-        out = decode(all_bits, all_scales).view(-1)[:n]
-        tensor.view(-1).copy_(out)
+            _book(self.comm, "onebit_all_gather", gsend.numel(),
+                  lambda: gather(gathered, gsend, group=self.group))
+        k.decode(gathered, w, nb, blk, flat, n, 1.0, False)
+        if not direct:
+            tensor.copy_(flat.view(tensor.shape))
         return tensor
 
     # -- state (per rank) ------------------------------------------------------------------------
@@ -220,5 +291,5 @@ def wire_bytes(collective: str, payload: int, world: int) -> float:
     return float(sent_bytes(collective, int(payload), world))
 
 
-__all__ = ["CompressedAllReduce", "pack_bits", "unpack_bits", "compress", "decode",
-           "fp32_allreduce_bytes", "wire_bytes"]
+__all__ = ["CompressedAllReduce", "pack_bits", "unpack_bits", "pack_torch", "decode_torch",
+           "kernels", "fp32_allreduce_bytes", "wire_bytes"]

@@ -28,6 +28,17 @@ import torch
 from ..compressed import CompressedAllReduce
 
 ONE_BIT_TYPES = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
+
+
+def _clamp_op(m: torch.Tensor, denom: torch.Tensor):
+    """The compiled op for ``clamp_to_adam`` when these tensors suit it, else None."""
+    if (m.device.type != "cpu" or m.dtype != torch.float32 or denom.dtype != torch.float32
+            or not m.is_contiguous() or not denom.is_contiguous()
+            or m.numel() != denom.numel()):
+        return None
+    from dslaunch.kernels import load_op
+
+    return load_op("onebit_pack")
 _BACKENDS_OK = (None, "nccl", "gloo")
 
 
@@ -107,6 +118,12 @@ class OneBitOptimizer(torch.optim.Optimizer):
             t.copy_(flat[offset:offset + n].view_as(t))
             offset += n
 
+    def compressed_average_flat(self, flat: torch.Tensor) -> None:
+        """Replace ``flat`` (fp32, contiguous, all parameters in ``all_params()`` order) by its
+        1-bit average over the ranks, in place: no copy in or out."""
+        if self.world_size > 1:
+            self.compressor(flat)
+
     def reset_errors(self) -> None:
         if self._compressor is not None:
             self._compressor.reset_errors()
@@ -129,14 +146,22 @@ class OneBitOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def clamp_to_adam(m: torch.Tensor, denom: torch.Tensor, bound: float) -> torch.Tensor:
-        """Clamp a decompressed momentum so that ``|m / denom| <= bound``. One scale per block
-        gives every coordinate of the block the block's magnitude; a coordinate with a small
-        (frozen) variance, e.g. the embedding row of a rare token, then steps by
+        """Clamp a decompressed momentum so that ``|m / denom| <= bound``, and zero it where
+        ``denom`` is +inf (1-bit Adam's mark for a coordinate that never had a gradient). One
+        scale per block gives every coordinate of the block the block's magnitude; a coordinate
+        with a small (frozen) variance, e.g. the embedding row of a rare token, then steps by
         ``block_rms / sqrt(v)``, hundreds of times what Adam could, and the run diverges (seen:
         NaN after 15 compressed steps). Error feedback still corrects the direction over time;
-        this only keeps each step within what exact Adam could do."""
+        this only keeps each step within what exact Adam could do. One pass with the compiled
+        op ``onebit_pack`` (CPU, fp32, contiguous), else torch."""
+        op = _clamp_op(m, denom)
+        if op is not None:
+            op.clamp(m.data_ptr(), denom.data_ptr(), m.numel(), float(bound),
+                     torch.get_num_threads())
+            return m
         lim = denom * bound
-        return torch.maximum(torch.minimum(m, lim), -lim, out=m)
+        torch.maximum(torch.minimum(m, lim, out=m), lim.neg_(), out=m)
+        return m.masked_fill_(torch.isinf(denom), 0.0)
 
     @staticmethod
     def grad_of(p: torch.Tensor) -> torch.Tensor:

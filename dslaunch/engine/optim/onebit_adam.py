@@ -40,12 +40,99 @@ class OneBitAdam(OneBitOptimizer):
         self.freeze_step = int(freeze_step)
         self.eps_inside_sqrt = bool(eps_inside_sqrt)
         self.adam_w_mode = bool(adam_w_mode)
+        self._flat_m, self._m_views = None, []  # the momenta, one flat buffer (_flat_momentum)
+        self._denom = None  # (flat, per-parameter views) of the frozen denominator
 
     def in_compression_stage(self) -> bool:
         return self.onebit_step >= self.freeze_step
 
     def wants_grad_allreduce(self) -> bool:
         return self.onebit_step + 1 <= self.freeze_step
+
+    # -- state layout ----------------------------------------------------------------------------
+    def _init_state(self, p) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        return state
+
+    def _flat_momentum(self) -> torch.Tensor:
+        """Every ``exp_avg`` as a view of one flat fp32 buffer (``all_params()`` order): the
+        compressed all-reduce then works on the momenta in place, with no gather or scatter."""
+        params = self.all_params()
+        flat = self._flat_m
+        if flat is None or any(self.state[p]["exp_avg"].data_ptr() != v.data_ptr()
+                               for p, v in zip(params, self._m_views)):
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32,
+                               device=params[0].device)
+            views, offset = [], 0
+            for p in params:
+                view = flat[offset:offset + p.numel()].view(p.shape)
+                view.copy_(self._init_state(p)["exp_avg"])
+                self.state[p]["exp_avg"] = view
+                views.append(view)
+                offset += p.numel()
+            self._flat_m, self._m_views = flat, views
+            self._denom = None
+        return flat
+
+    def _frozen_denominator(self):
+        """``sqrt(v_hat) + eps`` of the frozen variance, flat and per parameter, computed once
+        per compression stage (it cannot change). A coordinate whose variance is exactly 0 never
+        had a gradient: its denominator is +inf, so it never moves, as under Adam (one bit
+        cannot say zero; see ``mask_unseen``), and ``clamp_to_adam`` zeroes its momentum."""
+        if self._denom is None:
+            params = self.all_params()
+            parts = []
+            for group in self.param_groups:
+                beta2 = group["betas"][1]
+                bc2 = 1 - beta2 ** self.freeze_step if group["bias_correction"] else 1.0
+                for p in group["params"]:
+                    v = self.state[p]["exp_avg_sq"].reshape(-1)
+                    if self.eps_inside_sqrt:
+                        d = (v / bc2).add_(group["eps"]).sqrt_()
+                    else:
+                        d = (v.sqrt() / math.sqrt(bc2)).add_(group["eps"])
+                    parts.append(d.masked_fill_(v == 0, math.inf))
+            flat = torch.cat(parts)
+            views, offset = [], 0
+            for p in params:
+                views.append(flat[offset:offset + p.numel()].view(p.shape))
+                offset += p.numel()
+            self._denom = (flat, views)
+        return self._denom
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._flat_m, self._m_views, self._denom = None, [], None  # rebuilt from the new state
+
+    # -- the step --------------------------------------------------------------------------------
+    def _fused_warmup(self, t: int) -> bool:
+        """A warmup step with torch's fused Adam/AdamW kernel (the one the engine's ``Adam``
+        uses), so the warmup is the same arithmetic as Adam's, in one pass; False where it does
+        not apply (another device, dtype or Adam variant)."""
+        fused = torch._fused_adamw_ if self.adam_w_mode else torch._fused_adam_
+        if self.eps_inside_sqrt or not hasattr(torch, "_fused_adamw_"):
+            return False
+        for group in self.param_groups:
+            ps = group["params"]
+            if (not group["bias_correction"] or not ps
+                    or any(p.dtype != torch.float32 or p.device.type not in ("cpu", "cuda")
+                           for p in ps)):
+                return False
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            ps = group["params"]
+            states = [self.state[p] for p in ps]
+            for st in states:
+                st["step"].fill_(t)
+            fused(ps, [self.grad_of(p) for p in ps], [st["exp_avg"] for st in states],
+                  [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states],
+                  lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
+                  eps=group["eps"], amsgrad=False, maximize=False)
+        return True
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -58,63 +145,72 @@ class OneBitAdam(OneBitOptimizer):
         compressing = t > self.freeze_step
         if compressing and t == self.freeze_step + 1:
             self.reset_errors()  # error feedback starts with the compression stage
-        momenta = []
+        flat_m = self._flat_momentum()
+        if not compressing:
+            if not self._fused_warmup(t):
+                self._plain_warmup(t)
+            return loss
+
+        # compression stage: local momentum, 1-bit average, step with the frozen variance
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
+            beta1 = group["betas"][0]
             wd = group["weight_decay"]
             for p in group["params"]:
                 state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"].fill_(t)
+                g = self.grad_of(p)
+                if wd and not self.adam_w_mode:
+                    g = g.add(p, alpha=wd)
+                state["exp_avg"].lerp_(g, 1 - beta1)
+        denom, denoms = self._frozen_denominator()
+        # the momentum itself is compressed, as in the paper and DeepSpeed (compressing
+        # m / denom instead, tried here before, ended 18% above Adam after 400 steps)
+        self.compressed_average_flat(flat_m)
+        group0 = self.param_groups[0]
+        same = all(g["betas"] == group0["betas"] and g["bias_correction"]
+                   == group0["bias_correction"] for g in self.param_groups)
+        if same:  # one clamp over the flat buffer (the usual case: one set of betas)
+            beta1, beta2 = group0["betas"]
+            bc1 = 1 - beta1 ** t if group0["bias_correction"] else 1.0
+            self.clamp_to_adam(flat_m, denom, self.adam_bound(beta1, beta2) * bc1)
+        i = 0
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, wd = group["lr"], group["weight_decay"]
+            bc1 = 1 - beta1 ** t if group["bias_correction"] else 1.0
+            for p in group["params"]:
+                m, d = self.state[p]["exp_avg"], denoms[i]
+                i += 1
+                if not same:
+                    self.clamp_to_adam(m, d, self.adam_bound(beta1, beta2) * bc1)
+                if wd and self.adam_w_mode:
+                    p.mul_(1 - lr * wd)
+                p.addcdiv_(m, d, value=-lr / bc1)
+        return loss
+
+    def _plain_warmup(self, t: int) -> None:
+        """Exact Adam/AdamW, parameter by parameter (the fused kernel's arithmetic)."""
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            bc1 = 1 - beta1 ** t if group["bias_correction"] else 1.0
+            bc2 = 1 - beta2 ** t if group["bias_correction"] else 1.0
+            for p in group["params"]:
+                state = self.state[p]
                 state["step"].fill_(t)
                 g = self.grad_of(p)
                 if wd and not self.adam_w_mode:
                     g = g.add(p, alpha=wd)
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(g, alpha=1 - beta1)
-                if not compressing:
-                    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                momenta.append(m)
-        var_steps = min(t, self.freeze_step)
-        denoms = []
-        for group in self.param_groups:
-            beta2 = group["betas"][1]
-            bc2 = 1 - beta2 ** var_steps if group["bias_correction"] else 1.0
-            for p in group["params"]:
-                v = self.state[p]["exp_avg_sq"]
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                 if self.eps_inside_sqrt:
-                    denoms.append((v / bc2).add_(group["eps"]).sqrt_())
+                    denom = (v / bc2).add_(eps).sqrt_()
                 else:
-                    denoms.append((v.sqrt() / math.sqrt(bc2)).add_(group["eps"]))
-        if compressing:
-            # the momentum itself is compressed, as in the paper and DeepSpeed (compressing
-            # m / denom instead, tried here before, ended 18% above Adam after 400 steps)
-            self.compressed_average(momenta)
-            i = 0
-            for group in self.param_groups:
-                beta1, beta2 = group["betas"]
-                bc1 = 1 - beta1 ** t if group["bias_correction"] else 1.0
-                bound = self.adam_bound(beta1, beta2) * bc1  # m / bc1 / denom <= bound
-                for p in group["params"]:
-                    m = momenta[i]
-                    self.clamp_to_adam(self.mask_unseen(m, self.state[p]["exp_avg_sq"]),
-                                       denoms[i], bound)
-                    i += 1
-        i = 0
-        for group in self.param_groups:
-            beta1 = group["betas"][0]
-            lr, wd = group["lr"], group["weight_decay"]
-            bc1 = 1 - beta1 ** t if group["bias_correction"] else 1.0
-            for p in group["params"]:
-                m = self.state[p]["exp_avg"]
-                denom = denoms[i]
-                i += 1
+                    denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
                 if wd and self.adam_w_mode:
                     p.mul_(1 - lr * wd)
                 p.addcdiv_(m, denom, value=-lr / bc1)
-        return loss
 
     def extra_state(self) -> dict:
         return {"freeze_step": self.freeze_step}

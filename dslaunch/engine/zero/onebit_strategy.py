@@ -96,7 +96,7 @@ class OneBitStrategy(Stage0Strategy):
         opt = optimizer_state_tensors(self.optimizer)
         comp = getattr(self.optimizer, "_compressor", None)
         if comp is not None:
-            opt += [comp.worker_error, comp.server_error, comp._buf]
+            opt += [comp.worker_error, comp.server_error, *(comp._buffers or ())]
         if self.masters is not None:
             opt = list(self.masters.values()) + opt
         grads = [self.flat] + [p.grad for p in self.params if p.grad is not None]
