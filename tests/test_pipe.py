@@ -59,6 +59,9 @@ def test_pipe2_1f1b_equals_single_process(tmp_path):
     assert s0["p2p"]["headers_with_shapes"] == 1 and s1["p2p"]["headers_with_shapes"] == 1
     assert s0["p2p"]["messages"] == STEPS * 4 + 4  # activations: train + eval
     assert s1["p2p"]["messages"] == STEPS * 4  # gradients: train only
+    # one transport send per message, plus the one shape header: no header per message
+    assert s0["p2p"]["transfers"] == s0["p2p"]["messages"] + 1
+    assert s1["p2p"]["transfers"] == s1["p2p"]["messages"] + 1
     assert s0["eval_loss"] == s1["eval_loss"] and 4 < s0["eval_loss"] < 7
 
 
@@ -80,6 +83,9 @@ def test_pipe2_gpipe_tied_checkpointing_varying_shapes(tmp_path):
     # the gradients coming back
     assert ranks[0]["p2p"]["headers_with_shapes"] == 3
     assert ranks[1]["p2p"]["headers_with_shapes"] == 3
+    # each of the 2 later layouts costs a header and one discarded buffer of the old size
+    for r in ranks:
+        assert r["p2p"]["transfers"] == r["p2p"]["messages"] + 1 + 2 * 2
 
 
 def test_pipe2_x_dp2_four_ranks(tmp_path):

@@ -1,12 +1,23 @@
 """Point-to-point transfer of activations and gradients between neighbouring stages.
 
-Each message is a tensor or a tuple of tensors. Sends are non-blocking (``isend``; the tensors
-are kept alive until ``wait_all``), receives block. Shapes travel once: every send is preceded by
-a small fixed-size int64 header; its first word says whether the layout (count, dtypes, shapes)
-is the same as on the last message of that channel (then nothing else is in it) or new (then the
-header carries it). So a fixed-shape pipeline exchanges shapes once, and tensors whose shape
-varies between micro-batches or batches (another sequence length, a smaller last micro-batch)
-are still received into buffers of the right size.
+Each message is a tensor or a tuple of tensors. Sends are non-blocking (``isend``; buffers are
+kept alive until ``wait_all``), receives block.
+
+One transport send per message in the steady state: the tensors are packed into one byte buffer
+whose last 8 bytes are a flag word, and shapes travel only when they change. Per channel (peer,
+kind) both sides remember the layout (count, dtypes, shapes) of the last message, so the receiver
+knows how many bytes to expect:
+
+- first message of a channel: a shape header (a small fixed-size int64 tensor), then the packed
+  message;
+- same layout as last time: the packed message only, flag 0;
+- new layout (another sequence length, a smaller last micro-batch): a buffer of the *old* size
+  with flag 1 (what the receiver has posted; its contents are ignored), the header with the new
+  layout, then the packed message.
+
+So a fixed-shape pipeline exchanges shapes once, and tensors whose shape varies between
+micro-batches or batches are still received into buffers of the right size. Each gloo message
+costs a round of thread wake-ups on both sides, so not sending a header per message matters.
 """
 
 from __future__ import annotations
@@ -19,7 +30,10 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
 _CODE = {d: i for i, d in enumerate(DTYPES)}
 MAX_TENSORS, MAX_DIMS = 8, 8
 _SLOT = 2 + MAX_DIMS  # dtype, ndim, dims
-HEADER_LEN = 3 + MAX_TENSORS * _SLOT  # changed, is_tuple, count, slots
+HEADER_LEN = 2 + MAX_TENSORS * _SLOT  # is_tuple, count, slots
+_ALIGN = 64  # each tensor starts on a cache line of the packed buffer (aligned views)
+_FLAG_BYTES = 8
+SAME, CHANGED = 0, 1  # the flag word at the end of a packed buffer
 
 
 def _layout(tensors: tuple, is_tuple: bool) -> tuple:
@@ -38,9 +52,9 @@ def _layout(tensors: tuple, is_tuple: bool) -> tuple:
 def _encode(layout) -> torch.Tensor:
     is_tuple, items = layout
     h = torch.zeros(HEADER_LEN, dtype=torch.int64)
-    h[0], h[1], h[2] = 1, int(is_tuple), len(items)
+    h[0], h[1] = int(is_tuple), len(items)
     for i, (code, shape) in enumerate(items):
-        base = 3 + i * _SLOT
+        base = 2 + i * _SLOT
         h[base], h[base + 1] = code, len(shape)
         for j, d in enumerate(shape):
             h[base + 2 + j] = d
@@ -50,11 +64,38 @@ def _encode(layout) -> torch.Tensor:
 def _decode(h: torch.Tensor):
     vals = h.tolist()
     items = []
-    for i in range(vals[2]):
-        base = 3 + i * _SLOT
+    for i in range(vals[1]):
+        base = 2 + i * _SLOT
         ndim = vals[base + 1]
         items.append((vals[base], tuple(vals[base + 2:base + 2 + ndim])))
-    return (bool(vals[1]), tuple(items))
+    return (bool(vals[0]), tuple(items))
+
+
+def _offsets(layout) -> tuple:
+    """Byte offset of each tensor in the packed buffer, and the buffer's size (flag included)."""
+    offsets, pos = [], 0
+    for code, shape in layout[1]:
+        offsets.append(pos)
+        n = DTYPES[code].itemsize
+        for d in shape:
+            n *= d
+        pos += -(-n // _ALIGN) * _ALIGN
+    return offsets, pos + _FLAG_BYTES
+
+
+def _flag(buf: torch.Tensor) -> torch.Tensor:
+    return buf[-_FLAG_BYTES:].view(torch.int64)
+
+
+def _views(buf: torch.Tensor, layout, offsets) -> list:
+    out = []
+    for (code, shape), off in zip(layout[1], offsets):
+        dtype = DTYPES[code]
+        n = dtype.itemsize
+        for d in shape:
+            n *= d
+        out.append(buf[off:off + n].view(dtype).view(shape))
+    return out
 
 
 class P2P:
@@ -62,48 +103,62 @@ class P2P:
 
     def __init__(self, device=None):
         self.device = device or torch.device("cpu")
-        self._sent_layout: dict = {}
-        self._recv_layout: dict = {}
+        self._sent_layout: dict = {}  # (dst, kind) -> layout the receiver expects next
+        self._recv_layout: dict = {}  # (src, kind) -> (layout, offsets, size)
         self._pending: list = []
-        self.stats = {"messages": 0, "headers_with_shapes": 0, "bytes": 0}
+        # messages: tensors or tuples sent; transfers: transport-level sends (headers and
+        # discarded stale-size buffers included); headers_with_shapes: layouts sent
+        self.stats = {"messages": 0, "transfers": 0, "headers_with_shapes": 0, "bytes": 0}
 
     def send(self, obj, dst: int, kind: str) -> None:
         is_tuple = isinstance(obj, (tuple, list))
         tensors = tuple(obj) if is_tuple else (obj,)
-        tensors = tuple(t.detach().contiguous() for t in tensors)
         layout = _layout(tensors, is_tuple)
         key = (dst, kind)
-        if self._sent_layout.get(key) == layout:
-            header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        else:
-            header = _encode(layout)
+        expected = self._sent_layout.get(key)
+        if expected != layout:
+            if expected is not None:  # the receiver waits for a buffer of the old size
+                stale = torch.zeros(_offsets(expected)[1], dtype=torch.uint8)
+                _flag(stale).fill_(CHANGED)
+                self._isend(stale, dst)
+            self._isend(_encode(layout), dst)
             self._sent_layout[key] = layout
             self.stats["headers_with_shapes"] += 1
-        self._isend(header, dst)
-        for t in tensors:
-            self._isend(t, dst)
+        offsets, size = _offsets(layout)
+        buf = torch.empty(size, dtype=torch.uint8)
+        for view, t in zip(_views(buf, layout, offsets), tensors):
+            view.copy_(t.detach())
+        _flag(buf).fill_(SAME)
+        self._isend(buf, dst)
         self.stats["messages"] += 1
 
     def _isend(self, t, dst):
         self._pending.append((dist.isend(t, dst=dst), t))
+        self.stats["transfers"] += 1
         self.stats["bytes"] += t.numel() * t.element_size()
 
     def recv(self, src: int, kind: str):
+        key = (src, kind)
+        if key not in self._recv_layout:
+            self._recv_header(key, src)
+        layout, offsets, size = self._recv_layout[key]
+        buf = torch.empty(size, dtype=torch.uint8)
+        dist.recv(buf, src=src)
+        if int(_flag(buf)) == CHANGED:
+            self._recv_header(key, src)
+            layout, offsets, size = self._recv_layout[key]
+            buf = torch.empty(size, dtype=torch.uint8)
+            dist.recv(buf, src=src)
+        out = _views(buf, layout, offsets)
+        if self.device.type != "cpu":
+            out = [t.to(self.device) for t in out]
+        return tuple(out) if layout[0] else out[0]
+
+    def _recv_header(self, key, src) -> None:
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         dist.recv(header, src=src)
-        key = (src, kind)
-        if header[0].item() == 1:
-            self._recv_layout[key] = _decode(header)
-        if key not in self._recv_layout:
-            raise RuntimeError(f"pipeline p2p: first message from rank {src} ({kind}) carried "
-                               "no shapes")
-        is_tuple, items = self._recv_layout[key]
-        out = []
-        for code, shape in items:
-            t = torch.empty(shape, dtype=DTYPES[code])
-            dist.recv(t, src=src)
-            out.append(t.to(self.device) if self.device.type != "cpu" else t)
-        return tuple(out) if is_tuple else out[0]
+        layout = _decode(header)
+        self._recv_layout[key] = (layout,) + _offsets(layout)
 
     def wait_all(self) -> None:
         for work, _ in self._pending:
