@@ -1,5 +1,6 @@
-"""ZeRO-Infinity optimizer offload to NVMe, end to end: real 2-rank gloo jobs through `dslaunch
-run`, the tiny GPT of examples/gpt.py, compared with CPU offload on the same data.
+"""ZeRO-Infinity offload to NVMe (optimizer states, and stage 3's parameter shards), end to end:
+real 2-rank gloo jobs through `dslaunch run`, the tiny GPT of examples/gpt.py, compared with CPU
+offload on the same data; plus the parameter store in one process.
 
 The arithmetic is the same (the same CPU Adam steps the same fp32 shards; only where the states
 rest between steps differs), so the losses must agree to 1e-5 relative (the issue's bound) and are
@@ -28,16 +29,26 @@ KEY = "zero_optimization.offload_optimizer.nvme_path"
 _CACHE: dict = {}
 
 
-def _config(stage, device, nvme_path=None, buffer_count=4, sub_group=3000, bucket=8000):
+def _config(stage, device, nvme_path=None, buffer_count=4, sub_group=3000, bucket=8000,
+            param=None, bf16=False):
+    """``param``: the offload_param section; with it, stage 3 gathers per module (small
+    persistence threshold and prefetch budget), so shards move at every forward and backward."""
     off = {"device": device}
     if device == "nvme":
         off.update(nvme_path=str(nvme_path), buffer_count=buffer_count)
-    return {"train_batch_size": 8, "gradient_accumulation_steps": 2,
-            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
-            "gradient_clipping": 0.5, "steps_per_print": 1000,
-            "aio": {"block_size": 65536, "queue_depth": 4, "thread_count": 2},
-            "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket,
-                                  "sub_group_size": sub_group, "offload_optimizer": off}}
+    zero = {"stage": stage, "reduce_bucket_size": bucket, "sub_group_size": sub_group,
+            "offload_optimizer": off}
+    if param is not None:
+        zero.update(offload_param=param, stage3_param_persistence_threshold=100,
+                    stage3_prefetch_bucket_size=3000)
+    c = {"train_batch_size": 8, "gradient_accumulation_steps": 2,
+         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+         "gradient_clipping": 0.5, "steps_per_print": 1000,
+         "aio": {"block_size": 65536, "queue_depth": 4, "thread_count": 2},
+         "zero_optimization": zero}
+    if bf16:
+        c["bf16"] = {"enabled": True}
+    return c
 
 
 def _launch(workdir: Path, name: str, config: dict, *args, check=True, env=None):
@@ -74,7 +85,9 @@ def _swap_root(work, name):
 
 
 def _run(work, name, stage, device, *, resume_from=None, **kw):
-    swap = _swap_root(work, name) if device == "nvme" else None
+    swap = _swap_root(work, name) if device == "nvme" or kw.get("param") else None
+    if kw.get("param", {}).get("device") == "nvme":
+        kw["param"] = dict(kw["param"], nvme_path=str(swap))
     args = ["--steps", str(STEPS)]
     if resume_from:
         args += ["--load", str(work / f"ck_{resume_from}")]
@@ -255,7 +268,8 @@ def test_bad_nvme_path_is_a_clear_error(work):
 
 
 def test_config_errors(work):
-    """Missing nvme_path and offload_param nvme (not implemented) are refused by validation."""
+    """A missing nvme_path (for either section) and nvme on the wrong stage are refused by
+    validation; offload_param nvme with a path is valid."""
     c = _config(3, "nvme", work)
     del c["zero_optimization"]["offload_optimizer"]["nvme_path"]
     cfg = work / "nopath.json"
@@ -263,12 +277,15 @@ def test_config_errors(work):
     p = subprocess.run([str(DSLAUNCH), "config", "validate", str(cfg)], capture_output=True, text=True)
     assert p.returncode != 0 and f"{KEY}: missing" in p.stdout + p.stderr
     c = _config(3, "nvme", work)
-    c["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": str(work)}
+    c["zero_optimization"]["offload_param"] = {"device": "nvme"}
     cfg.write_text(json.dumps(c))
     p = subprocess.run([str(DSLAUNCH), "config", "validate", str(cfg)], capture_output=True, text=True)
     out = p.stdout + p.stderr
-    assert p.returncode != 0 and "zero_optimization.offload_param.device: not supported yet" in out
-    assert "offload_optimizer" not in out  # optimizer offload to NVMe is supported
+    assert p.returncode != 0 and "zero_optimization.offload_param.nvme_path: missing" in out
+    c["zero_optimization"]["offload_param"]["nvme_path"] = str(work)
+    cfg.write_text(json.dumps(c))
+    p = subprocess.run([str(DSLAUNCH), "config", "validate", str(cfg)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr  # parameter offload to NVMe is supported
     from dslaunch.config import ConfigError, resolve_config
 
     c = _config(1, "nvme", work)
@@ -298,3 +315,127 @@ def test_peak_rss_lower_than_cpu_offload(work):
         moved = rc["memory"]["optimizer"]["cpu"] - rn["memory"]["optimizer"]["cpu"]
         assert moved > 0
         assert rc["peak_rss"] - rn["peak_rss"] >= moved / 2, (rc["peak_rss"], rn["peak_rss"], moved)
+
+
+# -- offload_param: {device: nvme} (stage 3's parameter shards in files) ----------------------------
+
+PARAM_NVME = {"device": "nvme", "max_in_cpu": 0, "buffer_count": 3}  # every shard on the drive
+PARAM_PART = {"device": "nvme", "max_in_cpu": 4000, "buffer_count": 2}  # some kept in CPU memory
+PARAM_RUNS = {  # name: (optimizer offload, offload_param, bf16)
+    "pcpu3": ("cpu", {"device": "cpu"}, False),
+    "pnvme3": ("nvme", PARAM_NVME, False),
+    "pcpu3_bf16": ("cpu", {"device": "cpu"}, True),
+    "pnvme3_bf16": ("cpu", PARAM_PART, True),
+}
+
+
+def _param_run(work, name, resume_from=None):
+    opt, param, bf16 = PARAM_RUNS[name.replace("resume_", "")]
+    return _run(work, name, 3, opt, param=param, bf16=bf16, resume_from=resume_from)
+
+
+@pytest.mark.parametrize("ref,name", [("pcpu3", "pnvme3"), ("pcpu3_bf16", "pnvme3_bf16")])
+def test_param_nvme_losses_match_param_cpu(work, ref, name):
+    """Parameters (and, fp32, optimizer states) on NVMe train exactly like offload_param cpu."""
+    cpu, nvme = _param_run(work, ref), _param_run(work, name)
+    assert len(nvme["losses"]) == STEPS
+    assert _max_rel(cpu["losses"], nvme["losses"]) <= 1e-5
+    assert nvme["losses"] == cpu["losses"]  # the same arithmetic: bit-identical in practice
+    assert nvme["losses"][STEPS - 1] < nvme["losses"][0]
+
+
+def test_param_shards_live_in_files_not_in_memory(work):
+    cpu, nvme = _param_run(work, "pcpu3"), _param_run(work, "pnvme3")
+    for rc, rn in zip(cpu["ranks"], nvme["ranks"]):
+        ps = rn["param_swap"]
+        shard_bytes = rn["memory"]["grads"]["cpu"]  # the fp32 gradient shard: as many elements
+        assert ps["in_cpu_numel"] == 0 and 4 * ps["on_nvme_numel"] == shard_bytes
+        # the file held the whole shard, each chunk 4 KiB-aligned, next to the optimizer's file
+        assert rn["swap_files"]["params.swp"] == ps["file_bytes"] >= shard_bytes
+        assert "optimizer_states.swp" in rn["swap_files"]
+        assert f"rank{rn['rank']}" in ps["path"] and str(work / "swap_pnvme3") in ps["path"]
+        # CPU memory: the shard is gone, the swap buffers came instead; the file is under nvme
+        assert rc["memory"]["params"]["cpu"] - rn["memory"]["params"]["cpu"] == \
+            shard_bytes - ps["buffer_bytes"]
+        assert ps["buffer_bytes"] < shard_bytes and ps["buffers"] == 3
+        assert rn["memory"]["params"]["nvme"] == ps["file_bytes"]
+        # every step wrote the shard back; the gathers read it, mostly from reads started ahead
+        assert ps["write_bytes"] >= STEPS * shard_bytes
+        assert ps["read_bytes"] > ps["write_bytes"] and 0 < ps["read_ahead_used"] <= ps["reads"]
+    part = _param_run(work, "pnvme3_bf16")["ranks"][0]["param_swap"]
+    assert 0 < part["in_cpu_numel"] <= 4000 and part["on_nvme_numel"] > 0
+    assert list((work / "swap_pnvme3").iterdir()) == []  # removed at exit
+    assert list((work / "swap_pnvme3_bf16").iterdir()) == []
+
+
+def test_param_nvme_resume_is_exact(work):
+    nvme = _param_run(work, "pnvme3")
+    res = _param_run(work, "resume_pnvme3", resume_from="pnvme3")
+    assert res["losses"] == {k: v for k, v in nvme["losses"].items() if k >= SAVE_AT}
+
+
+def _tiny_plan(world=1):
+    import torch
+
+    from dslaunch.engine.zero.common import named_groups
+    from dslaunch.engine.zero.stage3_units import plan_units
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 20))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return plan_units(model, named_groups(model, opt), world, cap=2000, persistence_threshold=25)
+
+
+def test_param_store_round_trip_and_read_ahead(work):
+    """In one process: the shard written through the store comes back from the file, also via
+    buffers filled by read_ahead; chunks over max_in_cpu are in the file, the rest in memory."""
+    import torch
+
+    from dslaunch.engine.zero.nvme_param_store import NVMeParamStore
+    from dslaunch.engine.zero.nvme_swap import _remove_dir, make_swap_dir
+    from dslaunch.engine.zero.stage3_fetch import RELEASED
+
+    plan = _tiny_plan()
+    d = make_swap_dir(_swap_root(work, "store"), 0, key="zero_optimization.offload_param")
+    store = NVMeParamStore(plan, torch.float32, torch.device("cpu"), None, d, buffer_count=2,
+                           max_in_cpu=700, aio={"block_size": 4096, "queue_depth": 2})
+    assert store.swap_stats()["in_cpu_numel"] <= 700 < sum(store.numel.values())
+    values = torch.randn(plan.layouts[0].shard_numel)
+    store.write_shard(0, values)
+    assert torch.equal(store.read_shard(0), values)
+    on_file = sorted(store.offset)
+    for k in on_file:
+        store.state[k] = RELEASED
+    store.read_ahead(on_file)
+    assert store.stats["read_ahead"] == min(2, len(on_file))
+    assert torch.equal(store.read_shard(0), values)  # read-ahead buffers, then the file
+    assert store.stats["read_ahead_used"] == store.stats["read_ahead"]
+    store.write_chunk(on_file[0], torch.ones(store.numel[on_file[0]]))
+    assert os.path.getsize(store.path) == store.file_bytes
+    import numpy as np
+
+    raw = np.fromfile(store.path, dtype=np.float32, count=store.numel[on_file[0]],
+                      offset=store.offset[on_file[0]])
+    assert (raw == 1).all()  # the chunk's bytes are in the file, where the layout says
+    _remove_dir(d)
+    assert list((work / "swap_store").iterdir()) == []
+
+
+def test_param_nvme_bad_settings_name_the_key(work):
+    import torch
+
+    from dslaunch.engine.zero.nvme_param_store import NVMeParamStore, nvme_param_store
+    from dslaunch.engine.zero.nvme_swap import _remove_dir, make_swap_dir
+
+    key = "zero_optimization.offload_param"
+    missing = work / "no_such_param_dir"
+    cfg = {"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": str(missing)}}}
+    with pytest.raises(ValueError, match=f"{key}.nvme_path: {missing} does not exist"):
+        nvme_param_store(None, torch.float32, torch.device("cpu"), None, cfg, 0)
+    d = make_swap_dir(_swap_root(work, "bad"), 0, key=key)
+    with pytest.raises(ValueError, match=f"{key}.buffer_size: 10 elements, but a parameter chunk"):
+        NVMeParamStore(_tiny_plan(), torch.float32, torch.device("cpu"), None, d,
+                       buffer_size=10, max_in_cpu=0)
+    with pytest.raises(ValueError, match=f"{key}.buffer_count: 0"):
+        NVMeParamStore(_tiny_plan(), torch.float32, torch.device("cpu"), None, d, buffer_count=0)
+    _remove_dir(d)

@@ -176,7 +176,8 @@ class NVMeParamStore(ParamStore):
             slot = self.holder.index(key)
             if key in self.reading:
                 self._wait_io()
-            self.stats["read_ahead_used"] += 1
+            if key not in self.in_use:
+                self.stats["read_ahead_used"] += 1
         else:
             slot = self._read(key, async_op=False)
         self.in_use.add(key)
@@ -219,8 +220,10 @@ class NVMeParamStore(ParamStore):
         parts = []
         for bi in range(len(self.plan.layouts[gi].buckets)):
             key = (gi, bi)
+            busy = key in self.in_use  # an all-gather still reads that buffer: leave it be
             parts.append(self._chunk(key).clone())
-            self._source_done(key)
+            if not busy:
+                self._source_done(key)
         return torch.cat(parts)
 
     def _drop_read_ahead(self) -> None:
@@ -273,7 +276,8 @@ class NVMeParamStore(ParamStore):
                 "on_nvme_numel": sum(self.numel[k] for k in self.offset),
                 "in_cpu_numel": sum(self.numel[k] for k in self.cpu),
                 "buffers": len(self.buffers),
-                "buffer_bytes": sum(b.numel() * b.element_size() for b in self.buffers),
+                # what the buffers' allocations hold (a page more each, for the alignment)
+                "buffer_bytes": sum(b.untyped_storage().nbytes() for b in self.buffers),
                 "backend": self.io.backend, **self.stats}
 
 

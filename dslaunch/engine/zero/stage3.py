@@ -1,7 +1,8 @@
 """ZeRO stage 3: parameters, gradients and optimizer states all partitioned over data parallel.
 
 Each rank keeps only its shard of the parameters (``stage3_fetch.ParamStore``: the one seam that
-says where the shard lives, on the device or, with ``offload_param``, on the CPU), plus its fp32
+says where the shard lives: on the device, on the CPU with ``offload_param: cpu``, or in a file
+with ``nvme``, ``nvme_param_store.py``, which also makes the rank keep fp32 masters), plus its fp32
 master / optimizer / gradient shards as stage 2 does. Parameters are gathered per fetch unit (the
 parameters a module owns directly, ``stage3_units.py``):
 
@@ -316,7 +317,8 @@ class Stage3Strategy(ZeroStage12Strategy):
                     if s.name in sd:
                         self.store.param_view(key, s).copy_(sd[s.name])
                 c = b.chunk(self.world)
-                self.store.write_chunk(key, self.store.full[key][self.rank * c: (self.rank + 1) * c])
+                chunk = self.store.full[key][self.rank * c: (self.rank + 1) * c]
+                self.store.write_chunk(key, chunk)
             rest = {k: v for k, v in sd.items() if k in mine and id(mine[k]) not in ours}
             self.model.load_state_dict(rest, strict=False)
 

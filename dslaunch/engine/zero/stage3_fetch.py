@@ -3,8 +3,8 @@
 ``ParamStore`` is the one place that knows where this rank's parameter shard lives: per optimizer
 group a flat ``local`` tensor (this rank's chunk of every bucket, concatenated, in the training
 dtype; on the CPU with ``offload_param: cpu``; in a file with ``offload_param: nvme``, see
-``nvme_param_store.py``), and per bucket a ``full`` buffer that the model's parameters are views of. A bucket's full buffer has storage only
-while it is gathered (``untyped_storage().resize_(0)`` frees it: parameters and the tensors
+``nvme_param_store.py``), and per bucket a ``full`` buffer that the model's parameters are views
+of. A bucket's full buffer has storage only while it is gathered (``untyped_storage().resize_(0)`` frees it: parameters and the tensors
 autograd saved stay valid views and are refilled in place by the next all-gather).
 
 ``FetchCoordinator`` decides when: a unit (``stage3_units.py``) is gathered just before its
