@@ -42,7 +42,9 @@ def to_fp32_cmd(ckpt_dir, out, tag):
               help="Data-parallel ranks of the job that will load it.")
 @click.option("--tag", default=None, help="Checkpoint tag (default: the one in 'latest').")
 def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
-    """Rewrite a ZeRO 0-2 checkpoint for another number of ranks (same losses on resume)."""
+    """Rewrite a ZeRO 0-3 checkpoint for another number of ranks (same losses on resume).
+
+    Not needed to resume ZeRO 1-3 or stage 0 at another size: load_checkpoint reshards itself."""
     from dslaunch.engine.checkpoint import CheckpointError
     from dslaunch.engine.pipe.consolidate import is_pipe_checkpoint
     from dslaunch.engine.zero.consolidate import reshape
@@ -50,7 +52,7 @@ def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
     try:
         if is_pipe_checkpoint(ckpt_dir, tag):
             raise CheckpointError(f"{ckpt_dir}: a pipeline/tensor-parallel checkpoint cannot be "
-                                  "reshaped (only ZeRO 0-2 ones): consolidate it with "
+                                  "reshaped (only ZeRO 0-3 ones): consolidate it with "
                                   "'dslaunch ckpt to-fp32' and load that file instead")
         dst = reshape(ckpt_dir, out_dir, world_size, tag)
     except CheckpointError as e:

@@ -140,6 +140,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
             "global_steps": engine.global_steps,
             "global_samples": engine.global_samples,
             "micro_steps": engine.micro_steps,
+            "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
             "skipped_steps": engine.skipped_steps,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "loss_scaler": engine.precision.scaler.state_dict(),
@@ -179,11 +180,13 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
 
 # -- load --------------------------------------------------------------------------------------
 
-def _load(path: str):
+def _load(path: str, mmap: bool = False):
+    """``mmap``: map the file instead of reading it (pages are read as tensors are copied out and
+    stay in the shared page cache): for files whose tensors are only copied into place."""
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: checkpoint file not found")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # truncated, not a torch file, unsafe pickle...
         raise CheckpointError(f"{path}: cannot read checkpoint file "
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
@@ -242,7 +245,7 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
         raise CheckpointError(f"{meta_path}: cannot read checkpoint metadata ({e})") from None
 
     mpath = model_file(path)
-    states = _load(mpath)
+    states = _load(mpath, mmap=True)  # only copied into the model: no second copy of it
     if not isinstance(states, dict) or "module" not in states:
         raise CheckpointError(f"{mpath}: not a dslaunch model checkpoint (no 'module')")
     check_module(states["module"], engine.module, mpath, strict)
@@ -251,31 +254,9 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
     if load_module_only:
         return path, states.get("client_state", {})
 
-    rank = engine.global_rank
-    same_layout = (meta.get("world_size") == engine.world_size
-                   and meta.get("zero_stage") == engine.zero_stage)
-    reshardable = (meta.get("zero_stage") == engine.zero_stage and engine.zero_stage in (1, 2)
-                   and hasattr(engine.strategy, "load_resharded"))
-    if load_optimizer_states and not same_layout and reshardable:
-        # ZeRO 1-2 saved with another world size: each rank reads its new shard from the old ones.
-        try:
-            engine.strategy.load_resharded(path)
-        except (KeyError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: cannot reshard the optimizer state ({e})") from None
-    elif load_optimizer_states:
-        if not same_layout:
-            raise CheckpointError(
-                f"{meta_path}: saved with world size {meta.get('world_size')} and ZeRO stage "
-                f"{meta.get('zero_stage')}, this job has {engine.world_size} and stage "
-                f"{engine.zero_stage}; load with load_optimizer_states=False or reshape it")
-        rpath = rank_file(path, rank)
-        rstate = _load(rpath)
-        try:
-            engine.strategy.load_state_dict(rstate["strategy"], load_optimizer_states=True)
-        except (KeyError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{rpath}: optimizer state does not fit ({e})") from None
-        if meta.get("world_size") == engine.world_size:
-            set_rng_state(rstate["rng"])
+    same_world = meta.get("world_size") == engine.world_size
+    if load_optimizer_states:
+        _load_optimizer_states(engine, path, meta)
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler"):
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
     if states.get("loss_scaler"):
@@ -283,9 +264,82 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
     engine.global_steps = int(states["global_steps"])
     engine.global_samples = int(states["global_samples"])
     engine.micro_steps = int(states["micro_steps"])
+    gas, saved_gas = engine.gradient_accumulation_steps(), states.get("gradient_accumulation_steps")
+    # (older checkpoints lack it: a new world size is then the sign of another batch split)
+    if (saved_gas != gas) if saved_gas is not None else not same_world:
+        # the same global batch split otherwise: restart the accumulation window on a boundary
+        # (accumulated gradients are not saved anyway), or the next steps would fall mid-window
+        engine.micro_steps = engine.global_steps * gas
     engine.skipped_steps = int(states.get("skipped_steps", 0))
     engine.strategy.zero_grad()
     return path, states.get("client_state", {})
+
+
+ZERO_STAGES = (1, 2, 3)  # one shard format (shard_checkpoint.py): any of them reads any other
+
+
+def _same_shard_layout(rstate, strategy) -> bool:
+    """Whether a rank file's shards are laid out exactly as ``strategy`` lays out its own."""
+    try:
+        saved = [g["layout"] for g in rstate["strategy"]["zero"]["groups"]]
+    except (KeyError, TypeError):
+        return True  # not a shard file: load_state_dict says what is wrong with it
+    return saved == [g.layout.meta() for g in strategy.groups]
+
+
+def _load_optimizer_states(engine, path: str, meta: dict) -> None:
+    """Restore the strategy's optimizer state (fp32 masters, optimizer moments, step) and, when
+    the world size is unchanged, this rank's RNG states.
+
+    ZeRO 1-3 checkpoints are resharded on load whenever this job lays the shards out otherwise
+    (another world size, another stage among 1-3, another bucket size): each rank reads only the
+    pieces of the old shards that fall in its new shard. A stage 0 checkpoint holds the same
+    optimizer state on every rank, so a stage 0 job of any size reads one of them."""
+    strategy, rank = engine.strategy, engine.global_rank
+    saved_world, saved_stage = meta.get("world_size"), meta.get("zero_stage")
+    same_world = saved_world == engine.world_size
+    if (saved_stage in ZERO_STAGES and engine.zero_stage in ZERO_STAGES
+            and hasattr(strategy, "load_resharded")):
+        rstate = _load(rank_file(path, rank), mmap=True) if same_world else None
+        if rstate is None or not _same_shard_layout(rstate, strategy):
+            try:
+                strategy.load_resharded(path)
+            except (KeyError, ValueError, RuntimeError) as e:
+                raise CheckpointError(f"{path}: cannot reshard the optimizer state ({e})") \
+                    from None
+            if rstate is not None:
+                set_rng_state(rstate["rng"])
+            return
+    elif saved_stage == engine.zero_stage == 0 and _plain_stage0(strategy) and not same_world:
+        rstate = _load(rank_file(path, rank % int(saved_world)))
+        _strategy_load(strategy, rstate, rank_file(path, rank % int(saved_world)))
+        return
+    elif not (same_world and saved_stage == engine.zero_stage):
+        raise CheckpointError(
+            f"{os.path.join(path, 'metadata.json')}: saved with world size {saved_world} and "
+            f"ZeRO stage {saved_stage}, this job has {engine.world_size} and stage "
+            f"{engine.zero_stage}; only ZeRO stages 1-3 convert between each other; load with "
+            "load_optimizer_states=False (weights only)")
+    else:
+        rstate = _load(rank_file(path, rank))
+    # same world size and shard layout: this rank's own file, as saved
+    _strategy_load(strategy, rstate, rank_file(path, rank))
+    set_rng_state(rstate["rng"])
+
+
+def _plain_stage0(strategy) -> bool:
+    """Stage 0's optimizer state is the same on every rank; the 1-bit optimizers' error feedback
+    (a subclass) is per rank and does not carry to another world size."""
+    from dslaunch.engine.zero.stage0 import Stage0Strategy
+
+    return type(strategy) is Stage0Strategy
+
+
+def _strategy_load(strategy, rstate, rpath: str) -> None:
+    try:
+        strategy.load_state_dict(rstate["strategy"], load_optimizer_states=True)
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{rpath}: optimizer state does not fit ({e})") from None
 
 
 def save_16bit_model(engine, save_dir: str, save_filename: str = "pytorch_model.bin",

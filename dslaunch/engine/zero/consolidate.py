@@ -16,7 +16,8 @@ import shutil
 
 import torch
 
-from dslaunch.engine.checkpoint import (CheckpointError, model_file, rank_file, resolve_tag)
+from dslaunch.engine.checkpoint import (CheckpointError, _atomic_text, model_file, rank_file,
+                                         resolve_tag)
 from dslaunch.engine.zero.partition import Layout
 from dslaunch.engine.zero.reshape import ParamIndex, relayout, reshard
 
@@ -143,6 +144,5 @@ def reshape(ckpt_dir: str, out_dir: str, world_size: int, tag=None) -> str:
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.replace(tmp, dst)
-    with open(os.path.join(out_dir, "latest"), "w") as f:
-        f.write(tag)
+    _atomic_text(os.path.join(out_dir, "latest"), tag)
     return dst

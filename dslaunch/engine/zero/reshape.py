@@ -1,4 +1,4 @@
-"""Reading a partitioned (ZeRO 1-2) checkpoint by parameter, whatever the world size it was saved
+"""Reading a partitioned (ZeRO 1-3) checkpoint by parameter, whatever the world size it was saved
 with: the range arithmetic behind consolidation, offline reshaping and resharding on load.
 
 A rank's shard is its chunk of every bucket, concatenated (``partition.py``). Elements

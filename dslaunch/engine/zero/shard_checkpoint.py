@@ -1,4 +1,4 @@
-"""What a ZeRO 1-2 rank saves and loads: its shard of the fp32 weights and of every optimizer
+"""What a ZeRO 1-3 rank saves and loads: its shard of the fp32 weights and of every optimizer
 state, plus the layout metadata that says which parameter elements the shard holds (so that
 consolidation and reshaping to another world size need nothing but the files).
 
@@ -69,7 +69,7 @@ def _check_layout(saved: dict, g, gi: int) -> None:
 def load_shard_state_dict(strategy, sd: dict) -> None:
     z = sd.get("zero") if isinstance(sd, dict) else None
     if z is None:
-        raise ValueError("not a ZeRO stage 1/2 shard (saved by another stage?)")
+        raise ValueError("not a ZeRO 1-3 shard (saved by stage 0?)")
     if len(z["groups"]) != len(strategy.groups):
         raise ValueError(f"{len(z['groups'])} optimizer groups saved, {len(strategy.groups)} now")
     for gi, (saved, g) in enumerate(zip(z["groups"], strategy.groups)):
@@ -93,14 +93,26 @@ def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict) ->
             for k, full in state.items():
                 st[k] = P.shard_chunks(full, g.layout)[sp_i].to(sp.device).clone()
             for k, v in scalars.items():
-                # an integer count (DSCPUAdam's step) goes back as a Python int
-                st[k] = int(v) if not v.is_floating_point() and v.dim() == 0 else v.clone()
+                st[k] = _scalar_state(strategy.optimizer, k, v)
             opt_state[sp] = st
 
 
+def _scalar_state(optimizer, key: str, v: torch.Tensor):
+    """A saved scalar in the form ``optimizer`` keeps it. The step count is a Python int in the
+    compiled CPU optimizers (offload_optimizer) and a 0-dim float32 tensor in torch's: a
+    checkpoint saved with offload can be loaded without it, and the other way round."""
+    from dslaunch.engine.optim.cpu_adam import _CPUOptimizer
+
+    if key == "step" and v.dim() == 0:
+        return int(v) if isinstance(optimizer, _CPUOptimizer) else v.to(torch.float32).clone()
+    # other integer counts go back as Python ints, as they were saved
+    return int(v) if not v.is_floating_point() and v.dim() == 0 else v.clone()
+
+
 def load_resharded(strategy, ckpt_path: str) -> None:
-    """Load a ZeRO 1-2 checkpoint saved with another world size (or bucket layout): every rank
-    reads the pieces of the old shards that fall in its new shard (files opened with mmap)."""
+    """Load a ZeRO 1-3 checkpoint laid out otherwise (another world size, stage or bucket size;
+    shards are matched by parameter name): every rank reads the pieces of the old shards that
+    fall in its new shard (files opened with mmap): memory of the order of its own shard."""
     import json
     import os
 
@@ -113,7 +125,7 @@ def load_resharded(strategy, ckpt_path: str) -> None:
     files = _RankFiles(ckpt_path, int(meta["world_size"]))
     z0 = files.zero(0)
     if z0 is None:
-        raise ValueError("the checkpoint holds no ZeRO 1-2 shards (saved by stage 0 or 3?)")
+        raise ValueError("the checkpoint holds no ZeRO 1-3 shards (saved by stage 0?)")
     if len(z0["groups"]) != len(strategy.groups):
         raise ValueError(f"{len(z0['groups'])} optimizer groups saved, {len(strategy.groups)} now")
     for gi, (saved, g) in enumerate(zip(z0["groups"], strategy.groups)):

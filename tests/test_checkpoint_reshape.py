@@ -1,0 +1,218 @@
+"""ZeRO stage 3 checkpoints loaded with another world size, and across stages 1-3.
+
+Real gloo jobs through `dslaunch run` (tests/scripts/zero_train.py, the tiny GPT of
+examples/gpt.py, global batch 16 whatever the world size):
+
+- a: stage 3, fp32, 2 ranks, 12 steps, saves at step 6 (the reference: its steps 6-11 are what an
+  unreshaped resume gives, bit for bit, see test_zero_train.py::test_resume_is_bit_identical);
+- r4: 4 ranks, stage 3 with offload_optimizer + offload_param cpu, loads a's checkpoint
+  (resharded automatically by load_checkpoint), saves at step 9;
+- r1: that checkpoint rewritten for 1 rank by `dslaunch ckpt reshape`, resumed on 1 rank;
+- b: stage 3, bf16, offload_optimizer + offload_param cpu, 2 ranks, saves at step 6;
+  rb: a 1-rank stage 2 bf16 job (no offload) resumes it.
+
+Tolerances. fp32: 1e-5 relative per step (the issue's bound). Another world size splits the
+global batch into other micro-batches and sums the gradients in another order, so gradients differ
+by fp32 rounding (~1e-7 relative); Adam carries that forward (observed ~2e-7). bf16: 2e-3 relative,
+one bf16 rounding step (8 mantissa bits): gradients are held and reduce-scattered in bf16, so
+another world size rounds the partial sums differently, by up to about one bf16 ulp per value.
+The optimizer state itself is moved exactly: the exactness checks below compare fp32 masters, Adam
+moments and step counts bit for bit, read back from the files.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "zero_train.py"
+DSLAUNCH = Path(sys.executable).with_name("dslaunch")
+STEPS, SAVE_AT, RESAVE_AT = 12, 6, 9
+pytestmark = pytest.mark.slow
+
+_CACHE: dict = {}
+
+
+def _config(stage, precision="fp32", offload=False):
+    z = {"stage": stage, "reduce_bucket_size": 20000}
+    if stage == 3:  # partition every parameter of the tiny model (the default keeps it whole)
+        z["stage3_param_persistence_threshold"] = 0
+    if offload:
+        z["offload_optimizer"] = {"device": "cpu"}
+        if stage == 3:
+            z["offload_param"] = {"device": "cpu"}
+    c = {"train_batch_size": 16, "gradient_accumulation_steps": 2,
+         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+         "gradient_clipping": 0.5, "steps_per_print": 1000, "zero_optimization": z}
+    if precision == "bf16":
+        c["bf16"] = {"enabled": True}
+    return c
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("reshape")
+
+
+def _launch(work: Path, name: str, nproc: int, config: dict, *args) -> dict:
+    if name in _CACHE:
+        return _CACHE[name]
+    cfg = work / f"{name}.json"
+    cfg.write_text(json.dumps(config))
+    out = work / f"{name}.out.json"
+    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", str(nproc), "--config", str(cfg),
+                        str(SCRIPT), "--steps", str(STEPS), "--out", str(out),
+                        *[str(a) for a in args]],
+                       capture_output=True, text=True, timeout=240, cwd=ROOT,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    _CACHE[name] = {int(k): v for k, v in res["losses"].items()}
+    return _CACHE[name]
+
+
+def _ckpt(*args) -> str:
+    p = subprocess.run([str(DSLAUNCH), "ckpt", *[str(a) for a in args]], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def run_a(work):
+    return _launch(work, "a", 2, _config(3), "--save", work / "ck_a", "--save-at", SAVE_AT)
+
+
+def run_b(work):
+    return _launch(work, "b", 2, _config(3, "bf16", offload=True),
+                   "--save", work / "ck_b", "--save-at", SAVE_AT)
+
+
+def _max_rel(ref, got):
+    assert got and set(got) <= set(ref)
+    return max(abs(ref[k] - got[k]) / abs(ref[k]) for k in got)
+
+
+def _meta(ckpt_dir: Path) -> dict:
+    tag = (ckpt_dir / "latest").read_text().strip()
+    return json.loads((ckpt_dir / tag / "metadata.json").read_text())
+
+
+def test_stage3_2_to_4_to_1_ranks_continues_with_the_same_losses(work):
+    full = run_a(work)
+    assert full[STEPS - 1] < full[0] - 0.3  # it trains
+    r4 = _launch(work, "r4", 4, _config(3, offload=True), "--load", work / "ck_a",
+                 "--save", work / "ck_r4", "--save-at", RESAVE_AT)
+    assert _meta(work / "ck_r4")["world_size"] == 4
+    _ckpt("reshape", work / "ck_r4", work / "ck_r1", "--world-size", 1)
+    assert _meta(work / "ck_r1")["world_size"] == 1
+    r1 = _launch(work, "r1", 1, _config(3), "--load", work / "ck_r1")
+    assert sorted(r4) == list(range(SAVE_AT, STEPS)) and sorted(r1) == list(range(RESAVE_AT, STEPS))
+    assert _max_rel(full, r4) <= 1e-5
+    assert _max_rel(full, r1) <= 1e-5
+    # the 1-rank checkpoint consolidates to the very weights of the 4-rank one it was made from
+    from dslaunch.engine.zero.consolidate import to_fp32
+
+    _ckpt("to-fp32", work / "ck_r1", work / "r1.pt")
+    to_fp32(work / "ck_r4", work / "r4.pt")
+    a, b = (torch.load(work / f, weights_only=True) for f in ("r4.pt", "r1.pt"))
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_stage3_bf16_offload_checkpoint_continues_in_stage2_on_one_rank(work):
+    full = run_b(work)
+    rb = _launch(work, "rb", 1, _config(2, "bf16"), "--load", work / "ck_b")
+    assert sorted(rb) == list(range(SAVE_AT, STEPS))
+    assert _max_rel(full, rb) <= 2e-3
+
+
+# -- exactness, read back from the files -----------------------------------------------------------
+
+def _optimizer_state(ckpt_dir: Path) -> dict:
+    """Every parameter's fp32 master and optimizer states, and each group's scalars (step),
+    reassembled from the rank files: {(group, key, name): tensor}."""
+    from dslaunch.engine.zero.consolidate import _RankFiles
+    from dslaunch.engine.zero.partition import Layout
+    from dslaunch.engine.zero.reshape import ParamIndex
+
+    path = str(ckpt_dir / (ckpt_dir / "latest").read_text().strip())
+    files = _RankFiles(path, _meta(ckpt_dir)["world_size"])
+    out = {}
+    for gi, g in enumerate(files.zero(0)["groups"]):
+        idx = ParamIndex(Layout.from_meta(g["layout"]))
+        for key in ["master", *g["state"]]:
+            def shards(k, gi=gi, key=key):
+                saved = files.zero(k)["groups"][gi]
+                return saved["master"] if key == "master" else saved["state"][key]
+            for name in idx.names():
+                out[(gi, key, name)] = idx.gather(shards, name).clone()
+        for k, v in g["scalars"].items():
+            # the CPU optimizers count steps in an int, torch's in a float tensor: compare values
+            out[(gi, "scalar", k)] = torch.as_tensor(v, dtype=torch.float64).reshape(())
+    return out
+
+
+def _assert_same_state(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    bad = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not bad, bad[:5]
+
+
+@pytest.mark.parametrize("src,world", [("a", 3), ("b", 4)])
+def test_reshape_moves_weights_and_optimizer_state_exactly(work, src, world):
+    """What `dslaunch ckpt reshape` and `ckpt to-fp32` run (called here without a process each:
+    the CLI itself is exercised above)."""
+    from dslaunch.engine.zero.consolidate import reshape, to_fp32
+
+    (run_a if src == "a" else run_b)(work)
+    old, new = work / f"ck_{src}", work / f"ck_{src}_to{world}"
+    reshape(old, new, world)
+    assert _meta(new)["world_size"] == world and _meta(new)["zero_stage"] == 3
+    _assert_same_state(_optimizer_state(old), _optimizer_state(new))
+    to_fp32(old, work / f"{src}.pt")
+    to_fp32(new, work / f"{src}_to{world}.pt")
+    a = torch.load(work / f"{src}.pt", weights_only=True)
+    b = torch.load(work / f"{src}_to{world}.pt", weights_only=True)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- single-process engines: automatic resharding on load, across stages -------------------------
+
+def _engine(config, d_model=32):
+    sys.path.insert(0, str(ROOT))
+    import dslaunch
+    from examples.gpt import GPT, GPTConfig
+
+    torch.manual_seed(1)  # other initial weights than the jobs': the checkpoint must replace them
+    model = GPT(GPTConfig(seq_len=32, n_layer=2, n_head=2, d_model=d_model))
+    engine, *_ = dslaunch.initialize(model=model, config=config)
+    return engine
+
+
+def test_load_reshards_exactly_from_stage3_to_stage2_and_back(work):
+    """2-rank stage 3 -> 1-rank stage 2 -> 1-rank stage 3 with offload, each loaded by
+    load_checkpoint and saved again: the optimizer state never changes by a bit."""
+    run_a(work)
+    e2 = _engine(_config(2))
+    e2.load_checkpoint(work / "ck_a")
+    assert e2.global_steps == SAVE_AT
+    e2.save_checkpoint(work / "ck_a_s2")
+    e3 = _engine(_config(3, offload=True))
+    e3.load_checkpoint(work / "ck_a_s2")
+    e3.save_checkpoint(work / "ck_a_s3")
+    assert _meta(work / "ck_a_s2")["zero_stage"] == 2 and _meta(work / "ck_a_s3")["zero_stage"] == 3
+    ref = _optimizer_state(work / "ck_a")
+    _assert_same_state(ref, _optimizer_state(work / "ck_a_s2"))
+    _assert_same_state(ref, _optimizer_state(work / "ck_a_s3"))
+
+
+def test_mismatched_stage3_checkpoint_names_the_tensor(work):
+    from dslaunch.engine.checkpoint import CheckpointError
+
+    run_a(work)
+    with pytest.raises(CheckpointError, match=r"tensor 'tok_emb.weight' has shape \[256, 32\]"):
+        _engine(_config(3), d_model=48).load_checkpoint(work / "ck_a")
