@@ -19,7 +19,9 @@ namespace with the launcher variables (RANK, WORLD_SIZE, MASTER_ADDR...) that ds
 ``init_distributed`` reads, as under torchrun or srun, because ``dslaunch run`` reaches other
 hosts over ssh and the shared fake hosts (tests/infra, bridge dsl-br0) belong to the multi-host
 tests, which may be running. Adam and 1-bit Adam (15% warmup) alternate ``--repeats`` times on a
-bigger GPT; reported: median step time in warmup and compression stage, and the bytes the veth
+bigger GPT; reported: median step time in warmup and compression stage, the part of it spent
+inside the engine's collectives (``comm_s_*``: comm_stats seconds, waiting on the link and on
+the other rank included), and the bytes the veth
 really transmitted (TCP/IP headers and the rendezvous included) against ``comm_stats``'s sent
 bytes. Namespaces ``onebit-n0/1`` (203.0.113.1-2, TEST-NET-3, no route out) are removed at the
 end. Needs root.
@@ -227,12 +229,18 @@ def run_slow(name, opt, args, workdir: Path, port: int) -> dict:
     rec = json.loads((out / "rank_0.json").read_text())
     comp = rec["compressing"]
     secs = rec["step_seconds"][1:]  # the first step pays for lazy set-up
+    comm_s = rec["step_comm_seconds"][1:]
     comp = comp[1:]
     warm = [s for s, c in zip(secs, comp) if not c]
     compr = [s for s, c in zip(secs, comp) if c]
+    warm_comm = [s for s, c in zip(comm_s, comp) if not c]
+    compr_comm = [s for s, c in zip(comm_s, comp) if c]
     sent = sum(sum(b.values()) for b in rec["step_sent"])
-    return {"step_s_warmup_median": statistics.median(warm) if warm else None,
-            "step_s_compression_median": statistics.median(compr) if compr else None,
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    return {"step_s_warmup_median": med(warm),
+            "step_s_compression_median": med(compr),
+            "comm_s_warmup_median": med(warm_comm),
+            "comm_s_compression_median": med(compr_comm),
             "train_loop_s": sum(rec["step_seconds"]),
             "veth_tx_bytes_per_rank": wire, "comm_stats_sent_bytes_rank0": sent,
             "num_params": rec["num_params"]}
@@ -259,6 +267,8 @@ def slow_link(args, result: dict) -> None:
         summary[name] = {
             "step_s_warmup_median": med([r["step_s_warmup_median"] for r in rs]),
             "step_s_compression_median": med([r["step_s_compression_median"] for r in rs]),
+            "comm_s_warmup_median": med([r["comm_s_warmup_median"] for r in rs]),
+            "comm_s_compression_median": med([r["comm_s_compression_median"] for r in rs]),
             "train_loop_s_median": med([r["train_loop_s"] for r in rs]),
             "veth_tx_bytes_per_rank_median": med([sum(r["veth_tx_bytes_per_rank"]) / 2
                                                   for r in rs]),

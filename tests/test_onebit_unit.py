@@ -3,6 +3,8 @@ the single-process behaviour (no ranks to talk to: exact Adam/LAMB arithmetic)."
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -178,3 +180,123 @@ def test_never_seen_coordinates_keep_zero_momentum():
     v = torch.tensor([0.0, 1e-12, 0.0, 2.0])
     OneBitAdam.mask_unseen(m, v)
     assert m.tolist() == [0.0, -0.25, 0.0, 1.0]
+
+
+# -- the compiled op onebit_pack equals the torch kernels -----------------------------------------
+
+def _compiled_kernels():
+    from dslaunch.engine import compressed
+    from dslaunch.kernels import builder
+
+    return compressed._Compiled(builder.load("onebit_pack"))
+
+
+# (values, block, blocks per row, rows): padding inside a block, whole padding blocks, odd sign
+# bytes per row (scales not 4-byte aligned), one row (the server side)
+@pytest.mark.parametrize("n, block, row_blocks, rows", [
+    (37, 40, 1, 1), (4099, 64, 33, 2), (5000, 8, 313, 2), (1000, 24, 11, 4), (300_001, 2048, 74, 2)])
+def test_compiled_pack_and_decode_equal_torch(n, block, row_blocks, rows):
+    from dslaunch.engine.compressed import decode_torch, pack_torch
+
+    ops = _compiled_kernels()
+    g = torch.Generator().manual_seed(n)
+    padded = rows * row_blocks * block
+    n_valid = min(n, padded)
+    x = torch.randn(n, generator=g)
+    x[:5] = 0.0  # sign of 0 is +1 in both
+    err0 = torch.zeros(padded)
+    err0[:n_valid] = 0.1 * torch.randn(n_valid, generator=g)
+    row_bytes = row_blocks * block // 8 + 4 * row_blocks
+    sign_bytes = row_blocks * block // 8
+    wire = {}
+    for name, pack in (("compiled", ops.pack), ("torch", pack_torch)):
+        err, out = err0.clone(), torch.full((rows * row_bytes,), 7, dtype=torch.uint8)
+        pack(x, err, n_valid, block, row_blocks, out)
+        wire[name] = (out.view(rows, row_bytes), err)
+    (a, ea), (b, eb) = wire["compiled"], wire["torch"]
+    assert torch.equal(a[:, :sign_bytes], b[:, :sign_bytes])  # signs: bit for bit
+    sa = a[:, sign_bytes:].reshape(-1).clone().view(torch.float32)
+    sb = b[:, sign_bytes:].reshape(-1).clone().view(torch.float32)
+    torch.testing.assert_close(sa, sb, rtol=1e-6, atol=0)  # norms summed in another order
+    torch.testing.assert_close(ea, eb, rtol=0, atol=1e-6 * sb.abs().max().item())
+    assert not ea[n_valid:].any()  # padding carries no error
+    # decode: the torch wire into both decoders, summed over rows and laid out row after row
+    for sum_rows, n_out in ((True, row_blocks * block - 3), (False, n_valid)):
+        outs = [torch.full((padded,), 7.0) for _ in range(2)]
+        ops.decode(b.reshape(-1), rows, row_blocks, block, outs[0], n_out, 1 / rows, sum_rows)
+        decode_torch(b.reshape(-1), rows, row_blocks, block, outs[1], n_out, 1 / rows, sum_rows)
+        assert torch.equal(outs[0], outs[1]), sum_rows
+        assert outs[0][n_out:].eq(7.0).all()  # nothing written past n_out
+
+
+def test_compiled_clamp_equals_torch():
+    from dslaunch.engine.optim.onebit import OneBitOptimizer, clamp_torch
+
+    g = torch.Generator().manual_seed(3)
+    m = torch.randn(70_001, generator=g)
+    denom = torch.rand(70_001, generator=g) * 0.1 + 1e-8
+    denom[::7] = float("inf")  # never-seen coordinates: momentum forced to 0
+    ref = clamp_torch(m.clone(), denom, 3.0)
+    got = OneBitOptimizer.clamp_to_adam(m.clone(), denom, 3.0)
+    assert torch.equal(got, ref)
+    assert got[::7].eq(0).all() and ((got / denom).abs() <= 3.0 * (1 + 1e-6)).all()
+    assert (ref != m).any()  # the bound did cut some
+
+
+def test_compressed_allreduce_compiled_equals_torch_over_calls():
+    """One rank (no group needed): worker and server compression run; ten calls let the error
+    buffers of both implementations evolve side by side."""
+    n = 10_007
+    cars = [CompressedAllReduce(n, block_size=256, use_compiled=c) for c in (True, False)]
+    assert [c.compiled for c in cars] == [True, False]
+    g = torch.Generator().manual_seed(5)
+    for _ in range(10):
+        x = torch.randn(n, generator=g)
+        a, b = cars[0](x.clone()), cars[1](x.clone())
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cars[0].worker_error, cars[1].worker_error, rtol=0, atol=1e-5)
+    torch.testing.assert_close(cars[0].server_error, cars[1].server_error, rtol=0, atol=1e-5)
+    y = torch.randn(n, generator=g).double()  # another dtype: converted, result written back
+    out = cars[0](y)
+    assert out is y and out.dtype == torch.float64
+
+
+def test_onebit_adam_compression_stage_uses_the_frozen_variance():
+    """One rank (nothing to compress): after freeze_step every step is Adam with the variance of
+    step freeze_step, the momentum clamped to Adam's bound, from one flat momentum buffer; the
+    same after a state_dict round trip (the buffer and the denominator are rebuilt)."""
+    freeze, lr = 4, 1e-2
+    _, opt = _train(lambda p: OneBitAdam(p, lr=lr, freeze_step=freeze), steps=freeze)
+    params = opt.all_params()
+    v = [opt.state[p]["exp_avg_sq"].clone() for p in params]
+    m = [opt.state[p]["exp_avg"].clone() for p in params]
+    x = [p.detach().clone() for p in params]
+    g = [torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) for i, p in
+         enumerate(params)]
+    sd = copy.deepcopy(opt.state_dict())  # the state holds the live tensors
+    bound = OneBitAdam.adam_bound(0.9, 0.999)
+    for t in (freeze + 1, freeze + 2):
+        bc1 = 1 - 0.9 ** t
+        for i, p in enumerate(params):
+            p.grad = g[i].clone()
+            m[i] = 0.9 * m[i] + 0.1 * g[i]
+            denom = v[i].sqrt() / (1 - 0.999 ** freeze) ** 0.5 + 1e-8
+            m[i] = torch.maximum(torch.minimum(m[i], denom * bound * bc1), -denom * bound * bc1)
+            x[i] = x[i] - lr / bc1 * m[i] / denom
+        opt.step()
+    for i, p in enumerate(params):
+        torch.testing.assert_close(p.detach(), x[i], rtol=1e-5, atol=1e-7)
+        assert torch.equal(opt.state[p]["exp_avg_sq"], v[i])  # frozen
+    flat = opt._flat_m
+    assert all(opt.state[p]["exp_avg"].data_ptr() == flat[o:].data_ptr() for p, o in
+               zip(params, [0, 48, 56, 64]))  # Linear(6,8), bias 8, Linear(8,1), bias 1
+    _, again = _train(lambda p: OneBitAdam(p, lr=lr, freeze_step=freeze), steps=freeze)
+    again.load_state_dict(sd)
+    for i, p in enumerate(again.all_params()):
+        p.grad = g[i].clone()
+    again.step()
+    for i, p in enumerate(again.all_params()):
+        p.grad = g[i].clone()
+    again.step()
+    for a, b in zip(again.all_params(), params):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=0)

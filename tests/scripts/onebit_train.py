@@ -1,7 +1,8 @@
 """Rank script for the 1-bit optimizer tests and benchmark: trains the tiny example GPT through
 dslaunch's public API with the config's optimizer and writes --out/rank_{r}.json: per-step global
 mean loss, per-step bytes each collective booked in engine.comm_stats() (the difference of two
-snapshots around the step: payload ``step_bytes`` and sent ``step_sent``), the step's wall time,
+snapshots around the step: payload ``step_bytes`` and sent ``step_sent``), the step's wall time
+and the part of it spent in the engine's collectives (``step_comm_seconds``),
 the optimizer's stage, the final loss on --eval-batches held-out batches, and a checksum of the
 parameters.
 
@@ -66,11 +67,12 @@ def delta(after, before):
 
 
 rec = {"rank": rank, "world": world, "start": start, "losses": [], "step_bytes": [],
-       "step_sent": [], "step_seconds": [], "compressing": [], "optimizer": type(optimizer).__name__,
+       "step_sent": [], "step_seconds": [], "step_comm_seconds": [], "compressing": [], "optimizer": type(optimizer).__name__,
        "num_params": sum(p.numel() for p in model.parameters())}
 for step in range(start, args.steps):
     tokens, targets = batches.batch_at(step, rank, world)
     before, before_sent = snapshot(), snapshot("sent_bytes")
+    before_s = sum(snapshot("seconds").values())
     t0 = time.perf_counter()
     total = torch.zeros(())
     stage = getattr(optimizer, "in_compression_stage", lambda: False)()
@@ -80,6 +82,8 @@ for step in range(start, args.steps):
         engine.backward(loss)
         engine.step()
     rec["step_seconds"].append(time.perf_counter() - t0)
+    # time spent inside the engine's collectives (waiting on the link included)
+    rec["step_comm_seconds"].append(sum(snapshot("seconds").values()) - before_s)
     rec["step_bytes"].append(delta(snapshot(), before))
     rec["step_sent"].append(delta(snapshot("sent_bytes"), before_sent))
     rec["compressing"].append(bool(stage))

@@ -30,6 +30,13 @@ from ..compressed import CompressedAllReduce
 ONE_BIT_TYPES = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
 
 
+def clamp_torch(m: torch.Tensor, denom: torch.Tensor, bound: float) -> torch.Tensor:
+    """``OneBitOptimizer.clamp_to_adam`` with torch ops (what the compiled op must equal)."""
+    lim = denom * bound
+    torch.maximum(torch.minimum(m, lim, out=m), lim.neg_(), out=m)
+    return m.masked_fill_(torch.isinf(denom), 0.0)
+
+
 def _clamp_op(m: torch.Tensor, denom: torch.Tensor):
     """The compiled op for ``clamp_to_adam`` when these tensors suit it, else None."""
     if (m.device.type != "cpu" or m.dtype != torch.float32 or denom.dtype != torch.float32
@@ -159,9 +166,7 @@ class OneBitOptimizer(torch.optim.Optimizer):
             op.clamp(m.data_ptr(), denom.data_ptr(), m.numel(), float(bound),
                      torch.get_num_threads())
             return m
-        lim = denom * bound
-        torch.maximum(torch.minimum(m, lim, out=m), lim.neg_(), out=m)
-        return m.masked_fill_(torch.isinf(denom), 0.0)
+        return clamp_torch(m, denom, bound)
 
     @staticmethod
     def grad_of(p: torch.Tensor) -> torch.Tensor:
