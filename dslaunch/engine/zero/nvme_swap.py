@@ -424,6 +424,7 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
 
     def absorb(self) -> None:
         """After a checkpoint load put ordinary tensors in ``state``: write them to the file."""
+        self._int_steps()
         for i, sg in enumerate(self.subgroups):
             fresh = [p for p in sg.params if self.state.get(p) and any(
                 _per_element(v, p) for v in self.state[p].values())]
@@ -436,6 +437,18 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
             self._read(i, 0, sync=True)  # the parts of the range that were not reloaded
             self._adopt(i, 0)
             self._write(i, 0, sync=True)
+
+    def _int_steps(self) -> None:
+        """The compiled CPU optimizers count steps in a Python int; a loader that does not see
+        through this wrapper may hand the count back as a 0-dim tensor (torch's form)."""
+        from dslaunch.engine.optim.cpu_adam import _CPUOptimizer
+
+        if not isinstance(self.inner, _CPUOptimizer):
+            return
+        for st in self.state.values():
+            v = st.get("step")
+            if torch.is_tensor(v) and v.dim() == 0:
+                st["step"] = int(v)
 
     def state_dict(self):
         with self.swapped_in():
