@@ -103,6 +103,8 @@ def _scalar_state(optimizer, key: str, v: torch.Tensor):
     checkpoint saved with offload can be loaded without it, and the other way round."""
     from dslaunch.engine.optim.cpu_adam import _CPUOptimizer
 
+    while hasattr(optimizer, "inner"):  # the NVMe swapper steps the optimizer it wraps
+        optimizer = optimizer.inner
     if key == "step" and v.dim() == 0:
         return int(v) if isinstance(optimizer, _CPUOptimizer) else v.to(torch.float32).clone()
     # other integer counts go back as Python ints, as they were saved
