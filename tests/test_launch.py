@@ -146,10 +146,18 @@ def test_bad_config_lists_problems_and_starts_nothing(tmp_path):
 def test_rank_env_and_config(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}))
+    token = uuid.uuid4().hex  # from an env file, as users keep their tokens
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / ".dslaunch_env").write_text(f"DSLAUNCH_TEST_TOKEN={token}\n")
     r = dslaunch("run", "--nproc-per-node", 2, "--master-port", 29613, "--config", cfg,
-                 "--env", "DSLAUNCH_TEST_VALUE=x=$HOME `y`", SCRIPTS / "launch_env.py", tmp_path)
+                 "--env", "DSLAUNCH_TEST_VALUE=x=$HOME `y`", SCRIPTS / "launch_env.py", tmp_path,
+                 cwd=workdir)
     assert r.returncode == 0, r.stderr
     ranks = read_ranks(tmp_path)
+    for rec in ranks:  # the environment reached the ranks over the agent's stdin, not its argv
+        assert rec["env"]["DSLAUNCH_TEST_TOKEN"] == token and rec["token_in_argv"] is False
+        assert rec["env"]["DSLAUNCH_PLAN_ENV"] is None
     cores = len(os.sched_getaffinity(0))
     for i, rec in enumerate(ranks):
         env = rec["env"]

@@ -12,7 +12,7 @@ import pytest
 
 from dslaunch.cli.sbatch import render_script
 from dslaunch.launcher import hosts_check
-from dslaunch.launcher.plan import WorldPlan, build_plan
+from dslaunch.launcher.plan import ENV_VAR, WorldPlan, build_plan, decode_env
 from dslaunch.launcher.runners import get_runner
 from dslaunch.launcher.runners.base import RunnerError
 from dslaunch.launcher.runners.nodeshim import node_rank
@@ -37,9 +37,26 @@ def test_ssh_command_quotes_only_our_words():
     assert words[0] == "exec" and words[1] == "/opt/py 3/bin/python"
     assert words[-2:] == ["--node-rank", "1"]
     decoded = WorldPlan.decode(words[words.index("--plan") + 1])
-    assert decoded.program == ["train.py", *HOSTILE] and decoded.env == {"V": "$(x)"}
+    # the environment is not in the command line: it goes over the agent's stdin (hand_over)
+    assert decoded.program == ["train.py", *HOSTILE] and decoded.env == {}
+    assert decoded.env_channel == "stdin" and r.notices() == []
     for h in HOSTILE[:3]:
         assert h not in remote
+
+
+def test_environment_stays_out_of_every_argv_but_pdsh():
+    p = build_plan({"host1": [0], "host2": [0]}, program=["t.py"], launcher="mpich",
+                   master_port=29500, env={"HF_TOKEN": "hf_s3cret", "V": "1"})
+    mpich = get_runner("mpich")(p, {})
+    mpich.binary = lambda: "mpiexec.mpich"
+    spec = mpich.agent_specs()[0]
+    assert "hf_s3cret" not in " ".join(spec["argv"]) and mpich.notices() == []
+    blob = spec["popen_kwargs"]["env"][ENV_VAR]  # hydra forwards mpiexec's environment
+    assert decode_env(blob) == {"HF_TOKEN": "hf_s3cret", "V": "1"}
+    pdsh = get_runner("pdsh")(p, {})
+    words = shlex.split(pdsh.agent_specs()[0]["argv"][-1])
+    assert WorldPlan.decode(words[words.index("--plan") + 1]).env["HF_TOKEN"] == "hf_s3cret"
+    assert len(pdsh.notices()) == 1 and "HF_TOKEN" in pdsh.notices()[0]
 
 
 def test_bad_ssh_args():

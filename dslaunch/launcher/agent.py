@@ -26,7 +26,7 @@ import threading
 import time
 
 from dslaunch.launcher import events
-from dslaunch.launcher.plan import WorldPlan
+from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
 
 TAIL_LINES = 20
 DUMP_WAIT = 0.5  # seconds between the SIGUSR1 stack dump and SIGTERM (the dump is written at once)
@@ -242,9 +242,35 @@ class Agent:
                    signal=events.signal_name(rc), time=failed_at, stopped=stopped,
                    error=error, output_tail=list(r.tail))
 
+    def receive_env(self) -> None:
+        """Take the job's environment from the private channel the plan names (plan.py)."""
+        channel = self.plan.env_channel
+        if channel == "environ":
+            text = os.environ.pop(ENV_VAR, None)  # popped: the ranks must not inherit the blob
+            if text is None:
+                raise RuntimeError(f"{ENV_VAR} is not set: the launcher's environment did not "
+                                   "reach this agent")
+        elif channel == "stdin":
+            line = sys.stdin.buffer.readline().decode("ascii", "replace")
+            word, _, text = line.partition(" ")
+            if word != ENV_LINE:
+                raise RuntimeError("the launcher sent no environment (the connection closed "
+                                   "first)" if not line else f"expected the environment, got {word!r}")
+        else:
+            return
+        try:
+            self.plan.env = decode_env(text)
+        except ValueError as exc:
+            raise RuntimeError(f"unreadable environment from the launcher: {exc}") from None
+
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
+        try:
+            self.receive_env()  # before the stdin reader thread: the first line is the environment
+        except (OSError, RuntimeError) as exc:
+            self.event(events.ERROR, message=f"cannot start ranks on {self.host}: {exc}")
+            return 2
         threading.Thread(target=self._read_stdin, daemon=True).start()
         # Heartbeats from the start: GPU detection (nvidia-smi) alone can take seconds.
         threading.Thread(target=self._heartbeat, daemon=True).start()

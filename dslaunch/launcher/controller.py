@@ -69,6 +69,8 @@ class JobController:
     # ---- public --------------------------------------------------------------------------------
     def run(self) -> int:
         """Run the job (with restarts); the launcher's exit code."""
+        for notice in self.runner.notices():
+            self._say(notice)
         restore = self._install_signals()
         try:
             attempt = 0
@@ -107,6 +109,7 @@ class JobController:
                 self._fail(Failure(time.time(), "agent", f"cannot start the agent for {a.label}: {exc}"))
                 a.finished = True
                 continue
+            self.runner.hand_over(a)
             threading.Thread(target=self._read_stdout, args=(a,), daemon=True).start()
             threading.Thread(target=self._read_stderr, args=(a,), daemon=True).start()
 

@@ -3,6 +3,12 @@
 The plan is plain data (JSON). ``--dry-run --json`` prints it, and each agent receives it whole
 (base64 of the JSON, one argv word), so the program argv, the environment and the config travel as
 data and are never spliced into a shell string: hostile arguments arrive byte-identical.
+
+The environment is the exception: a process's argv is world-readable (``ps``, /proc/PID/cmdline)
+on every host, and the environment carries tokens (HF_TOKEN, WANDB_API_KEY). So when the runner
+has a private channel (``env_channel``) the encoded plan holds no environment, and the values
+reach each agent as one line on its stdin (``stdin``) or in a variable of the fan-out process's
+environment, which only the job's user can read (``environ``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,21 @@ HOST_PREFIX = "[{host}:{rank}] "
 # Hosts that mean "this machine"; a plan made only of these runs with the local runner and
 # defaults MASTER_ADDR to 127.0.0.1 (as torchrun does) rather than a name that may resolve to ::1.
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+# The private environment channel: the stdin line's first word, and the variable's name.
+ENV_LINE = "env"
+ENV_VAR = "DSLAUNCH_PLAN_ENV"
+
+
+def encode_env(env: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(env, separators=(",", ":")).encode()).decode("ascii")
+
+
+def decode_env(text: str) -> dict:
+    env = json.loads(base64.urlsafe_b64decode(text.strip().encode("ascii")).decode())
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError("the private environment is not a name -> string mapping")
+    return env
 
 
 @dataclass
@@ -48,6 +69,7 @@ class WorldPlan:
     heartbeat_interval: float = 1.0
     line_prefix: str = LOCAL_PREFIX
     max_restarts: int = 0
+    env_channel: str = ""  # "" (env inside the encoded plan), "stdin" or "environ": see above
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -67,10 +89,13 @@ class WorldPlan:
         return cls.from_dict(json.loads(text))
 
     def encode(self) -> str:
-        """base64 of the JSON (without display-only fields): safe as one argv word, even over ssh."""
+        """base64 of the JSON (without display-only fields): safe as one argv word, even over ssh.
+        With a private ``env_channel`` the environment is left out (it travels that way)."""
         data = self.to_dict()
         data.pop("commands", None)
         data.pop("env_sources", None)
+        if self.env_channel:
+            data["env"] = {}
         raw = json.dumps(data, separators=(",", ":")).encode()
         return base64.urlsafe_b64encode(raw).decode("ascii")
 

@@ -1,6 +1,7 @@
 """A real 2-host x 2-slot job through every runner: gloo all_reduce across the fake hosts, each rank
 reports its host, rank and the propagated variables, and hostile argv/env values arrive
-byte-identical with nothing executed anywhere."""
+byte-identical with nothing executed anywhere. A token from the env file reaches the ranks without
+showing in any process's command line (except with pdsh, which says so)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 HOSTILE_ARGS = ["it's", "$(touch f_arg)", "`touch g_arg`", "$HOME", "two\nlines", "a  b ", "--config", ""]
 HOSTILE_ENV = "it's $(touch f_env) `touch g_env` $HOME\nline2  end "
 FILE_VALUE = "x=$(touch f_file) 'q' \"dq\" `touch g_file` $HOME"
+TOKEN = "hf_" + "7c0ffee" * 4
+ENV_FILE = f"DSL_T_FILE={FILE_VALUE}\nDSL_T_TOKEN={TOKEN}\n"
 CREATED = ["f_arg", "g_arg", "f_env", "g_env", "f_file", "g_file"]
 
 # What each runner needs on these fake hosts (see INFRA.md): Open MPI must keep off the VM's own
@@ -34,7 +37,7 @@ def reports(stdout: str) -> list:
     return sorted(out, key=lambda x: x[1]["rank"])
 
 
-def check_job(res, jobdir):
+def check_job(res, jobdir, token_private=True):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = reports(res.stdout)
     assert [r["rank"] for _, r in got] == [0, 1, 2, 3], res.stdout
@@ -48,23 +51,27 @@ def check_job(res, jobdir):
         assert r["file_var"] == FILE_VALUE
         assert r["args"] == HOSTILE_ARGS
         assert r["ompi_rank"] is None  # the MPI runtime's per-process rank does not leak to ranks
+        assert r["token"] == TOKEN and r["plan_env"] is None
+        assert r["token_in_argv"] is not token_private, "the environment showed in an argv"
     for name in CREATED:
         assert not (jobdir / name).exists(), f"{name} was created: a value was run by a shell"
 
 
 @pytest.mark.parametrize("launcher", ["ssh", "pdsh", "openmpi", "mpich"])
 def test_two_hosts_allreduce_env_and_hostile_args(cluster, jobdir, launcher):
-    (jobdir / ".dslaunch_env").write_text(f"DSL_T_FILE={FILE_VALUE}\n")
+    (jobdir / ".dslaunch_env").write_text(ENV_FILE)
     hf = cluster.hostfile(jobdir / "hostfile")
     res = cluster.dslaunch("run", "-H", str(hf), "--launcher", launcher, *RUNNER_ARGS.get(launcher, []),
                            "--env", f"DSL_T_VAR={HOSTILE_ENV}", "report.py", *HOSTILE_ARGS,
                            cwd=jobdir, env=RUNNER_ENV.get(launcher))
-    check_job(res, jobdir)
+    check_job(res, jobdir, token_private=launcher != "pdsh")
+    assert ("DSL_T_TOKEN travel(s) inside the agents' command line" in res.stderr) \
+        is (launcher == "pdsh")
     cluster.assert_clean(jobdir)
 
 
 def test_slurm_srun_inside_allocation(slurm, jobdir):
-    (jobdir / ".dslaunch_env").write_text(f"DSL_T_FILE={FILE_VALUE}\n")
+    (jobdir / ".dslaunch_env").write_text(ENV_FILE)
     hf = slurm.hostfile(jobdir / "hostfile")
     res = slurm.dslaunch("run", "-H", str(hf), "--launcher", "slurm", "--env", f"DSL_T_VAR={HOSTILE_ENV}",
                          "report.py", *HOSTILE_ARGS, cwd=jobdir, timeout=180,
@@ -75,7 +82,7 @@ def test_slurm_srun_inside_allocation(slurm, jobdir):
 
 def test_slurm_without_hostfile_uses_the_allocation(slurm, jobdir):
     """No -H inside salloc: the allocation's nodes and tasks per node are the plan."""
-    (jobdir / ".dslaunch_env").write_text(f"DSL_T_FILE={FILE_VALUE}\n")
+    (jobdir / ".dslaunch_env").write_text(ENV_FILE)
     res = slurm.dslaunch("run", "--launcher", "slurm", "--env", f"DSL_T_VAR={HOSTILE_ENV}",
                          "report.py", *HOSTILE_ARGS, cwd=jobdir,
                          timeout=180, prefix=["salloc", "--quiet", "-N2", "-w", "host1,host2",

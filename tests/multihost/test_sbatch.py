@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from test_runners import FILE_VALUE, HOSTILE_ARGS, HOSTILE_ENV, check_job
+from test_runners import ENV_FILE, HOSTILE_ARGS, HOSTILE_ENV, check_job
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
@@ -34,7 +34,7 @@ def test_sbatch_rejects_unsafe_directive(slurm, jobdir):
 
 
 def test_sbatch_submits_a_real_job(slurm, jobdir):
-    (jobdir / ".dslaunch_env").write_text(f"DSL_T_FILE={FILE_VALUE}\n")
+    (jobdir / ".dslaunch_env").write_text(ENV_FILE)
     res = slurm.dslaunch("sbatch", "-N", "2", "--ntasks-per-node", "2", "-w", "host1,host2",
                          "-o", str(jobdir / "out-%j.txt"), "--",
                          "--env", f"DSL_T_VAR={HOSTILE_ENV}", "report.py", *HOSTILE_ARGS, cwd=jobdir)

@@ -14,7 +14,8 @@ import shlex
 import signal
 
 from dslaunch.launcher import events
-from dslaunch.launcher.plan import WorldPlan
+from dslaunch.launcher.environment import is_secret
+from dslaunch.launcher.plan import ENV_LINE, WorldPlan, encode_env
 
 
 class RunnerError(Exception):
@@ -23,10 +24,15 @@ class RunnerError(Exception):
 
 class Runner:
     name = "base"
+    # How the environment reaches the agents without appearing in any argv (plan.py): "stdin" when
+    # the runner forwards our stdin to every agent, "environ" when it forwards our environment,
+    # "" when neither (the environment then travels inside the plan, and notices() says so).
+    env_channel = "stdin"
 
     def __init__(self, plan: WorldPlan, options: dict | None = None):
         self.plan = plan
         self.options = dict(options or {})
+        plan.env_channel = self.env_channel
 
     # ---- to override -----------------------------------------------------------------------------
     def validate(self) -> None:
@@ -40,6 +46,24 @@ class Runner:
         return argv
 
     # ---- shared ----------------------------------------------------------------------------------
+    def notices(self) -> list:
+        """One-line warnings shown when the job starts."""
+        secrets = sorted(k for k in self.plan.env if is_secret(k))
+        if self.env_channel or not secrets:
+            return []
+        return [f"--launcher {self.name} cannot hand the environment over privately: "
+                f"{', '.join(secrets)} travel(s) inside the agents' command line, readable with "
+                "`ps` on every host; use --launcher ssh, openmpi, mpich or slurm to keep it private"]
+
+    def hand_over(self, agent) -> None:
+        """Called once the agent process has started: give it what the plan leaves out."""
+        if self.env_channel == "stdin":
+            try:
+                agent.proc.stdin.write(f"{ENV_LINE} {encode_env(self.plan.env)}\n".encode())
+                agent.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass  # already gone: its EOF is being handled
+
     def agent_argv(self, node: dict, restart_count: int = 0) -> list:
         """The agent command for one node, as it must run on that node."""
         argv = [self.plan.python, "-m", "dslaunch.launcher.agent", "--plan", self.plan.encode(),

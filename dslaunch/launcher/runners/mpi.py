@@ -9,7 +9,8 @@ are removed before the agent starts (they would describe the agent, not the rank
 
 Control channel: Open MPI forwards the launcher's stdin to every agent (``--stdin all``). MPICH's
 hydra forwards stdin to its rank 0 only, so a stop is also sent as SIGINT to mpiexec, which hydra
-passes to every process (the agent stops its ranks on SIGINT).
+passes to every process (the agent stops its ranks on SIGINT), and the job's environment goes to
+the agents in a variable of mpiexec's environment (hydra forwards it whole), not on stdin.
 
 Options: ``--launcher-args`` go to mpirun/mpiexec (e.g. ``--mca btl_tcp_if_include eth0`` or
 ``-iface eth0``); MCA settings can also come from ``OMPI_MCA_*`` variables and hydra's from
@@ -23,6 +24,7 @@ import os
 import shutil
 import signal
 
+from dslaunch.launcher.plan import ENV_VAR, encode_env
 from dslaunch.launcher.runners import remote
 from dslaunch.launcher.runners.base import Runner, RunnerError
 
@@ -102,6 +104,7 @@ class MPICHRunner(MPIRunner):
     name = "mpich"
     binaries = ("mpiexec.mpich", "mpiexec.hydra")
     rank_from = "mpich"
+    env_channel = "environ"
 
     def fanout_argv(self, hosts: list) -> list:
         return [self.binary(), "-n", str(len(hosts)), "-ppn", "1", "-hosts", ",".join(hosts)]
@@ -111,6 +114,7 @@ class MPICHRunner(MPIRunner):
         words = self.ssh_words()
         if words:
             env["HYDRA_LAUNCHER_EXTRA_ARGS"] = " ".join(words)
+        env[ENV_VAR] = encode_env(self.plan.env)
         return env
 
     def send(self, agent, command: str) -> None:

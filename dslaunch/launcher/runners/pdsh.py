@@ -7,7 +7,8 @@ stop is therefore not shown (the root cause has already been reported by then).
 
 Gotchas handled (INFRA.md): Debian's pdsh defaults to rsh (we pass ``-R ssh``), pdsh exits 0
 when remote commands fail unless ``-S``, and pdsh does not forward the environment (ours travels
-inside the plan).
+inside the plan, so it is visible in ``ps`` on the hosts: the job start says so when it holds
+names that look like credentials).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dslaunch.launcher.runners.base import Runner, RunnerError
 
 class PdshRunner(Runner):
     name = "pdsh"
+    env_channel = ""  # pdsh forwards neither our stdin nor our environment
 
     def validate(self) -> None:
         for w in self._ssh_words():
