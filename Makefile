@@ -25,7 +25,7 @@ cuda-check:
 
 # pytest exit code 5 (no tests collected) must fail CI, and it does: we pass it through.
 test:
-	$(BIN)/python -m pytest -x -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -x -q -p no:cacheprovider --durations=20 tests
 
 test-fast:
 	$(BIN)/python -m pytest -q -m "not slow and not multihost" tests
