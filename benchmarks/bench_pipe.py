@@ -13,14 +13,15 @@ seq 128, torch Adam lr 1e-3 under both runtimes, OMP_NUM_THREADS=1, gloo
 Parts:
   peer      2 stages on 2 ranks, 1F1B, micro-batch 4 x 1 and 1 x 4 (512 tokens per step, the
             issue's DeepSpeed measurement), dslaunch and DeepSpeed interleaved, --repeats times;
-            ratio = dslaunch tokens/s / DeepSpeed tokens/s (medians over repeats).
+            ratio = dslaunch tokens/s / DeepSpeed tokens/s (medians over repeats); each rank's
+            CPU seconds per step beside it (what the work costs, whatever the load).
   schedule  2 stages, 8 micro-batches, 1F1B vs GPipe with saved-activation accounting: per stage
             the most micro-batches held at once and the bytes autograd kept for them (1F1B: at
             most P - s micro-batches on stage s; GPipe: all M).
   layouts   4 ranks, 8 sequences per step: pipe4, pipe2 x dp2, tp2 x dp2, pipe2 x tp2 (dslaunch),
             and pipe4, pipe2 x dp2 under DeepSpeed.
 Bubble (every dslaunch pipeline run): per stage 1 - (load + forward + backward seconds) /
-(seconds of the schedule), against the theory (P - 1) / (M + P - 1) for 1F1B. With more ranks
+(seconds of the schedule, optimizer step excluded), against the theory (P - 1) / (M + P - 1) for 1F1B. With more ranks
 than cores the busy time includes waiting for a core: read 4-rank bubbles with the load average.
 JSON to stdout and benchmarks/results/pipe-<timestamp>.json; a table to stderr.
 """
@@ -104,6 +105,7 @@ def run_config(args, runtime, nproc, pp, tp=1, micro=1, gas=4, schedule="1f1b",
     step_s = bu.median(ranks[0]["times"])  # between barriers: the slowest rank's step
     desc.update({"tokens_per_step": ranks[0]["tokens_per_step"], "median_step_s": step_s,
                  "tokens_per_s": round(ranks[0]["tokens_per_step"] / step_s, 1),
+                 "cpu_s_per_step_per_rank": [round(bu.median(r["cpu_s"]), 3) for r in ranks],
                  "losses": ranks[0]["losses"], "parts": ranks[0]["parts"],
                  "params_per_rank": [r["params"] for r in ranks]})
     if runtime == "dslaunch":
@@ -121,7 +123,7 @@ def _pipeline_facts(ranks, pp, m) -> dict:
     for s in sorted(stages):
         t = stages[s]["pipe_times"]
         work = t.get("load", 0.0) + t.get("forward", 0.0) + t.get("backward", 0.0)
-        total = t.get("total", 0.0)
+        total = t.get("total", 0.0) - t.get("step", 0.0)  # the schedule without the optimizer
         busy.append(round(work, 4))
         bubble.append(round(1.0 - work / total, 4) if total else None)
         live.append(stages[s]["peak_live_micro_batches"])
@@ -151,7 +153,9 @@ def part_peer(args) -> dict:
     summary = {}
     for key, rs in runs.items():
         summary[key] = {"tokens_per_s_median": bu.median([r.get("tokens_per_s") for r in rs]),
-                        "tokens_per_s_all": [r.get("tokens_per_s") for r in rs]}
+                        "tokens_per_s_all": [r.get("tokens_per_s") for r in rs],
+                        "cpu_s_per_step_all": [r.get("cpu_s_per_step_per_rank") for r in rs],
+                        "loadavg_1min_all": [(r.get("loadavg") or [None])[0] for r in rs]}
     for mb, g in shapes:
         if not args.no_peer:
             summary[f"ratio_{mb}x{g}"] = bu.ratio(summary[f"dslaunch_{mb}x{g}"]

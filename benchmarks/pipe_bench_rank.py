@@ -4,7 +4,8 @@ pipeline engine's train_batch, under dslaunch (``--runtime dslaunch``, started b
 run``) or DeepSpeed (``--runtime deepspeed``, started by the peer venv's torchrun). Only torch and
 examples/gpt.py are imported besides the runtime, so the same file runs in both venvs.
 
-Writes --out/rank_{r}.json: step times (between barriers), losses and, for dslaunch, the
+Writes --out/rank_{r}.json: step times (between barriers), CPU seconds per step (this rank's
+process: a load-independent view of the work done), losses and, for dslaunch, the
 per-instruction seconds of the pipeline executor, the activations held (count and bytes).
 """
 
@@ -135,11 +136,12 @@ def data(step):
     return iter([(tok[i * m:(i + 1) * m], tgt[i * m:(i + 1) * m]) for i in range(args.gas)])
 
 
-times, losses = [], []
+times, cpus, losses = [], [], []
 for step in range(args.warmup + args.steps):
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = engine.train_batch(data_iter=data(step))
+    cpus.append(time.process_time() - c0)  # this rank's CPU seconds (all its threads)
     dist.barrier()
     times.append(time.perf_counter() - t0)
     losses.append(float(loss))
@@ -147,7 +149,7 @@ for step in range(args.warmup + args.steps):
         engine.pipe_times.clear()  # instruction timings over the timed steps only
 
 rec = {"runtime": args.runtime, "rank": rank, "stage": stage, "dp_rank": dp_rank,
-       "times": times[args.warmup:], "losses": losses,
+       "times": times[args.warmup:], "cpu_s": cpus[args.warmup:], "losses": losses,
        "tokens_per_step": args.micro * args.gas * dp_world * CFG.seq_len,
        "params": sum(p.numel() for p in module.parameters()),
        "parts": [int(x) for x in module.parts]}  # DeepSpeed's may be numpy ints

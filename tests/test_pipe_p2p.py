@@ -1,6 +1,7 @@
 """pipe/p2p.py over real gloo between two processes: messages of changing layouts (a tensor, a
 tuple of mixed dtypes, smaller shapes, a 0-dim tensor) arrive intact on two channels at once,
-shapes travel only when they change, and a fixed layout costs one transport send per message."""
+whether their receive was posted ahead or not; shapes travel only when they change, and a fixed
+layout costs one transport send per message."""
 
 import json
 
@@ -34,9 +35,10 @@ def _worker(rank, init, out):
     p2p, other = P2P(), 1 - rank
     sent, expected = _messages(rank), _messages(other)
     ok = []
-    for mine, theirs in zip(sent, expected):  # both directions in flight at once
+    for i, (mine, theirs) in enumerate(zip(sent, expected)):  # both directions at once
         p2p.send(mine, other, "act" if rank == 0 else "grad")
-        got = p2p.recv(other, "grad" if rank == 0 else "act")
+        # every other receive posts the next one ahead: layout changes land on both paths
+        got = p2p.recv(other, "grad" if rank == 0 else "act", prefetch_next=i % 2 == 0)
         ok.append(_same(got, theirs))
     p2p.wait_all()
     with open(f"{out}/{rank}.json", "w") as f:

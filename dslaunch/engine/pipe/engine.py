@@ -106,9 +106,13 @@ class PipelineEngine(DSLaunchEngine):
         self.module.train()
         schedule = get_schedule(self.pipe_schedule)
         instrs = schedule(self.num_stages, self.stage_id, self.micro_batches)
-        losses = self._execute(instrs, data_iter, train=True)
+        self._applied = False
+        losses = self._execute(instrs, data_iter, train=True)  # its "step" steps the optimizer
+        # the loss broadcast syncs the stages: after the step, so that the last stage's
+        # optimizer step overlaps the first stage's last backward
         loss = self._aggregate(losses)
-        self._optimizer_step(loss)
+        self._losses = [loss.detach()]
+        self._after_step(self._applied)
         return loss
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg"):
@@ -161,6 +165,13 @@ class PipelineEngine(DSLaunchEngine):
         first, last = self.is_first_stage(), self.is_last_stage()
         scale = self.precision.scaler.loss_scale / self.micro_batches
         times = self.pipe_times if train else defaultdict(float)
+        # receives left per channel: post each next one ahead, never one past the stream's end
+        left = {op: sum(i.op == op for i in instrs) for op in ("recv_act", "recv_grad")}
+        peer = {"recv_act": (self.grid.prev_rank, "act"),
+                "recv_grad": (self.grid.next_rank, "grad")}
+        for op, n in left.items():
+            if n:
+                self.p2p.prefetch(*peer[op])
         clock = time.perf_counter
         t_prev = t_start = clock()
         prev_op = None
@@ -183,7 +194,8 @@ class PipelineEngine(DSLaunchEngine):
                 if last:
                     labels[m] = self._to_device(y)
             elif op == "recv_act":
-                x = self.p2p.recv(self.grid.prev_rank, "act")
+                left[op] -= 1
+                x = self.p2p.recv(*peer[op], prefetch_next=left[op] > 0)
                 if train:
                     for t in _floats(x):
                         t.requires_grad_(True)
@@ -215,7 +227,8 @@ class PipelineEngine(DSLaunchEngine):
                 out = outputs[m] if train else outputs.pop(m)
                 self.p2p.send(_detach(out), self.grid.next_rank, "act")
             elif op == "recv_grad":
-                grads_out[m] = self.p2p.recv(self.grid.next_rank, "grad")
+                left[op] -= 1
+                grads_out[m] = self.p2p.recv(*peer[op], prefetch_next=left[op] > 0)
             elif op == "backward":
                 boundary = n_bwd == self.micro_batches - 1
                 self.strategy.prepare_backward(boundary)
@@ -248,7 +261,7 @@ class PipelineEngine(DSLaunchEngine):
                 self.module.allreduce_tied_weight_gradients(
                     grad_of=(lambda p: views.get(p)) if views is not None else None)
             elif op == "step":
-                pass  # after the loss is aggregated (train_batch)
+                self._applied = self._optimizer_step()
             else:
                 raise RuntimeError(f"PipelineEngine: unknown instruction {ins}")
         t_now = clock()
@@ -279,7 +292,7 @@ class PipelineEngine(DSLaunchEngine):
             dist.broadcast(loss, group=self.grid.pipe_group, group_src=self.num_stages - 1)
         return loss
 
-    def _optimizer_step(self, loss) -> None:
+    def _optimizer_step(self) -> bool:
         self.timers.start("step")
         applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
         self.strategy.zero_grad()
@@ -292,8 +305,7 @@ class PipelineEngine(DSLaunchEngine):
         self.global_samples += self._train_batch
         self.micro_steps += self.micro_batches
         self.timers.stop("step")
-        self._losses = [loss.detach()]
-        self._after_step(applied)
+        return applied
 
 
 @contextlib.contextmanager

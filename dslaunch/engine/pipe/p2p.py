@@ -18,9 +18,17 @@ knows how many bytes to expect:
 So a fixed-shape pipeline exchanges shapes once, and tensors whose shape varies between
 micro-batches or batches are still received into buffers of the right size. Each gloo message
 costs a round of thread wake-ups on both sides, so not sending a header per message matters.
+
+Receives can be posted ahead (``prefetch``, or ``recv(..., prefetch_next=True)``): gloo moves a
+message only once its receive is posted, so a receive posted while this stage still computes
+lets the bytes arrive in the background instead of on the critical path. Only post one that the
+peer is certain to send (the executor counts the receives left in its instruction stream): a
+receive left pending at shutdown would hang.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -87,6 +95,12 @@ def _flag(buf: torch.Tensor) -> torch.Tensor:
     return buf[-_FLAG_BYTES:].view(torch.int64)
 
 
+def _tag(kind: str) -> int:
+    """One gloo tag per channel kind, so that receives posted ahead on two channels from the same
+    peer cannot take each other's messages."""
+    return zlib.crc32(kind.encode()) & 0xFFFF
+
+
 def _views(buf: torch.Tensor, layout, offsets) -> list:
     out = []
     for (code, shape), off in zip(layout[1], offsets):
@@ -105,6 +119,7 @@ class P2P:
         self.device = device or torch.device("cpu")
         self._sent_layout: dict = {}  # (dst, kind) -> layout the receiver expects next
         self._recv_layout: dict = {}  # (src, kind) -> (layout, offsets, size)
+        self._posted: dict = {}  # (src, kind) -> (work, buffer, (layout, offsets, size))
         self._pending: list = []
         # messages: tensors or tuples sent; transfers: transport-level sends (headers and
         # discarded stale-size buffers included); headers_with_shapes: layouts sent
@@ -114,14 +129,14 @@ class P2P:
         is_tuple = isinstance(obj, (tuple, list))
         tensors = tuple(obj) if is_tuple else (obj,)
         layout = _layout(tensors, is_tuple)
-        key = (dst, kind)
+        key, tag = (dst, kind), _tag(kind)
         expected = self._sent_layout.get(key)
         if expected != layout:
             if expected is not None:  # the receiver waits for a buffer of the old size
                 stale = torch.zeros(_offsets(expected)[1], dtype=torch.uint8)
                 _flag(stale).fill_(CHANGED)
-                self._isend(stale, dst)
-            self._isend(_encode(layout), dst)
+                self._isend(stale, dst, tag)
+            self._isend(_encode(layout), dst, tag)
             self._sent_layout[key] = layout
             self.stats["headers_with_shapes"] += 1
         offsets, size = _offsets(layout)
@@ -129,34 +144,54 @@ class P2P:
         for view, t in zip(_views(buf, layout, offsets), tensors):
             view.copy_(t.detach())
         _flag(buf).fill_(SAME)
-        self._isend(buf, dst)
+        self._isend(buf, dst, tag)
         self.stats["messages"] += 1
 
-    def _isend(self, t, dst):
-        self._pending.append((dist.isend(t, dst=dst), t))
+    def _isend(self, t, dst, tag):
+        self._pending.append((dist.isend(t, dst=dst, tag=tag), t))
         self.stats["transfers"] += 1
         self.stats["bytes"] += t.numel() * t.element_size()
 
-    def recv(self, src: int, kind: str):
+    def prefetch(self, src: int, kind: str) -> None:
+        """Post the receive of the next message from ``src`` now (layout known: the last one
+        seen; a changed layout is caught by the flag). Without a known layout (first message of
+        the channel) nothing is posted and ``recv`` reads the header first."""
         key = (src, kind)
-        if key not in self._recv_layout:
-            self._recv_header(key, src)
-        layout, offsets, size = self._recv_layout[key]
-        buf = torch.empty(size, dtype=torch.uint8)
-        dist.recv(buf, src=src)
+        if key in self._posted or key not in self._recv_layout:
+            return
+        entry = self._recv_layout[key]
+        buf = torch.empty(entry[2], dtype=torch.uint8)
+        self._posted[key] = (dist.irecv(buf, src=src, tag=_tag(kind)), buf, entry)
+
+    def recv(self, src: int, kind: str, prefetch_next: bool = False):
+        """The next message from ``src`` (blocks until it is here); with ``prefetch_next`` the
+        receive of the message after it is posted before returning."""
+        key, tag = (src, kind), _tag(kind)
+        if key in self._posted:
+            work, buf, entry = self._posted.pop(key)
+            work.wait()
+        else:
+            if key not in self._recv_layout:
+                self._recv_header(key, src, tag)
+            entry = self._recv_layout[key]
+            buf = torch.empty(entry[2], dtype=torch.uint8)
+            dist.recv(buf, src=src, tag=tag)
         if int(_flag(buf)) == CHANGED:
-            self._recv_header(key, src)
-            layout, offsets, size = self._recv_layout[key]
-            buf = torch.empty(size, dtype=torch.uint8)
-            dist.recv(buf, src=src)
+            self._recv_header(key, src, tag)
+            entry = self._recv_layout[key]
+            buf = torch.empty(entry[2], dtype=torch.uint8)
+            dist.recv(buf, src=src, tag=tag)
+        if prefetch_next:
+            self.prefetch(src, kind)
+        layout, offsets, _ = entry
         out = _views(buf, layout, offsets)
         if self.device.type != "cpu":
             out = [t.to(self.device) for t in out]
         return tuple(out) if layout[0] else out[0]
 
-    def _recv_header(self, key, src) -> None:
+    def _recv_header(self, key, src, tag) -> None:
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
-        dist.recv(header, src=src)
+        dist.recv(header, src=src, tag=tag)
         layout = _decode(header)
         self._recv_layout[key] = (layout,) + _offsets(layout)
 
