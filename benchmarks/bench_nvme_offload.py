@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""ZeRO stage 3 with the optimizer offloaded to the CPU vs to NVMe: step time, peak RSS, swap I/O.
+"""ZeRO stage 3 with the optimizer (or the parameters) offloaded to the CPU vs to NVMe: step time,
+peak RSS, swap I/O.
 
 The bench GPT of examples/gpt.py (bench_config: 6 layers, hidden 512, vocab 8192, seq 128, 27.4M
 parameters), fp32, AdamW, 2 ranks through ``dslaunch run`` (tests/scripts/nvme_train.py
@@ -7,6 +8,11 @@ parameters), fp32, AdamW, 2 ranks through ``dslaunch run`` (tests/scripts/nvme_t
 
     cpu   zero_optimization.offload_optimizer.device = cpu
     nvme  the same with device = nvme under --dir (sub_group_size / buffer_count / aio as given)
+
+With ``--target param`` both runs offload the optimizer to the CPU and compare
+``offload_param.device`` cpu with nvme (``max_in_cpu: 0``: every parameter shard on the drive,
+``--param-buffer-count`` buffers); the nvme side then reports the parameter swap's bytes per step
+and how many of its reads were started ahead (``read_ahead_used`` / ``reads``).
 
 Per configuration: median step time over the steps after --warmup (all rounds pooled), the ranks'
 peak RSS (max over ranks, median over rounds), the optimizer bytes memory_breakdown() reports by
@@ -18,6 +24,7 @@ dynamic) so that freed blocks go back to the OS and RSS shows what the process h
 JSON to stdout and benchmarks/results/nvme_offload-<timestamp>.json.
 
     .venv/bin/python benchmarks/bench_nvme_offload.py [--dir /tmp] [--rounds 3] [--steps 6]
+        [--target optimizer|param]
 """
 
 from __future__ import annotations
@@ -54,6 +61,12 @@ def parse_args(argv=None):
     p.add_argument("--queue-depth", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="aio intra_op_parallelism")
     p.add_argument("--mmap-threshold", type=int, default=131072)
+    p.add_argument("--target", choices=("optimizer", "param"), default="optimizer",
+                   help="what goes to NVMe on the nvme side")
+    p.add_argument("--param-buffer-count", type=int, default=3)
+    p.add_argument("--prefetch-bucket-size", type=float, default=None,
+                   help="stage3_prefetch_bucket_size on both sides (default: DeepSpeed's 5e7, "
+                        "which prefetches this whole model at once: nothing left to read ahead)")
     p.add_argument("--results-dir", default=str(bu.RESULTS))
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
@@ -69,7 +82,16 @@ def _bytes(text: str) -> int:
 
 def config(args, device: str, swap_root: Path) -> dict:
     off = {"device": device}
-    if device == "nvme":
+    zero = {}
+    if args.target == "param":
+        param = {"device": device}
+        if device == "nvme":
+            param.update(nvme_path=str(swap_root), buffer_count=args.param_buffer_count,
+                         max_in_cpu=0)
+        off, zero = {"device": "cpu"}, {"offload_param": param}
+    if args.prefetch_bucket_size is not None:
+        zero["stage3_prefetch_bucket_size"] = int(args.prefetch_bucket_size)
+    elif device == "nvme":
         off.update(nvme_path=str(swap_root), buffer_count=args.buffer_count)
     return {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": 1,
             "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}},
@@ -77,7 +99,7 @@ def config(args, device: str, swap_root: Path) -> dict:
             "aio": {"block_size": _bytes(args.block_size), "queue_depth": args.queue_depth,
                     "intra_op_parallelism": args.threads},
             "zero_optimization": {"stage": 3, "sub_group_size": int(args.sub_group_size),
-                                  "offload_optimizer": off}}
+                                  "offload_optimizer": off, **zero}}
 
 
 def run_one(args, device: str, work: Path, tag: str) -> dict:
@@ -125,6 +147,15 @@ def summarize(args, runs: list) -> dict:
                        "optimizer_step_seconds": opt, "io_wait_seconds_per_step": wait,
                        "swap_gbps_per_rank": io / opt / 1e9 if opt else None,
                        "swap_gbps_both_ranks": args.nproc * io / opt / 1e9 if opt else None}
+    if r0.get("param_swap"):
+        ps = [x["param_swap"] for r in runs for x in r["ranks"]]
+        out["param_swap"] = {
+            "backend": ps[0]["backend"], "file_bytes_per_rank": ps[0]["file_bytes"],
+            "buffers": ps[0]["buffers"], "buffer_bytes_per_rank": ps[0]["buffer_bytes"],
+            "io_bytes_per_step_per_rank": bu.median(
+                [(x["read_bytes"] + x["write_bytes"]) / args.steps for x in ps]),
+            "reads_started_ahead": bu.median([x["read_ahead_used"] / max(1, x["reads"])
+                                              for x in ps])}
     return out
 
 
@@ -147,6 +178,8 @@ def main(argv=None) -> int:
         "benchmark": "nvme_offload", "time": bu.now_iso(), "machine": bu.machine(),
         "git": bu.git_rev(), "loadavg": loads, "dir": args.dir,
         "setup": {"model": "examples/gpt.py bench_config (27.4M params)", "stage": 3,
+                  "target": args.target,
+                  "stage3_prefetch_bucket_size": args.prefetch_bucket_size,
                   "precision": "fp32", "nproc": args.nproc, "micro_batch": args.micro_batch,
                   "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
                   "sub_group_size": int(args.sub_group_size), "buffer_count": args.buffer_count,

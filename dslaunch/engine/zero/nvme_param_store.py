@@ -143,17 +143,19 @@ class NVMeParamStore(ParamStore):
             self.holder[self.holder.index(key)] = None
             self.in_use.discard(key)
 
-    def _slot(self, evict: bool = True):
-        """A free buffer; when ``evict``, make one: drop the read-ahead furthest ahead, else wait
-        for the oldest all-gather still reading a buffer."""
+    def _slot(self) -> int:
+        """A free buffer, made free if need be: drop the read-ahead furthest ahead, else wait for
+        the oldest all-gather still reading a buffer."""
         while None not in self.holder:
-            if not evict:
-                return None
             ahead = [k for k in self.holder if k not in self.in_use]
             if ahead:
                 self._free(ahead[-1])
-            else:
-                self.wait(next(k for k in self.work if k in self.in_use))
+                continue
+            busy = [k for k in self.work if k in self.in_use]
+            if not busy:
+                raise RuntimeError(f"{KEY}: all {len(self.buffers)} parameter swap buffers are "
+                                   "held; raise buffer_count")
+            self.wait(busy[0])
         return self.holder.index(None)
 
     def _read(self, key, async_op: bool) -> int:
