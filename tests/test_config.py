@@ -335,8 +335,6 @@ def test_defaults_are_deepspeeds_and_marked_default():
 # --- features not supported yet ----------------------------------------------------------------
 
 @pytest.mark.parametrize("section, line", [
-    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}},
-     "zero_optimization.offload_param.device: not supported yet (parameter offload to NVMe; comes with issue 8)"),
     ({"tensor_parallel": {"autotp_size": 2}},
      "tensor_parallel.autotp_size: not supported yet (tensor parallelism (size > 1); comes with issue 7)"),
     ({"wandb": {"enabled": True}}, "wandb.enabled: not supported yet (the Weights & Biases monitor; not planned yet)"),
