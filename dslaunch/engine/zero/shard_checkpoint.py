@@ -80,18 +80,23 @@ def load_shard_state_dict(strategy, sd: dict) -> None:
     strategy._all_gather_params()
 
 
-def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict) -> None:
-    """Put one group's shard values (fp32 weights, optimizer states) in place."""
+def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict,
+               own: bool = False) -> None:
+    """Put one group's shard values (fp32 weights, optimizer states) in place. ``own``: the state
+    tensors were built for this call (resharded), so the optimizer keeps views of them instead of
+    copies (the rank file's tensors are copied: they may be views of a mapped file)."""
     with torch.no_grad():
         if g.master is not None:
             g.master.copy_(master)
         for c, m in zip(g.chunks, P.shard_chunks(master, g.layout)):
             c.copy_(m)
         opt_state = strategy.optimizer.state
+        pieces = {k: P.shard_chunks(full, g.layout) for k, full in state.items()}
         for sp_i, sp in enumerate(g.shard_params):
             st = {}
             for k, full in state.items():
-                st[k] = P.shard_chunks(full, g.layout)[sp_i].to(sp.device).clone()
+                piece = pieces[k][sp_i].to(sp.device)
+                st[k] = piece if own or piece.device != full.device else piece.clone()
             for k, v in scalars.items():
                 st[k] = _scalar_state(strategy.optimizer, k, v)
             opt_state[sp] = st
@@ -145,7 +150,7 @@ def load_resharded(strategy, ckpt_path: str) -> None:
         master = reshard(g.layout, strategy.rank, old, src(None))
         state = {k: reshard(g.layout, strategy.rank, old, src(k), v.dtype)
                  for k, v in saved["state"].items()}
-        load_group(strategy, g, master, state, saved["scalars"])
+        load_group(strategy, g, master, state, saved["scalars"], own=True)
     for pg, hyper in zip(strategy.optimizer.param_groups,
                          files.raw(0)["strategy"].get("param_groups", [])):
         pg.update(hyper)
