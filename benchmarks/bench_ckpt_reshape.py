@@ -9,6 +9,7 @@ holds it whole). Then, each in its own process(es):
 - ``ckpt reshape`` to 4 ranks and ``ckpt to-fp32``: peak anonymous RSS (RssAnon sampled every
   5 ms; mmap'd checkpoint pages are file-backed, shared and reclaimable, so they are not in it)
   and peak RSS (VmHWM, file pages included), minus a process that only imports the same modules;
+  glibc's ``MALLOC_MMAP_THRESHOLD_`` is fixed so that what is freed leaves the process;
 - a 4-rank stage 3 job (model under zero.Init) that loads the 2-rank checkpoint: per rank, the
   growth of anonymous RSS across ``load_checkpoint``.
 
@@ -39,6 +40,9 @@ CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
           "zero_optimization": {"stage": 3}}
 DSLAUNCH = str(Path(sys.executable).with_name("dslaunch"))
+# glibc's mmap threshold fixed (as bench_nvme_offload.py does): freed blocks leave the process, so
+# the peaks are what was live, not what the allocator kept after a free
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072")
 
 
 def _status(pid: int, key: str) -> int:
@@ -75,7 +79,7 @@ def _measure(cmd: list) -> dict:
     """Run ``cmd`` (a python -c that waits for a line on stdin before exiting, so VmHWM can be
     read): its peak RssAnon and VmHWM."""
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         env=ENV)
     peak = PeakAnon(p.pid)
     line = p.stdout.readline()  # "done" once the work is finished
     hwm = _status(p.pid, "VmHWM")
@@ -130,7 +134,7 @@ def _launch(nproc: int, mode: str, ckpt: str) -> str:
         json.dump(CONFIG, f)
     p = subprocess.run([DSLAUNCH, "run", "--nproc-per-node", str(nproc), "--config", f.name,
                         __file__, "--rank", mode, ckpt], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=1800)
+                       cwd=ROOT, env=ENV, timeout=1800)
     os.unlink(f.name)
     if p.returncode != 0:
         raise SystemExit(p.stdout[-3000:] + p.stderr[-3000:])
@@ -172,6 +176,7 @@ def main() -> None:
     result = {
         "bench": "ckpt_reshape", "when": bu.now_iso(), "machine": bu.machine(), "git": bu.git_rev(),
         "loadavg_start": load_start, "loadavg_end": bu.loadavg(),
+        "malloc_mmap_threshold": int(ENV["MALLOC_MMAP_THRESHOLD_"]),
         "model": "examples/gpt.py bench_config() fp32, AdamW, ZeRO stage 3 saved on 2 ranks",
         "params": psi, "model_fp32_bytes": model_fp32, "checkpoint_bytes": ckpt_bytes,
         "import_baseline": base,

@@ -97,6 +97,32 @@ def to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
     return {"tensors": len(result), "params_from_shards": len(from_shards), "bytes": nbytes}
 
 
+def _reshaped_rank(files: _RankFiles, stage: int, world_size: int, r: int) -> dict:
+    """Rank ``r``'s file content for ``world_size`` ranks, read piece by piece from the old files."""
+    src = files.raw(r % files.world)
+    if stage == 0:
+        strategy = src["strategy"]  # stage 0: every rank holds the same optimizer state
+    else:
+        z0 = files.zero(0)
+        groups = []
+        for gi, g in enumerate(z0["groups"]):
+            old = ParamIndex(Layout.from_meta(g["layout"]))
+            new = relayout(old.layout, world_size)
+
+            def shards_of(key, gi=gi):
+                return lambda k: (files.zero(k)["groups"][gi]["master"] if key is None
+                                  else files.zero(k)["groups"][gi]["state"][key])
+            groups.append({
+                "layout": new.meta(),
+                "master": reshard(new, r, old, shards_of(None)),
+                "state": {k: reshard(new, r, old, shards_of(k), v.dtype)
+                          for k, v in g["state"].items()},
+                "scalars": dict(g["scalars"])})
+        z = dict(z0, world_size=world_size, rank=r, groups=groups)
+        strategy = dict(src["strategy"], zero=z)
+    return {"strategy": strategy, "rng": src.get("rng"), "rank": r, "world_size": world_size}
+
+
 def reshape(ckpt_dir: str, out_dir: str, world_size: int, tag=None) -> str:
     """Copy a ZeRO 0-3 checkpoint to ``out_dir`` laid out for ``world_size`` ranks."""
     tag = resolve_tag(os.fspath(ckpt_dir), tag)
@@ -111,30 +137,9 @@ def reshape(ckpt_dir: str, out_dir: str, world_size: int, tag=None) -> str:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     shutil.copyfile(model_file(path), model_file(tmp))
-    z0 = files.zero(0)
     for r in range(world_size):
-        src = files.raw(r % old_world)
-        if stage == 0:
-            strategy = src["strategy"]  # stage 0: every rank holds the same optimizer state
-        else:
-            groups = []
-            for gi, g in enumerate(z0["groups"]):
-                old = ParamIndex(Layout.from_meta(g["layout"]))
-                new = relayout(old.layout, world_size)
-
-                def shards_of(key, gi=gi):
-                    return lambda k: (files.zero(k)["groups"][gi]["master"] if key is None
-                                      else files.zero(k)["groups"][gi]["state"][key])
-                groups.append({
-                    "layout": new.meta(),
-                    "master": reshard(new, r, old, shards_of(None)),
-                    "state": {k: reshard(new, r, old, shards_of(k), v.dtype)
-                              for k, v in g["state"].items()},
-                    "scalars": dict(g["scalars"])})
-            z = dict(z0, world_size=world_size, rank=r, groups=groups)
-            strategy = dict(src["strategy"], zero=z)
-        torch.save({"strategy": strategy, "rng": src.get("rng"), "rank": r,
-                    "world_size": world_size}, rank_file(tmp, r))
+        # one new rank at a time; its shards are freed before the next one is built
+        torch.save(_reshaped_rank(files, stage, world_size, r), rank_file(tmp, r))
     meta = dict(meta, world_size=world_size, dp_world_size=world_size,
                 files=["model_states.pt"] + [os.path.basename(rank_file(tmp, r))
                                              for r in range(world_size)],
