@@ -90,3 +90,16 @@ def test_overwriting_a_tag_and_bad_tag(tmp_path):
     assert f.global_steps == 2
     with pytest.raises(CheckpointError, match="not a plain directory name"):
         e.save_checkpoint(tmp_path, tag="../x")
+
+
+def test_stage0_optimizer_state_into_zero_is_a_clear_error(saved):
+    """Stage 0 keeps torch's per-parameter optimizer state, ZeRO 1-3 shards: only the weights
+    carry over, and the error says how to take them."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(seq_len=8, n_layer=1, d_model=32, n_head=2))
+    e, *_ = dslaunch.initialize(model=model, config=dict(CFG, zero_optimization={"stage": 2}))
+    with pytest.raises(CheckpointError, match=r"ZeRO stage 0, this job has 1 and stage 2; only ZeRO "
+                                              r"stages 1-3 convert .*load_optimizer_states=False"):
+        e.load_checkpoint(saved)
+    path, _ = e.load_checkpoint(saved, load_optimizer_states=False)
+    assert path.endswith("global_step1") and e.global_steps == 1
