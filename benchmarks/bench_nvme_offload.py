@@ -155,7 +155,9 @@ def summarize(args, runs: list) -> dict:
             "io_bytes_per_step_per_rank": bu.median(
                 [(x["read_bytes"] + x["write_bytes"]) / args.steps for x in ps]),
             "reads_started_ahead": bu.median([x["read_ahead_used"] / max(1, x["reads"])
-                                              for x in ps])}
+                                              for x in ps]),
+            "io_wait_seconds_per_step": bu.median([x.get("io_wait_seconds", 0.0) / args.steps
+                                                   for x in ps])}
     return out
 
 

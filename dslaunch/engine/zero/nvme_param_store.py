@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import weakref
 
 import torch
@@ -78,7 +79,7 @@ class NVMeParamStore(ParamStore):
         self.path = os.path.join(swap_dir, "params.swp")
         self.buffer_count, self.buffer_size, self.max_in_cpu = buffer_count, buffer_size, max_in_cpu
         self.stats = {"read_bytes": 0, "write_bytes": 0, "reads": 0, "read_ahead": 0,
-                      "read_ahead_used": 0}
+                      "read_ahead_used": 0, "io_wait_seconds": 0.0}
         weakref.finalize(self, _close, self.io, swap_dir)
         super().__init__(plan, dtype, device, torch.device("cpu"), comm)
 
@@ -133,7 +134,10 @@ class NVMeParamStore(ParamStore):
         return self.buffers[slot][: self.numel[key]]
 
     def _wait_io(self) -> None:
+        """Wait for every read and write in flight (time counted as the training's wait)."""
+        t = time.perf_counter()
         self.io.wait()
+        self.stats["io_wait_seconds"] += time.perf_counter() - t
         self.reading.clear()
 
     def _free(self, key) -> None:
@@ -161,10 +165,13 @@ class NVMeParamStore(ParamStore):
     def _read(self, key, async_op: bool) -> int:
         slot = self._slot()
         self.holder[slot] = key
-        (self.io.async_pread if async_op else self.io.sync_pread)(
-            self._view(slot, key), self.path, self.offset[key])
         if async_op:
+            self.io.async_pread(self._view(slot, key), self.path, self.offset[key])
             self.reading.add(key)
+        else:  # the training waits for this one
+            t = time.perf_counter()
+            self.io.sync_pread(self._view(slot, key), self.path, self.offset[key])
+            self.stats["io_wait_seconds"] += time.perf_counter() - t
         self.stats["read_bytes"] += self.numel[key] * self.elem
         self.stats["reads"] += 1
         return slot
@@ -257,14 +264,14 @@ class NVMeParamStore(ParamStore):
                 self.cpu[key].copy_(src)
                 continue
             if pending == len(free):
-                self.io.wait()
+                self._wait_io()
                 pending = 0
             view = self._view(free[pending], key)
             view.copy_(src)
             self.io.async_pwrite(view, self.path, self.offset[key])
             self.stats["write_bytes"] += view.numel() * self.elem
             pending += 1
-        self.io.wait()
+        self._wait_io()
 
     def resident_tensors(self) -> list:
         return list(self.cpu.values()) + list(self.buffers)
