@@ -38,9 +38,9 @@ pytestmark = pytest.mark.slow
 _CACHE: dict = {}
 
 
-def _config(stage, precision="fp32", offload=False):
+def _config(stage, precision="fp32", offload=False, persist=False):
     z = {"stage": stage, "reduce_bucket_size": 20000}
-    if stage == 3:  # partition every parameter of the tiny model (the default keeps it whole)
+    if stage == 3 and not persist:  # partition every parameter (the default keeps this model whole)
         z["stage3_param_persistence_threshold"] = 0
     if offload:
         z["offload_optimizer"] = {"device": "cpu"}
@@ -194,20 +194,25 @@ def _engine(config, d_model=32):
 
 
 def test_load_reshards_exactly_from_stage3_to_stage2_and_back(work):
-    """2-rank stage 3 -> 1-rank stage 2 -> 1-rank stage 3 with offload, each loaded by
-    load_checkpoint and saved again: the optimizer state never changes by a bit."""
+    """2-rank stage 3 -> 1-rank stage 2 -> 1-rank stage 3 with offload and persistent (always
+    gathered) parameters, each loaded by load_checkpoint and saved again: the optimizer state and
+    the weights never change by a bit."""
     run_a(work)
     e2 = _engine(_config(2))
     e2.load_checkpoint(work / "ck_a")
     assert e2.global_steps == SAVE_AT
     e2.save_checkpoint(work / "ck_a_s2")
-    e3 = _engine(_config(3, offload=True))
+    e3 = _engine(_config(3, offload=True, persist=True))
     e3.load_checkpoint(work / "ck_a_s2")
     e3.save_checkpoint(work / "ck_a_s3")
     assert _meta(work / "ck_a_s2")["zero_stage"] == 2 and _meta(work / "ck_a_s3")["zero_stage"] == 3
     ref = _optimizer_state(work / "ck_a")
     _assert_same_state(ref, _optimizer_state(work / "ck_a_s2"))
     _assert_same_state(ref, _optimizer_state(work / "ck_a_s3"))
+    weights = [torch.load(work / d / f"global_step{SAVE_AT}" / "model_states.pt",
+                          weights_only=True)["module"] for d in ("ck_a", "ck_a_s2", "ck_a_s3")]
+    assert all(sorted(w) == sorted(weights[0]) for w in weights)
+    assert all(torch.equal(w[k], weights[0][k]) for w in weights[1:] for k in w)
 
 
 def test_mismatched_stage3_checkpoint_names_the_tensor(work):
