@@ -55,16 +55,17 @@ def test_bad_combinations_are_rejected():
 
 
 def test_nvme_moves_states_and_params_off_the_host():
-    """ZeRO-Infinity: optimizer nvme = CPU offload with Adam's two states (8Ψ/N) on the drive,
-    fp32 master and gradient shards still on the host; param nvme puts the parameter shard on
-    the drive instead of the host."""
+    """ZeRO-Infinity: optimizer nvme = CPU offload with Adam's two states (8Ψ/N) and the fp32
+    master shard (4Ψ/N) on the drive, the fp32 gradient shard still on the host; param nvme puts
+    the parameter shard on the drive instead of the host."""
     for precision, p in (("bf16", 2), ("fp32", 4)):
         cpu = estimate(PSI, N, 3, precision, "cpu", "cpu")
         nvme = estimate(PSI, N, 3, precision, "nvme", "nvme")
         assert nvme.device == cpu.device == 0
-        assert nvme.optimizer == {"device": 0, "cpu": 4 * PSI // N, "nvme": 8 * PSI // N}
+        assert nvme.optimizer == {"device": 0, "cpu": 0, "nvme": 12 * PSI // N}
         assert nvme.params == {"device": 0, "cpu": 0, "nvme": p * PSI // N}
-        assert cpu.cpu - nvme.cpu == nvme.nvme == (8 + p) * PSI // N
+        assert cpu.cpu - nvme.cpu == nvme.nvme == (12 + p) * PSI // N
+        assert nvme.cpu == nvme.grads["cpu"] == 4 * PSI // N  # only the fp32 gradient shard
         assert nvme.label() == "stage 3 + offload_optimizer=nvme + offload_param=nvme"
     # fp32 without optimizer offload: the parameters on the drive need an fp32 master on device
     plain, pn = estimate(PSI, N, 3, "fp32"), estimate(PSI, N, 3, "fp32", offload_param="nvme")

@@ -146,24 +146,39 @@ def test_states_live_in_swap_files_and_are_removed(work):
     nvme = _run(work, "nvme3", 3, "nvme")
     for r in nvme["ranks"]:
         swap = r["swap"]
-        # during training each rank had its own file holding all its states
-        assert r["swap_files"] == {"optimizer_states.swp": swap["file_bytes"]}
+        # during training each rank had its own files holding all its states and its fp32
+        # master shard
+        assert r["swap_files"] == {"optimizer_states.swp": swap["file_bytes"],
+                                   "fp32_master.swp": swap["master_file_bytes"]}
         assert f"rank{r['rank']}" in swap["path"] and str(work / "swap_nvme3") in swap["path"]
         assert swap["subgroups"] > 1 and swap["steps"] == STEPS
         # every step reads and writes every sub-group, but the first step reads nothing (fresh
         # states); the checkpoint save reads the whole file once
         assert swap["write_bytes"] == STEPS * swap["file_bytes"]
         assert swap["read_bytes"] == (STEPS - 1 + 1) * swap["file_bytes"]
+        # the masters: written once at start and after every step; read for every step, for the
+        # new parameters after it (all-gather / parameter store), and once by the save
+        m = swap["master_file_bytes"]
+        assert swap["master_write_bytes"] == (1 + STEPS) * m
+        assert swap["master_read_bytes"] == (2 * STEPS + 1) * m
     assert list((work / "swap_nvme3").iterdir()) == []  # removed at exit
 
 
 def test_memory_breakdown_reports_states_on_nvme(work):
     cpu, nvme = _run(work, "cpu3", 3, "cpu"), _run(work, "nvme3", 3, "nvme")
     for rc, rn in zip(cpu["ranks"], nvme["ranks"]):
-        master = rn["memory"]["optimizer"]["cpu"] - rn["swap"]["buffer_bytes"]
-        # CPU offload: fp32 master + Adam's two states (3 x the shard); NVMe: master + buffers
-        assert rc["memory"]["optimizer"]["cpu"] == 3 * master
-        assert rn["memory"]["optimizer"]["nvme"] == rn["swap"]["file_bytes"] >= 2 * master
+        # CPU offload: fp32 master + Adam's two states (3 x the shard); NVMe: only the buffers
+        # (states' and masters'), the master and the states are in the files
+        master = rc["memory"]["optimizer"]["cpu"] // 3
+        assert rc["memory"]["optimizer"]["cpu"] == 3 * master > 0
+        swap = rn["swap"]
+        assert rn["memory"]["optimizer"]["cpu"] == swap["buffer_bytes"]
+        assert swap["master_buffer_bytes"] < swap["buffer_bytes"]
+        assert swap["file_bytes"] >= 2 * master and swap["master_file_bytes"] >= master
+        assert rn["memory"]["optimizer"]["nvme"] == swap["file_bytes"] + swap["master_file_bytes"]
+        # the whole rank: CPU lower by the master and the states, less the swap buffers
+        assert rc["memory"]["total"]["cpu"] - rn["memory"]["total"]["cpu"] == \
+            3 * master - swap["buffer_bytes"]
         assert rn["memory"]["params"] == rc["memory"]["params"]
         assert rn["memory"]["grads"] == rc["memory"]["grads"]
 
@@ -439,3 +454,57 @@ def test_param_nvme_bad_settings_name_the_key(work):
     with pytest.raises(ValueError, match=f"{key}.buffer_count: 0"):
         NVMeParamStore(_tiny_plan(), torch.float32, torch.device("cpu"), None, d, buffer_count=0)
     _remove_dir(d)
+
+
+def _modify_and_step(work, stage, device):
+    """In this process (world 1): two steps, then GatheredParameters(modifier_rank=0) zeroes a
+    row of the first weight, then two more steps. Losses, the row right after the change, the
+    final weights and the swap statistics."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import dslaunch
+    from dslaunch.zero import GatheredParameters
+    from gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(seq_len=8, n_layer=1, d_model=32, n_head=2))
+    cfg = _config(stage, device, _swap_root(work, f"inproc{stage}") if device == "nvme" else None)
+    cfg.update(train_batch_size=2, gradient_accumulation_steps=1)
+    engine, *_ = dslaunch.initialize(model=model, config=cfg)
+    weight = next(p for p in model.parameters() if p.dim() == 2)
+    g = torch.Generator().manual_seed(1)
+    losses, row = [], None
+    for step in range(4):
+        if step == 2:
+            with GatheredParameters([weight], modifier_rank=0):
+                weight.data[0].zero_()
+            with GatheredParameters([weight]):
+                row = weight.detach()[0].abs().max().item()
+        tok = torch.randint(0, 256, (2, 8), generator=g)
+        loss = engine(tok, tok)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    final = {k: v.clone() for k, v in engine.strategy.module_state_dict().items()}
+    stats = engine.optimizer.swap_stats() if device == "nvme" else None
+    return losses, row, final, stats, engine
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gathered_parameters_modification_reaches_the_swapped_masters(work, stage):
+    """With the fp32 masters in the swap file, a GatheredParameters(modifier_rank=0) change must
+    reach them (stage 3: release_params; stage 2: sync_from_model): the run matches CPU offload
+    bit for bit, and the masters rest in the file (storage-less in memory)."""
+    import torch
+
+    cpu = _modify_and_step(work, stage, "cpu")
+    nvme = _modify_and_step(work, stage, "nvme")
+    assert nvme[0] == cpu[0] and nvme[1] == cpu[1] == 0.0
+    assert all(torch.equal(nvme[2][k], cpu[2][k]) for k in cpu[2])
+    engine = nvme[4]
+    assert nvme[3]["master_file_bytes"] > 0
+    for g in engine.strategy.groups:
+        assert g.master.untyped_storage().nbytes() == 0
+        assert all(sp.untyped_storage().nbytes() == 0 for sp in g.shard_params)
+    engine.optimizer.close()

@@ -21,7 +21,8 @@ parameter shard the step updates (4Ψ/N). ``offload_param: cpu`` (stage 3 only) 
 shard to the host.
 
 NVMe (ZeRO-Infinity): ``offload_optimizer: nvme`` is CPU offload with the optimizer states
-(4·S/N) moved from the host to the drive; the fp32 master and gradient shards stay on the host.
+(4·S/N) and the fp32 master shard (4/N) moved from the host to the drive (``nvme_swap.py`` swaps
+both in around the step); the fp32 gradient shard stays on the host.
 ``offload_param: nvme`` (stage 3) moves the parameter shard to the drive instead of the host, and
 always keeps an fp32 master (in fp32 without optimizer offload that is 4Ψ/N more on the device:
 the optimizer steps the master, not the shard). The swap buffers are working buffers. Working
@@ -136,8 +137,8 @@ def estimate(num_params: int, world_size: int, stage: int, precision: str = "bf1
         optim["device"] += 4 * shard  # the fp32 master the optimizer steps instead of the shard
     if offload_optimizer != "none":
         optim = {"device": 0, "cpu": opt_bytes + (0 if mixed else 4 * shard), "nvme": 0}
-        if offload_optimizer == "nvme":  # the states go to the drive, the fp32 master stays
-            optim = {"device": 0, "cpu": 4 * shard, "nvme": 4 * OPTIMIZER_STATES[opt] * shard}
+        if offload_optimizer == "nvme":  # the states and the fp32 master go to the drive
+            optim = {"device": 0, "cpu": 0, "nvme": (4 * OPTIMIZER_STATES[opt] + 4) * shard}
         # the CPU step reads an fp32 gradient shard; from stage 2 on it replaces the device shard
         grads = {"device": grads_whole if stage < 2 else 0, "cpu": 4 * shard, "nvme": 0}
     if offload_param != "none":

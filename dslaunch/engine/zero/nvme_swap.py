@@ -1,14 +1,17 @@
-"""ZeRO-Infinity optimizer offload to NVMe: optimizer states live in a file, not in CPU memory.
+"""ZeRO-Infinity optimizer offload to NVMe: optimizer states and fp32 masters live in files.
 
 With ``offload_optimizer: {device: nvme, nvme_path: DIR}`` a ZeRO 1-3 strategy runs exactly as
-with ``device: cpu`` (fp32 master shard and fp32 gradient shard on the CPU, the step there, with
-the compiled CPU Adam when it applies), but the optimizer's per-element states (Adam's exp_avg
-and exp_avg_sq, ...) are kept in one swap file per rank under
-``DIR/dslaunch-<host>-<pid>/rank<r>/``. Between steps the state entries of the optimizer are
-``meta`` tensors (no storage): the CPU holds only ``buffer_count`` swap buffers.
+with ``device: cpu`` (fp32 gradient shard on the CPU, the step there, with the compiled CPU Adam
+when it applies), but the optimizer's per-element states (Adam's exp_avg and exp_avg_sq, ...) and
+its parameters, the fp32 master shard, are kept in swap files per rank under
+``DIR/dslaunch-<host>-<pid>/rank<r>/`` (``optimizer_states.swp``, ``fp32_master.swp``). Between
+steps the state entries of the optimizer are ``meta`` tensors and its parameters (views of the
+strategy's ``g.master``, also storage-less then) CPU tensors without storage: the CPU holds only
+the swap buffers.
 
 The step walks the shard parameters in sub-groups of about ``sub_group_size`` elements. Sub-group
-``i``'s states are in buffer ``i % buffer_count``; while it is stepped, the next sub-group is read
+``i``'s states (and masters, in a second set of buffers) are in buffer ``i % buffer_count``;
+while it is stepped, the next sub-group is read
 (async pread) into its buffer and the previous one written back (async pwrite), through one
 ``AsyncIOHandle`` built from the config's ``aio`` section. Each sub-group is one contiguous,
 4 KiB-aligned range of the file, so each transfer is one large request (O_DIRECT where the file
@@ -17,16 +20,25 @@ system accepts it). The first step lets the optimizer create its states sub-grou
 what to swap: every state tensor with as many elements as its parameter.
 
 CPU memory for the states is ``buffer_count`` x (the largest sub-group's states), about
-``buffer_count * sub_group_size * 8`` bytes for fp32 Adam (a sub-group holds whole shard chunks,
+``buffer_count * sub_group_size * 8`` bytes for fp32 Adam, plus
+``buffer_count * sub_group_size * 4``
+for the masters (a sub-group holds whole shard chunks,
 so it can exceed ``sub_group_size`` by up to one chunk); buffers are page-aligned and mlock'ed
 where RLIMIT_MEMLOCK allows (``pin_memory``; CUDA-pinned when CUDA is there). With one buffer
 nothing overlaps; with two the prefetch waits for the previous write-back. DeepSpeed's
 ``pipeline_read``/``pipeline_write``/``fast_init``/``ratio`` are accepted and not used: reads and
 writes always overlap the step when there are two buffers or more, and all states are swapped.
 
-The fp32 master shard is not swapped (it stays on the CPU as with CPU offload; DeepSpeed swaps it
-too). Checkpoints are those of CPU offload: saving reads the states back into ordinary tensors
-for the shard writer; loading writes the loaded states to the file. The swap directory is removed
+The masters are written to their file when the strategy is built. After the step the strategy
+needs the new values (stages 1-2 all-gather them, stage 3 writes its parameter shard): it reads
+them back sub-group by sub-group (``iter_params``; one more read of the master file per step, no
+more memory than the buffers). Everything else that reads or writes the masters (checkpoint save
+and load, ``load_resharded``, ``sync_from_model``, stage 3's ``release_params`` with a
+``modifier_rank``) runs inside the strategy's ``masters_in(write=...)``: ``g.master`` is
+allocated and filled from the file for the block (as much memory as CPU offload, for that
+long) and written back after it. Checkpoints are those of CPU offload: saving reads the states
+back into ordinary tensors for the shard writer; loading writes the loaded states to the file.
+The swap directory is removed
 at exit, on SIGTERM (when no one else handles it) and, for a rank that was SIGKILLed, by the next
 job that uses the same ``nvme_path`` (a live job holds an flock in its directory).
 """
@@ -204,6 +216,9 @@ class _SubGroup:
         self.file_offset = 0
         self.nbytes = 0
         self.offsets: dict = {}  # param -> byte offset of its first state inside the range
+        self.m_offset = 0  # the same for the fp32 master values (their own file)
+        self.m_nbytes = 0
+        self.m_offsets: dict = {}
 
 
 class NVMeSwappedOptimizer(torch.optim.Optimizer):
@@ -214,7 +229,7 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
     shard checkpoint code see them; swapped-out state entries are ``meta`` tensors."""
 
     def __init__(self, inner, swap_dir: str, sub_group_size: int = int(1e9), buffer_count: int = 4,
-                 aio: dict | None = None, key: str = KEY):
+                 aio: dict | None = None, key: str = KEY, swap_params: bool = False):
         from dslaunch.nvme.aio import AioUnavailable, AsyncIOHandle
 
         for group in inner.param_groups:
@@ -247,6 +262,100 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
                       "step_seconds": 0.0, "steps": 0}
         self._sg_of = {p: i for i, sg in enumerate(self.subgroups) for p in sg.params}
         weakref.finalize(self, _remove_dir, swap_dir)
+        self.swap_params = bool(swap_params)
+        self.master_path = os.path.join(swap_dir, "fp32_master.swp")
+        self.master_buffers: list = []
+        self.master_file_bytes = 0
+        self.stats.update(master_read_bytes=0, master_write_bytes=0)
+        if self.swap_params:
+            self._adopt_params()
+
+    # -- the parameters themselves (the fp32 master shard) ------------------------------------
+    def _adopt_params(self) -> None:
+        """Write the parameters' values to their own file and leave them storage-less."""
+        offset = 0
+        for sg in self.subgroups:
+            sg.m_offset, inner = offset, 0
+            for p in sg.params:
+                sg.m_offsets[p] = inner
+                inner += _round_up(p.numel() * p.element_size())
+            sg.m_nbytes = inner
+            offset += inner
+        self.master_file_bytes = offset
+        biggest = max(sg.m_nbytes for sg in self.subgroups)
+        self.master_buffers = [self.io.new_cpu_locked_tensor(biggest, torch.uint8)
+                               for _ in range(min(self.buffer_count, len(self.subgroups)))]
+        self._allocate_file(offset, self.master_path)
+        self.store_params()
+        self.park_params()
+
+    def _mview(self, sg, slot: int, p):
+        at = sg.m_offsets[p]
+        return self.master_buffers[slot][at: at + p.numel() * p.element_size()].view(
+            p.dtype).view(p.shape)
+
+    def _read_params(self, i: int, slot: int, sync: bool = False) -> None:
+        """Point sub-group ``i``'s parameters at buffer ``slot`` and read their values into it."""
+        sg = self.subgroups[i]
+        for p in sg.params:
+            p.data = self._mview(sg, slot, p)
+        (self.io.sync_pread if sync else self.io.async_pread)(
+            self.master_buffers[slot][: sg.m_nbytes], self.master_path, sg.m_offset)
+        self.stats["master_read_bytes"] += sg.m_nbytes
+
+    def _write_params(self, i: int, slot: int, sync: bool = False) -> None:
+        sg = self.subgroups[i]
+        (self.io.sync_pwrite if sync else self.io.async_pwrite)(
+            self.master_buffers[slot][: sg.m_nbytes], self.master_path, sg.m_offset)
+        self.stats["master_write_bytes"] += sg.m_nbytes
+        for p in sg.params:
+            p.data = _placeholder(p)
+
+    def load_params(self) -> None:
+        """Read every parameter's values from the file into the memory its ``.data`` is now
+        (the caller gave each parameter ordinary storage first)."""
+        for i, sg in enumerate(self.subgroups):
+            self.io.sync_pread(self.master_buffers[0][: sg.m_nbytes], self.master_path,
+                               sg.m_offset)
+            self.stats["master_read_bytes"] += sg.m_nbytes
+            for p in sg.params:
+                p.data.copy_(self._mview(sg, 0, p))
+
+    def store_params(self) -> None:
+        """Write every parameter's current values (ordinary storage) to the file."""
+        for sg in self.subgroups:
+            for p in sg.params:
+                self._mview(sg, 0, p).copy_(p.data)
+            self.io.sync_pwrite(self.master_buffers[0][: sg.m_nbytes], self.master_path,
+                                sg.m_offset)
+            self.stats["master_write_bytes"] += sg.m_nbytes
+
+    def park_params(self) -> None:
+        """Every parameter storage-less (its values are in the file)."""
+        for sg in self.subgroups:
+            for p in sg.params:
+                p.data = _placeholder(p)
+
+    def iter_params(self):
+        """Each parameter in order, with its values readable (a view of a swap buffer) while
+        the caller holds it; the next sub-group is read ahead. Read-only."""
+        n, slots = len(self.subgroups), len(self.master_buffers)
+        self._read_params(0, 0, sync=True)
+        try:
+            for i, sg in enumerate(self.subgroups):
+                if i + 1 < n and slots > 1:
+                    self._read_params(i + 1, (i + 1) % slots)
+                for p in sg.params:
+                    yield p
+                if i + 1 < n and slots > 1:
+                    self._wait()
+                for p in sg.params:
+                    p.data = _placeholder(p)
+                if i + 1 < n and slots == 1:
+                    self._read_params(i + 1, 0, sync=True)
+        finally:
+            self._wait()
+            self.park_params()
 
     # -- layout ---------------------------------------------------------------------------------
     def _learn_spec(self, p) -> None:
@@ -277,9 +386,9 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
         biggest = max(sg.nbytes for sg in self.subgroups)
         self.buffers = [self.io.new_cpu_locked_tensor(biggest, torch.uint8)
                         for _ in range(min(self.buffer_count, len(self.subgroups)))]
-        self._allocate_file(offset)
+        self._allocate_file(offset, self.path)
 
-    def _allocate_file(self, nbytes: int) -> None:
+    def _allocate_file(self, nbytes: int, path: str) -> None:
         """Claim the file's space now, so a full drive is a clear error and not a failed write."""
         free = shutil.disk_usage(self.swap_dir).free
         if free < nbytes:
@@ -287,12 +396,12 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
                              f"rank's optimizer states, {free / 2**30:.2f} GiB free under "
                              f"{os.path.dirname(os.path.dirname(self.swap_dir))}; free space or "
                              "point nvme_path at a larger drive")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.posix_fallocate(fd, 0, max(nbytes, 1))
         except OSError as exc:
             raise ValueError(f"{self.key}.nvme_path: cannot reserve {nbytes} bytes in "
-                             f"{self.path}: {exc.strerror}") from None
+                             f"{path}: {exc.strerror}") from None
         finally:
             os.close(fd)
 
@@ -306,8 +415,10 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
         return out
 
     # -- moving one sub-group -------------------------------------------------------------------
-    def _read(self, i: int, slot: int, sync: bool = False) -> None:
+    def _read(self, i: int, slot: int, sync: bool = False, params: bool = False) -> None:
         sg = self.subgroups[i]
+        if params and self.swap_params:
+            self._read_params(i, slot, sync)
         if self.spec is None or not any(p in self.swapped for p in sg.params):
             return
         for p in sg.params:
@@ -330,8 +441,10 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
                 st[name] = view
             self.swapped.add(p)
 
-    def _write(self, i: int, slot: int, sync: bool = False) -> None:
+    def _write(self, i: int, slot: int, sync: bool = False, params: bool = False) -> None:
         sg = self.subgroups[i]
+        if params and self.swap_params:
+            self._write_params(i, slot, sync)
         if not any(p in self.swapped for p in sg.params):
             return
         (self.io.sync_pwrite if sync else self.io.async_pwrite)(
@@ -377,28 +490,29 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
         t0 = time.perf_counter()
         n = len(self.subgroups)
         nslots = lambda: max(1, len(self.buffers))  # noqa: E731 - known after the first step
-        self._read(0, 0, sync=True)
+        self._read(0, 0, sync=True, params=True)
         for i in range(n):
             slot = i % nslots()
             if i >= 1 and nslots() > 1:
-                self._write(i - 1, (i - 1) % nslots())  # overlaps this sub-group's step
+                # overlaps this sub-group's step
+                self._write(i - 1, (i - 1) % nslots(), params=True)
             prefetched = False
             if i + 1 < n and nslots() >= 2:
                 if nslots() == 2:  # the next one goes where the previous one is being written
                     self._wait()
-                self._read(i + 1, (i + 1) % nslots())
+                self._read(i + 1, (i + 1) % nslots(), params=True)
                 prefetched = True
             self._step_one(i)
             self._adopt(i, slot)
             self._wait()
             if nslots() == 1:  # one buffer: write, then read, nothing overlaps
-                self._write(i, 0, sync=True)
+                self._write(i, 0, sync=True, params=True)
                 if i + 1 < n:
-                    self._read(i + 1, 0, sync=True)
+                    self._read(i + 1, 0, sync=True, params=True)
             elif i + 1 < n and not prefetched:  # the buffers were made during this step
-                self._read(i + 1, (i + 1) % nslots(), sync=True)
+                self._read(i + 1, (i + 1) % nslots(), sync=True, params=True)
         if nslots() > 1:
-            self._write(n - 1, (n - 1) % nslots(), sync=True)
+            self._write(n - 1, (n - 1) % nslots(), sync=True, params=True)
         self.stats["step_seconds"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         return loss
@@ -464,12 +578,14 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
         self.absorb()
 
     def buffer_bytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers)
+        return sum(b.numel() * b.element_size() for b in self.buffers + self.master_buffers)
 
     def swap_stats(self) -> dict:
         """Where the states are and what moved: bytes of buffers and file, I/O totals."""
         return {"path": self.path, "buffers": len(self.buffers), "buffer_bytes": self.buffer_bytes(),
                 "file_bytes": getattr(self, "file_bytes", 0), "subgroups": len(self.subgroups),
+                "master_file_bytes": self.master_file_bytes,
+                "master_buffer_bytes": sum(b.numel() for b in self.master_buffers),
                 "backend": self.io.backend, "io_mode": self.io.io_mode(self.swap_dir),
                 **self.stats}
 
@@ -477,6 +593,14 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
         with contextlib.suppress(Exception):
             self.io.wait()
         _remove_dir(self.swap_dir)
+
+
+def _placeholder(p) -> torch.Tensor:
+    """A CPU tensor shaped like ``p`` with no storage: the parameter keeps its device, dtype and
+    shape (gradients can be assigned to it) while its values are in the file."""
+    t = torch.empty(p.shape, dtype=p.dtype)
+    t.untyped_storage().resize_(0)
+    return t
 
 
 def _name(item) -> str:
@@ -518,14 +642,16 @@ def aio_settings(cfg) -> dict:
 AIO_KEYS = ("block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism")
 
 
-def wrap_optimizer(optimizer, cfg, rank: int):
-    """The NVMe wrapper around a strategy's CPU optimizer, from the config."""
+def wrap_optimizer(optimizer, cfg, rank: int, swap_params: bool = False):
+    """The NVMe wrapper around a strategy's CPU optimizer, from the config (``swap_params``: the
+    optimizer's parameters, the fp32 master shard, go to the swap directory too)."""
     rank_dir = make_swap_dir(cfg_get(cfg, f"{KEY}.nvme_path"), rank)
     aio = aio_settings(cfg)
     return NVMeSwappedOptimizer(optimizer, rank_dir,
                                 sub_group_size=int(cfg_get(cfg, "zero_optimization.sub_group_size",
                                                            int(1e9))),
-                                buffer_count=int(cfg_get(cfg, f"{KEY}.buffer_count", 4)), aio=aio)
+                                buffer_count=int(cfg_get(cfg, f"{KEY}.buffer_count", 4)), aio=aio,
+                                swap_params=swap_params)
 
 
 def with_nvme_swap(cls):
@@ -538,26 +664,75 @@ def with_nvme_swap(cls):
             if not getattr(self.opts, "offload_optimizer", False):
                 raise RuntimeError(f"{KEY}.device: nvme, but {cls.__name__} did not take the "
                                    "offload path")
-            self.optimizer = wrap_optimizer(self.optimizer, cfg, self.rank)
+            # the optimizer steps views of the fp32 master shard: those go to the file too
+            ours = {id(sp) for g in self.groups for sp in g.shard_params}
+            steps = [p for g in self.optimizer.param_groups for p in g["params"]]
+            swap_params = self.need_master and len(steps) == len(ours) and all(
+                id(p) in ours for p in steps)
+            self.masters_resident = not swap_params
+            self.optimizer = wrap_optimizer(self.optimizer, cfg, self.rank, swap_params)
+            if swap_params:
+                for g in self.groups:
+                    g.master = _placeholder(g.master)
+
+        @contextlib.contextmanager
+        def masters_in(self, write: bool = False):
+            """The fp32 master shard in memory (``g.master``, the optimizer's parameters views of
+            it, as with CPU offload) while the block runs; ``write``: back to the file after it.
+            Every reader or writer of the masters outside the step goes through this."""
+            if self.masters_resident:
+                yield self
+                return
+            from dslaunch.engine.zero import partition as P
+
+            for g in self.groups:
+                g.master = torch.empty(g.layout.shard_numel, dtype=torch.float32)
+                for sp, view in zip(g.shard_params, P.shard_chunks(g.master, g.layout)):
+                    sp.data = view
+            self.masters_resident = True
+            try:
+                self.optimizer.load_params()
+                yield self
+                if write:
+                    self.optimizer.store_params()
+            finally:
+                self.masters_resident = False
+                self.optimizer.park_params()
+                for g in self.groups:
+                    g.master = _placeholder(g.master)
 
         def state_dict(self):
-            with self.optimizer.swapped_in():
+            with self.optimizer.swapped_in(), self.masters_in():
                 return super().state_dict()
 
         def load_state_dict(self, sd, load_optimizer_states: bool = True):
-            super().load_state_dict(sd, load_optimizer_states)
+            with self.masters_in(write=True):
+                super().load_state_dict(sd, load_optimizer_states)
             self.optimizer.absorb()
 
         def load_resharded(self, ckpt_path):
-            super().load_resharded(ckpt_path)
+            with self.masters_in(write=True):
+                super().load_resharded(ckpt_path)
             self.optimizer.absorb()
 
+        def sync_from_model(self):
+            with self.masters_in(write=True):
+                super().sync_from_model()
+
+        if hasattr(cls, "release_params"):
+            def release_params(self, handle, modifier_rank=None):
+                if modifier_rank is None:  # the masters are not touched
+                    return super().release_params(handle, modifier_rank)
+                with self.masters_in(write=True):
+                    return super().release_params(handle, modifier_rank)
+
         def memory_breakdown(self) -> dict:
-            """The CPU-offload breakdown (swapped states hold no storage), plus the swap buffers
-            (cpu) and the swap file (nvme) under "optimizer"."""
+            """The CPU-offload breakdown (swapped states and masters hold no storage), plus the
+            swap buffers (cpu) and the swap files (nvme) under "optimizer"."""
             out = super().memory_breakdown()
+            stats = self.optimizer.swap_stats()
             extra = {"cpu": self.optimizer.buffer_bytes(),
-                     "nvme": self.optimizer.swap_stats()["file_bytes"]}
+                     "nvme": stats["file_bytes"] + stats["master_file_bytes"]}
             for kind in ("optimizer", "total"):
                 for dev, n in extra.items():
                     out[kind][dev] = out[kind].get(dev, 0) + n

@@ -352,13 +352,34 @@ class ZeroStage12Strategy(OptimizerStrategy):
         return True
 
     def _all_gather_params(self):
-        for g in self.groups:
-            sources = P.shard_chunks(g.master, g.layout) if self.need_master else g.chunks
-            for bview, src in zip(g.buckets, sources):
-                inp = src.to(device=self.device, dtype=self.dtype)
-                if inp.data_ptr() == src.data_ptr():
-                    inp = inp.clone()  # the input must not alias the output
-                self.comm.all_gather_into_tensor(bview, inp)
+        sources = self._master_chunks() if self.need_master else (
+            (gi, bi, c) for gi, g in enumerate(self.groups) for bi, c in enumerate(g.chunks))
+        for gi, bi, src in sources:
+            bview = self.groups[gi].buckets[bi]
+            inp = src.to(device=self.device, dtype=self.dtype)
+            if inp.data_ptr() == src.data_ptr():
+                inp = inp.clone()  # the input must not alias the output
+            self.comm.all_gather_into_tensor(bview, inp)
+
+    def _master_chunks(self):
+        """(group index, bucket index, fp32 master chunk), in group and bucket order. When the
+        optimizer keeps the masters in its NVMe swap file (``nvme_swap.py``) and they are not
+        swapped in, they are read from the file sub-group by sub-group (each chunk is valid until
+        the next is taken)."""
+        opt = self.optimizer
+        if getattr(opt, "swap_params", False) and not getattr(self, "masters_resident", False):
+            where = {id(sp): (gi, bi) for gi, g in enumerate(self.groups)
+                     for bi, sp in enumerate(g.shard_params)}
+            expect = [(gi, bi) for gi, g in enumerate(self.groups)
+                      for bi in range(len(g.shard_params))]
+            for n, p in enumerate(opt.iter_params()):
+                if where[id(p)] != expect[n]:  # every rank must all-gather in the same order
+                    raise RuntimeError("the swapped optimizer's parameters are not in shard order")
+                yield (*where[id(p)], p.detach())
+            return
+        for gi, g in enumerate(self.groups):
+            for bi, c in enumerate(P.shard_chunks(g.master, g.layout)):
+                yield gi, bi, c
 
     def prepare_backward(self, is_boundary: bool) -> None:
         pass

@@ -273,7 +273,11 @@ class Stage3Strategy(ZeroStage12Strategy):
         """After the step the new values only need to reach the local shard (and the persistent
         parameters, which every rank keeps whole)."""
         with torch.no_grad():
-            if self.need_master:
+            if self.need_master and getattr(self.optimizer, "swap_params", False) and \
+                    not getattr(self, "masters_resident", False):  # masters in the NVMe file
+                for gi, bi, chunk in self._master_chunks():
+                    self.store.write_chunk((gi, bi), chunk)
+            elif self.need_master:
                 for gi, g in enumerate(self.groups):
                     self.store.write_shard(gi, g.master)
             self.store.refresh_persistent()
