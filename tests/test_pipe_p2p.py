@@ -47,8 +47,10 @@ def _worker(rank, init, out):
 
 
 def test_layouts_change_and_fixed_layout_sends_once(tmp_path):
+    # spawn, not fork: an earlier in-process test may have left this process's default group
+    # initialised, and a forked child would inherit it
     mp.start_processes(_worker, args=(f"file://{tmp_path}/rdzv", str(tmp_path)), nprocs=2,
-                       start_method="fork")  # torch is imported already: seconds faster
+                       start_method="spawn")
     for r in range(2):
         got = json.loads((tmp_path / f"{r}.json").read_text())
         assert all(got["ok"]), got
