@@ -18,6 +18,15 @@ from dslaunch.launcher.environment import is_secret
 from dslaunch.launcher.plan import ENV_LINE, WorldPlan, encode_env
 
 
+def _write_line(agent, line: str) -> None:
+    """One line on the agent's stdin (a subclass's ``send`` may do more, e.g. signal it)."""
+    try:
+        agent.proc.stdin.write(line.encode() + b"\n")
+        agent.proc.stdin.flush()
+    except (OSError, ValueError):
+        pass  # already gone: its EOF is being handled
+
+
 class RunnerError(Exception):
     """The runner cannot run this plan (one line, shown to the user)."""
 
@@ -58,11 +67,7 @@ class Runner:
     def hand_over(self, agent) -> None:
         """Called once the agent process has started: give it what the plan leaves out."""
         if self.env_channel == "stdin":
-            try:
-                agent.proc.stdin.write(f"{ENV_LINE} {encode_env(self.plan.env)}\n".encode())
-                agent.proc.stdin.flush()
-            except (OSError, ValueError):
-                pass  # already gone: its EOF is being handled
+            _write_line(agent, f"{ENV_LINE} {encode_env(self.plan.env)}")
 
     def agent_argv(self, node: dict, restart_count: int = 0) -> list:
         """The agent command for one node, as it must run on that node."""
@@ -86,11 +91,7 @@ class Runner:
 
     def send(self, agent, command: str) -> None:
         """Write one protocol command line to an agent (see events.py)."""
-        try:
-            agent.proc.stdin.write(command.encode() + b"\n")
-            agent.proc.stdin.flush()
-        except (OSError, ValueError):
-            pass  # already gone: its EOF is being handled
+        _write_line(agent, command)
 
     def kill(self, agent) -> None:
         """Kill an agent that does not stop by itself. Closing its stdin first tells a remote agent
