@@ -273,19 +273,11 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
     # -- the parameters themselves (the fp32 master shard) ------------------------------------
     def _adopt_params(self) -> None:
         """Write the parameters' values to their own file and leave them storage-less."""
-        offset = 0
-        for sg in self.subgroups:
-            sg.m_offset, inner = offset, 0
-            for p in sg.params:
-                sg.m_offsets[p] = inner
-                inner += _round_up(p.numel() * p.element_size())
-            sg.m_nbytes = inner
-            offset += inner
-        self.master_file_bytes = offset
-        biggest = max(sg.m_nbytes for sg in self.subgroups)
-        self.master_buffers = [self.io.new_cpu_locked_tensor(biggest, torch.uint8)
-                               for _ in range(min(self.buffer_count, len(self.subgroups)))]
-        self._allocate_file(offset, self.master_path)
+        plan, self.master_file_bytes, self.master_buffers = self._lay_out_file(
+            lambda p: _round_up(p.numel() * p.element_size()), self.master_path)
+        for sg, (start, offsets, nbytes) in zip(self.subgroups, plan):
+            sg.m_offset, sg.m_nbytes = start, nbytes
+            sg.m_offsets.update(offsets)
         self.store_params()
         self.park_params()
 
@@ -374,19 +366,30 @@ class NVMeSwappedOptimizer(torch.optim.Optimizer):
                 for _, dt in self.spec]
 
     def _build_layout(self) -> None:
-        offset = 0
+        plan, self.file_bytes, self.buffers = self._lay_out_file(
+            lambda p: sum(self._param_bytes(p)), self.path)
+        for sg, (start, offsets, nbytes) in zip(self.subgroups, plan):
+            sg.file_offset, sg.nbytes = start, nbytes
+            sg.offsets.update(offsets)
+
+    def _lay_out_file(self, bytes_of, path: str):
+        """Place the sub-groups back to back in a new file at `path`, each parameter's bytes
+        (`bytes_of(p)`, page-rounded) after the previous one's. Returns per sub-group (start,
+        {param: offset inside it}, bytes), the file's size, and the page-aligned I/O buffers (each
+        big enough for the largest sub-group)."""
+        plan, offset = [], 0
         for sg in self.subgroups:
-            sg.file_offset, inner = offset, 0
+            offsets, inner = {}, 0
             for p in sg.params:
-                sg.offsets[p] = inner
-                inner += sum(self._param_bytes(p))
-            sg.nbytes = inner
+                offsets[p] = inner
+                inner += bytes_of(p)
+            plan.append((offset, offsets, inner))
             offset += inner
-        self.file_bytes = offset
-        biggest = max(sg.nbytes for sg in self.subgroups)
-        self.buffers = [self.io.new_cpu_locked_tensor(biggest, torch.uint8)
-                        for _ in range(min(self.buffer_count, len(self.subgroups)))]
-        self._allocate_file(offset, self.path)
+        biggest = max(nbytes for _, _, nbytes in plan)
+        buffers = [self.io.new_cpu_locked_tensor(biggest, torch.uint8)
+                   for _ in range(min(self.buffer_count, len(self.subgroups)))]
+        self._allocate_file(offset, path)
+        return plan, offset, buffers
 
     def _allocate_file(self, nbytes: int, path: str) -> None:
         """Claim the file's space now, so a full drive is a clear error and not a failed write."""
