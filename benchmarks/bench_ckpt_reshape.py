@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -185,6 +186,7 @@ def main() -> None:
             "anon_growth_bytes_per_rank": growth,
             "max_x_model_fp32": round(max(growth) / model_fp32, 3)},
     }
+    shutil.rmtree(work, ignore_errors=True)  # checkpoints of the 27M model: ~1 GB
     path = bu.save_json(result, "ckpt_reshape", Path(a.out_dir) if a.out_dir else None)
     print(json.dumps(result, indent=1))
     print(f"wrote {path}", file=sys.stderr)

@@ -74,7 +74,12 @@ def parse_args(argv=None):
 def run_config(args, runtime, nproc, pp, tp=1, micro=1, gas=4, schedule="1f1b",
                measure=False) -> dict:
     """One job; returns the ranks' records plus what the harness derives from them."""
-    out = Path(tempfile.mkdtemp(prefix="bench_pipe_"))
+    with tempfile.TemporaryDirectory(prefix="bench_pipe_") as tmp:
+        return _run_config_in(Path(tmp), args, runtime, nproc, pp, tp, micro, gas, schedule,
+                              measure)
+
+
+def _run_config_in(out, args, runtime, nproc, pp, tp, micro, gas, schedule, measure) -> dict:
     flags = ["--runtime", runtime, "--out", str(out), "--pp", pp, "--tp", tp, "--micro", micro,
              "--gas", gas, "--schedule", schedule, "--steps", args.steps,
              "--warmup", args.warmup] + (["--measure-activations"] if measure else []) + \
