@@ -268,3 +268,20 @@ def test_local_launcher_refuses_remote_hosts(tmp_path):
     r = dslaunch("run", "-H", hostfile, "--dry-run", SCRIPTS / "launch_env.py", tmp_path)
     assert r.returncode != 0
     assert "the local launcher runs only on this host" in r.stderr and "node7" in r.stderr
+
+
+def test_agent_without_its_environment_fails_clearly_and_leaves_no_files(tmp_path):
+    """A connection that closes before the launcher sent the environment: exit 2, a clear error
+    event, and the agent's scratch folder removed (it is made before the environment arrives)."""
+    from dslaunch.launcher.plan import build_plan
+
+    plan = build_plan({"localhost": [0]}, program=[str(SCRIPTS / "launch_sleep.py")])
+    plan.env_channel = "stdin"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    agent = subprocess.run([sys.executable, "-m", "dslaunch.launcher.agent", "--plan", plan.encode(),
+                            "--node-rank", "0"], stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, env=dict(os.environ, TMPDIR=str(scratch)), timeout=60)
+    assert agent.returncode == 2, agent.stdout + agent.stderr
+    assert "the launcher sent no environment" in agent.stdout
+    assert list(scratch.iterdir()) == []

@@ -264,6 +264,12 @@ class Agent:
             raise RuntimeError(f"unreadable environment from the launcher: {exc}") from None
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:  # every way out, the early ones too (no environment, ranks that cannot start)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         try:
@@ -310,7 +316,6 @@ class Agent:
     def _reap_all(self) -> None:
         # A rank's leftover children (same process group) must not outlive the job.
         self._signal_groups(signal.SIGKILL, self.ranks)
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def main(argv: list | None = None) -> int:
