@@ -66,6 +66,20 @@ def optimizer_configs(steps: int, warmup: int, lr: float, lamb_lr: float) -> dic
     }
 
 
+def zero_one_variants(specs) -> list:
+    """``--zo-variant LABEL:key=value,key=value`` -> [(LABEL, {key: int or float})]: extra
+    ZeroOneAdam runs (same lr, betas, data and schedule as Adam) compared with the one Adam run."""
+    out = []
+    for spec in specs or ():
+        label, _, body = spec.partition(":")
+        params = {}
+        for item in filter(None, body.split(",")):
+            key, _, value = item.partition("=")
+            params[key.strip()] = float(value) if "." in value or "e" in value else int(value)
+        out.append((label, params))
+    return out
+
+
 def model_args(args) -> list:
     return ["--layers", str(args.layers), "--d-model", str(args.d_model), "--seq", str(args.seq)]
 
@@ -142,6 +156,10 @@ def convergence(args, result: dict) -> None:
     configs = optimizer_configs(args.steps, warmup, args.lr, args.lamb_lr)
     wanted = [k for k in args.only.split(",") if k]
     configs = {k: v for k, v in configs.items() if k in wanted}
+    for label, params in zero_one_variants(args.zo_variant):
+        configs[f"ZeroOneAdam[{label}]"] = {"type": "ZeroOneAdam", "params": {
+            **configs.get("Adam", optimizer_configs(args.steps, warmup, args.lr,
+                                                    args.lamb_lr)["Adam"])["params"], **params}}
     if not configs:
         return
     if "Adam" not in configs:
@@ -161,7 +179,11 @@ def convergence(args, result: dict) -> None:
     for name, r in recs.items():
         opts[name] = summarise(r[0], fp32_sent, fp32_payload)
         opts[name]["ranks_in_sync"] = len({x["param_sha"] for x in r}) == 1
-    for comp, base in (("OneBitAdam", "Adam"), ("ZeroOneAdam", "Adam"), ("OneBitLamb", "Lamb")):
+        if configs[name]["type"] == "ZeroOneAdam":
+            opts[name]["params"] = configs[name]["params"]
+    pairs = [("OneBitAdam", "Adam"), ("ZeroOneAdam", "Adam"), ("OneBitLamb", "Lamb")]
+    pairs += [(k, "Adam") for k in opts if k.startswith("ZeroOneAdam[")]
+    for comp, base in pairs:
         if comp in opts and base in opts:
             for key in ("final_loss_train_mean_last", "final_loss_heldout"):
                 a, b = opts[comp][key], opts[base][key]
@@ -303,6 +325,10 @@ def main(argv=None):
                    help="lr: constant, or WarmupDecayLR (10%% warmup, linear decay to 0)")
     p.add_argument("--only", default="Adam,OneBitAdam,ZeroOneAdam,Lamb,OneBitLamb",
                    help="comma list of optimizers for part 1 (empty: skip part 1)")
+    p.add_argument("--zo-variant", action="append", default=[],
+                   help="extra ZeroOneAdam run, LABEL:key=value,... (repeatable), e.g. "
+                        "'ds-default:var_freeze_step=100000,local_step_scaler=32678,"
+                        "local_step_clipper=16'")
     p.add_argument("--slow-link", default="", help="tbf rate, e.g. 300mbit (empty: skip part 2)")
     p.add_argument("--slow-steps", type=int, default=40)
     p.add_argument("--slow-layers", type=int, default=4)

@@ -300,3 +300,30 @@ def test_onebit_adam_compression_stage_uses_the_frozen_variance():
     again.step()
     for a, b in zip(again.all_params(), params):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=0)
+
+
+def test_zero_one_adam_local_steps_never_move_unseen_coordinates():
+    """Phase 2 (frozen variance, local steps): a coordinate with no gradient on any variance
+    step (variance exactly 0) stays put on a local step, as under 1-bit Adam; it used to step
+    by lr * m / eps (~4e5 here) until the next sync put it back. A seen coordinate takes Adam's
+    step with the frozen variance (one rank: the syncs average nothing)."""
+    w = torch.nn.Parameter(torch.zeros(2))
+    lr = 1e-2
+    opt = ZeroOneAdam([w], lr=lr, var_freeze_step=1, local_step_scaler=1, local_step_clipper=2)
+
+    def step(g):
+        w.grad = torch.tensor(g)
+        opt.step()
+
+    step([1.0, 0.0])  # t=1: variance step; coordinate 1 never seen
+    step([1.0, 0.0])  # t=2: phase 2, sync every step, then every 2 steps
+    assert opt.local_step_interval == 2
+    before = w.detach().clone()
+    step([1.0, 1.0])  # t=3: a local step only
+    assert w[1].item() == 0.0
+    # m_hat = 1 after three unit gradients; v_hat = 1 (frozen at t=1): the step is lr
+    assert (before[0] - w[0]).item() == pytest.approx(lr, rel=1e-5)
+    step([1.0, 1.0])  # t=4: local step and sync
+    assert w[1].item() == 0.0 and torch.isfinite(w).all()
+    assert (before[0] - w[0]).item() == pytest.approx(2 * lr, rel=1e-5)
+    assert opt.state[w]["exp_avg"][1].item() == 0.0

@@ -19,7 +19,11 @@ Differences from DeepSpeed's implementation, on purpose: Adam's bias correction 
 (``1 - beta1^t`` for the momentum, ``1 - beta2^k`` for the variance after ``k`` variance updates;
 ``bias_correction: false`` turns it off as in DeepSpeed); the synchronised parameters are kept
 (``anchor``) instead of subtracting the local change again, so every rank ends a sync with
-bit-identical parameters; the error buffers are kept in the checkpoint (DeepSpeed drops them).
+bit-identical parameters; the error buffers are kept in the checkpoint (DeepSpeed drops them);
+a coordinate whose variance is exactly 0 (no gradient on any variance step) never moves, in
+either phase (DeepSpeed asks the user for an ``exp_avg_mask``): one bit cannot say zero, and
+``m / eps`` would throw it far away; the 1-bit momentum of phase 1 is clamped to the largest
+step exact Adam could take (``clamp_to_adam``; without it: +21% final loss at 1000 steps).
 Between syncs the ranks' parameters differ (that is the algorithm); a checkpoint taken there
 saves rank 0's parameters.
 """
@@ -61,6 +65,7 @@ class ZeroOneAdam(OneBitOptimizer):
         self.local_step_interval = 1
         self.local_step_counter = 0
         self.lrs = [0.0] * len(self.param_groups)  # per group: sum of lrs since the last sync
+        self._fdenoms = None  # phase 2: (denominators, unseen masks) of the frozen variance
 
     # -- stage logic -------------------------------------------------------------------------------
     def _frozen(self, t: int) -> bool:
@@ -78,6 +83,26 @@ class ZeroOneAdam(OneBitOptimizer):
             return (v / bc2).add_(group["eps"]).sqrt_()
         return (v.sqrt() / math.sqrt(bc2)).add_(group["eps"])
 
+    def _frozen_denoms(self):
+        """Phase 2: per parameter, the denominator of the frozen variance (computed once: it
+        cannot change any more) and the mask of the coordinates whose variance is exactly 0
+        (no gradient on any variance step). Their denominator is +inf, so neither a local step
+        nor a sync moves them, as 1-bit Adam's frozen denominator (see ``mask_unseen``); with
+        ``eps`` there, one local gradient stepped such a coordinate by ``lr * m / eps``
+        (~1e5 x Adam's largest step) until the next sync put it back."""
+        if self._fdenoms is None:
+            denoms, unseen = [], []
+            for group in self.param_groups:
+                bc2 = (1 - group["betas"][1] ** max(self.var_updates, 1)) \
+                    if group["bias_correction"] else 1.0
+                for p in group["params"]:
+                    v = self.state[p]["exp_avg_sq"]
+                    zero = v == 0
+                    denoms.append(self._denom(group, v, bc2).masked_fill_(zero, math.inf))
+                    unseen.append(zero)
+            self._fdenoms = (denoms, unseen)
+        return self._fdenoms
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -91,6 +116,7 @@ class ZeroOneAdam(OneBitOptimizer):
         if frozen and t == self.var_freeze_step + 1:
             self.reset_errors()  # phase 2 compresses another quantity than phase 1
             self.lrs = [0.0] * len(self.param_groups)
+            self._fdenoms = None
         params = self.all_params()
         for p in params:
             state = self.state[p]
@@ -108,6 +134,7 @@ class ZeroOneAdam(OneBitOptimizer):
             self.compressed_average(grads)  # phase 1: 1-bit averaged gradient
         if var_step:
             self.var_updates += 1
+        fdenoms = iter(self._frozen_denoms()[0]) if frozen else None
         gi = iter(grads)
         for gi_, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
@@ -121,7 +148,7 @@ class ZeroOneAdam(OneBitOptimizer):
                 m.mul_(beta1).add_(g, alpha=1 - beta1)
                 if var_step:
                     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                denom = self._denom(group, v, bc2)
+                denom = next(fdenoms) if frozen else self._denom(group, v, bc2)
                 if not var_step and not frozen:  # m came from a 1-bit gradient
                     self.clamp_to_adam(self.mask_unseen(m, v), denom,
                                        self.adam_bound(beta1, beta2) * bc1)
@@ -150,23 +177,17 @@ class ZeroOneAdam(OneBitOptimizer):
     def _sync(self, t: int) -> None:
         """Average the lr-weighted momentum since the last sync (1 bit) and move every rank from
         the synchronised parameters by it."""
-        moved, denoms = [], []
-        for group in self.param_groups:
-            bc2 = (1 - group["betas"][1] ** max(self.var_updates, 1)) \
-                if group["bias_correction"] else 1.0
-            for p in group["params"]:
-                state = self.state[p]
-                denom = self._denom(group, state["exp_avg_sq"], bc2)
-                moved.append((state["anchor"] - p).mul_(denom))
-                denoms.append(denom)
+        denoms, unseen = self._frozen_denoms()
+        moved = [(self.state[p]["anchor"] - p).mul_(d).masked_fill_(z, 0.0)  # 0 * inf there
+                 for p, d, z in zip(self.all_params(), denoms, unseen)]
         self.compressed_average(moved)
         i = 0
         for gi_, group in enumerate(self.param_groups):
-            # each local step moved a coordinate by at most lr * bound: so may their average
+            # each local step moved a coordinate by at most lr * bound: so may their average;
+            # the clamp also zeroes the unseen coordinates (+inf denominator)
             bound = self.adam_bound(*group["betas"]) * self.lrs[gi_]
             for p in group["params"]:
-                self.clamp_to_adam(self.mask_unseen(moved[i], self.state[p]["exp_avg_sq"]),
-                                   denoms[i], bound)
+                self.clamp_to_adam(moved[i], denoms[i], bound)
                 i += 1
         i = 0
         for gi_, group in enumerate(self.param_groups):
@@ -177,13 +198,13 @@ class ZeroOneAdam(OneBitOptimizer):
             for p in group["params"]:
                 state = self.state[p]
                 w, denom = moved[i], denoms[i]
-                i += 1
                 p.copy_(state["anchor"]).sub_(w / denom)
                 state["anchor"].copy_(p)
                 # the momentum restarts from the average update direction of the interval
                 m_hat = w / lrs
                 if wd:
-                    m_hat.sub_(p * denom, alpha=wd)
+                    m_hat.sub_((p * denom).masked_fill_(unseen[i], 0.0), alpha=wd)
+                i += 1
                 state["exp_avg"].copy_(m_hat.mul_(bc1))
         self.lrs = [0.0] * len(self.param_groups)
 
@@ -193,6 +214,10 @@ class ZeroOneAdam(OneBitOptimizer):
 
     def extra_state(self) -> dict:
         return {k: getattr(self, k) for k in self._COUNTERS}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._fdenoms = None  # recomputed from the loaded variance
 
     def load_extra_state(self, extra: dict) -> None:
         for k in self._COUNTERS:
