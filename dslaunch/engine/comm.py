@@ -15,6 +15,17 @@ collective must move across the network in total, divided by the ranks (what eac
 the ring / pairwise algorithms gloo and NCCL use), so that different collectives compare honestly:
 all_reduce ``2(N-1)/N x payload``, all_gather ``(N-1) x input``, reduce_scatter, all_to_all and
 broadcast ``(N-1)/N x input``; 0 with one rank and for object/barrier collectives.
+
+On gloo, ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` may run as an all_reduce (gloo's
+all_reduce moved the same bytes about twice as fast as its reduce_scatter on 2 ranks, see
+``benchmarks/bench_collectives.py``): the reduce-scatter all-reduces the input bucket and copies
+this rank's chunk out; the all-gather zero-fills the output except this rank's chunk and
+all-reduces it (exact: ``x + 0 == x`` for every finite value, inf and NaN; only a ``-0.0`` comes
+back as ``+0.0``). ``DSLAUNCH_GLOO_COLLECTIVES`` chooses: ``native`` (gloo's own collectives),
+``allreduce`` (both emulated) or ``auto`` (default: the measured faster one per collective,
+``GLOO_AUTO``). NCCL (and any other backend) always runs the native collectives. Such a call is
+booked under its own name (``reduce_scatter`` / ``all_gather``) with ``path: "all_reduce"`` and the
+``sent_bytes`` of the all_reduce it ran (``2(N-1)/N x`` the whole buffer).
 """
 
 from __future__ import annotations
@@ -108,6 +119,28 @@ def local_rank() -> int:
     return env_layout()[2]
 
 
+GLOO_COLLECTIVES_ENV = "DSLAUNCH_GLOO_COLLECTIVES"
+# what "auto" picks per collective on gloo (bench_collectives.py, 2 ranks, 2M-element buckets)
+GLOO_AUTO = {"reduce_scatter": "all_reduce", "all_gather": "native"}
+
+
+def collective_paths(backend: str | None, environ=None) -> dict:
+    """{"reduce_scatter": path, "all_gather": path}, path "native" or "all_reduce", for a group
+    of ``backend``; gloo's choice comes from ``DSLAUNCH_GLOO_COLLECTIVES``."""
+    native = {"reduce_scatter": "native", "all_gather": "native"}
+    if backend != "gloo":
+        return native
+    env = os.environ if environ is None else environ
+    choice = env.get(GLOO_COLLECTIVES_ENV, "auto").strip().lower() or "auto"
+    if choice == "native":
+        return native
+    if choice in ("allreduce", "all_reduce"):
+        return {"reduce_scatter": "all_reduce", "all_gather": "all_reduce"}
+    if choice == "auto":
+        return dict(GLOO_AUTO)
+    raise ValueError(f"{GLOO_COLLECTIVES_ENV}={choice!r}: expected native, allreduce or auto")
+
+
 def sent_bytes(collective: str, payload: int, world: int) -> int:
     """Bytes one rank sends for ``payload`` bytes handed to ``collective`` on ``world`` ranks (see
     the module docstring). ``collective`` is matched by its ending ("onebit_all_gather" counts as
@@ -126,13 +159,17 @@ def sent_bytes(collective: str, payload: int, world: int) -> int:
 class _TimedWork:
     """An async collective's handle that books the wait time when it completes."""
 
-    def __init__(self, work, record, start):
+    def __init__(self, work, record, start, then=None):
         self._work, self._record, self._start = work, record, start
+        self._then = then  # completes the result once the collective is done (a chunk copy)
         self._done = False
 
     def wait(self):
         if not self._done:
             self._work.wait()
+            if self._then is not None:
+                self._then()
+                self._then = None
             self._record["seconds"] += time.perf_counter() - self._start
             self._done = True
         return True
@@ -148,23 +185,36 @@ class Comm:
         self.group = group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        backend = dist.get_backend(group) if dist.is_initialized() else None
+        self.paths = collective_paths(backend if self.world_size > 1 else None)
         self._stats: dict = defaultdict(
             lambda: {"calls": 0, "bytes": 0, "sent_bytes": 0, "seconds": 0.0})
 
     # -- accounting ---------------------------------------------------------------------------
-    def _book(self, name: str, nbytes: int) -> dict:
+    def _book(self, name: str, nbytes: int, path: str | None = None,
+              sent_nbytes: int | None = None) -> dict:
+        """``path`` (for collectives that may be emulated): "native" or "all_reduce"; then
+        ``sent_nbytes`` is the payload of the all_reduce that ran."""
         rec = self._stats[name]
         rec["calls"] += 1
         rec["bytes"] += int(nbytes)
-        rec["sent_bytes"] += sent_bytes(name, int(nbytes), self.world_size)
+        if path is None:
+            rec["sent_bytes"] += sent_bytes(name, int(nbytes), self.world_size)
+        else:
+            algo = "all_reduce" if path == "all_reduce" else name
+            payload = nbytes if sent_nbytes is None else sent_nbytes
+            rec["sent_bytes"] += sent_bytes(algo, int(payload), self.world_size)
+            rec["path"] = path if rec.get("path", path) == path else "mixed"
         return rec
 
-    def _run(self, name, nbytes, fn, async_op):
-        rec = self._book(name, nbytes)
+    def _run(self, name, nbytes, fn, async_op, path=None, sent_nbytes=None, then=None):
+        rec = self._book(name, nbytes, path, sent_nbytes)
         start = time.perf_counter()
         work = fn(async_op)
         if async_op:
-            return _TimedWork(work, rec, start)
+            return _TimedWork(work, rec, start, then)
+        if then is not None:
+            then()
         rec["seconds"] += time.perf_counter() - start
         return None
 
@@ -192,15 +242,54 @@ class Comm:
                          async_op)
 
     def all_gather_into_tensor(self, output, input, async_op=False):
+        """``output`` (world x ``input``) gets every rank's ``input``. ``input`` may be this
+        rank's chunk of ``output`` itself on the all_reduce path, not on the native one."""
+        path = self.paths["all_gather"]
+        if path == "native":
+            return self._run("all_gather", self._nbytes(input),
+                             lambda a: dist.all_gather_into_tensor(output, input,
+                                                                   group=self.group, async_op=a),
+                             async_op, path="native")
+        c = input.numel()
+        if output.numel() != c * self.world_size or not output.is_contiguous():
+            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
+                             f"expected {self.world_size} x {c} contiguous")
+        flat = output.view(-1)
+        lo, hi = self.rank * c, (self.rank + 1) * c
+        mine = flat[lo:hi]
+        if mine.data_ptr() != input.data_ptr():
+            mine.copy_(input.reshape(-1))
+        flat[:lo].zero_()
+        flat[hi:].zero_()
         return self._run("all_gather", self._nbytes(input),
-                         lambda a: dist.all_gather_into_tensor(output, input, group=self.group,
-                                                               async_op=a), async_op)
+                         lambda a: dist.all_reduce(flat, group=self.group, async_op=a),
+                         async_op, path="all_reduce", sent_nbytes=self._nbytes(output))
 
-    def reduce_scatter_tensor(self, output, input, op=dist.ReduceOp.SUM, async_op=False):
+    def reduce_scatter_tensor(self, output, input, op=dist.ReduceOp.SUM, async_op=False,
+                              input_is_scratch=False):
+        """``output`` gets this rank's chunk of the reduction of every rank's ``input``. On the
+        all_reduce path the input is reduced in place when the caller says it is scratch
+        (``input_is_scratch``: it holds the reduced sums afterwards), else a copy is."""
+        path = self.paths["reduce_scatter"]
+        if path == "native":
+            return self._run("reduce_scatter", self._nbytes(input),
+                             lambda a: dist.reduce_scatter_tensor(output, input, op=op,
+                                                                  group=self.group, async_op=a),
+                             async_op, path="native")
+        c = output.numel()
+        if input.numel() != c * self.world_size:
+            raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements, "
+                             f"expected {self.world_size} x {c}")
+        buf = input.reshape(-1) if input_is_scratch and input.is_contiguous() else \
+            input.reshape(-1).clone()
+        mine = buf[self.rank * c: (self.rank + 1) * c]
+
+        def take():
+            output.view(-1).copy_(mine)
+
         return self._run("reduce_scatter", self._nbytes(input),
-                         lambda a: dist.reduce_scatter_tensor(output, input, op=op,
-                                                              group=self.group, async_op=a),
-                         async_op)
+                         lambda a: dist.all_reduce(buf, op=op, group=self.group, async_op=a),
+                         async_op, path="all_reduce", then=take)
 
     def all_gather_object(self, obj) -> list:
         out = [None] * self.world_size

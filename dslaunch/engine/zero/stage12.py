@@ -9,7 +9,9 @@ optimizer param group, see ``partition.py``) but owns one chunk of every bucket:
   offloaded);
 - after the step the updated chunks are all-gathered, bucket by bucket, into the flat buffer;
 - stage 1: gradients accumulate whole (``p.grad`` are views of a flat gradient buffer laid out like
-  the parameters) and are reduce-scattered at the accumulation boundary, one collective per bucket;
+  the parameters) and are reduce-scattered at the accumulation boundary, one collective per bucket
+  (on gloo that runs as an in-place all_reduce, ``engine/comm.py``: from the boundary until
+  ``zero_grad`` the ``p.grad`` views then hold the sum over ranks, not this rank's gradients);
 - stage 2: every micro-step, gradients are copied bucket by bucket into a reused staging buffer
   (and freed), reduce-scattered, and this rank's chunk is added to its gradient shard: the only
   gradient memory that lasts is the shard, and accumulation over micro-steps is exact. A
@@ -240,14 +242,15 @@ class ZeroStage12Strategy(OptimizerStrategy):
         chunk = g.layout.buckets[bi].chunk(self.world)
         out = torch.empty(chunk, dtype=self.dtype, device=self.device)
         if self.opts.overlap_comm:
-            work = self.comm.reduce_scatter_tensor(out, staging, async_op=True)
+            work = self.comm.reduce_scatter_tensor(out, staging, async_op=True,
+                                                     input_is_scratch=True)
             self._in_flight.append((g, bi, work, out, staging))
             # No wait here: waiting on (or polling) async gloo work from inside the autograd
             # hook made the process abort at interpreter exit now and then ("terminate called
             # without an active exception"). All waits happen in after_backward; the price is
             # that in-flight buckets keep their staging buffers until backward ends.
         else:
-            self.comm.reduce_scatter_tensor(out, staging)
+            self.comm.reduce_scatter_tensor(out, staging, input_is_scratch=True)
             self._finish(g, bi, None, out, staging)
 
     def _finish(self, g, bi, work, out, staging):
@@ -285,7 +288,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
             outs = []
             for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
                 out = torch.empty(b.chunk(self.world), dtype=self.dtype, device=self.device)
-                self.comm.reduce_scatter_tensor(out, bview)
+                # the flat gradient buffer is reduced in place where the collective runs as an
+                # all_reduce (gloo): it is zeroed before the next accumulation anyway
+                self.comm.reduce_scatter_tensor(out, bview, input_is_scratch=True)
                 outs.append(out)
             if g.grad_shard is not None:  # offload: fp32 shard on the CPU
                 for dst, out in zip(P.shard_chunks(g.grad_shard, g.layout), outs):
@@ -357,8 +362,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
         for gi, bi, src in sources:
             bview = self.groups[gi].buckets[bi]
             inp = src.to(device=self.device, dtype=self.dtype)
-            if inp.data_ptr() == src.data_ptr():
-                inp = inp.clone()  # the input must not alias the output
+            lo = bview.data_ptr()
+            if lo <= inp.data_ptr() < lo + bview.numel() * bview.element_size() and \
+                    getattr(self.comm, "paths", {}).get("all_gather", "native") == "native":
+                inp = inp.clone()  # gloo's own all-gather: the input must not alias the output
             self.comm.all_gather_into_tensor(bview, inp)
 
     def _master_chunks(self):

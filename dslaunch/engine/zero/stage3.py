@@ -249,7 +249,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         c = b.chunk(self.world)
         if self.world > 1:
             out = torch.empty(c, dtype=self.dtype, device=self.device)
-            self.comm.reduce_scatter_tensor(out, staging)
+            self.comm.reduce_scatter_tensor(out, staging, input_is_scratch=True)
         else:
             out = staging
         off = g.layout.shard_offsets()[bi]

@@ -1,0 +1,110 @@
+"""engine/comm.py on real gloo between two spawned processes: reduce_scatter_tensor and
+all_gather_into_tensor give bitwise the same results on the native path and on the all_reduce
+path (``DSLAUNCH_GLOO_COLLECTIVES``), synchronously and with async_op; the emulated calls are
+booked under their own names with path "all_reduce" and the all_reduce's sent bytes; a
+reduce-scatter input not marked scratch is left untouched; inf / NaN pass the zero-filled
+all-gather unchanged and -0.0 comes back as +0.0."""
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dslaunch.engine.comm import Comm, collective_paths
+
+WORLD, CHUNK = 2, 1000
+
+
+def _data(rank, dtype):
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(WORLD * CHUNK, generator=g).to(dtype)
+
+
+def _run(comm, rank, dtype, async_op):
+    """(reduce-scatter output, all-gather output, input after the non-scratch reduce-scatter,
+    input before)."""
+    x = _data(rank, dtype)
+    before = x.clone()
+    rs = torch.empty(CHUNK, dtype=dtype)
+    w = comm.reduce_scatter_tensor(rs, x, async_op=async_op)
+    if w is not None:
+        w.wait()
+    rs2 = torch.empty(CHUNK, dtype=dtype)  # scratch input, in place
+    w = comm.reduce_scatter_tensor(rs2, x.clone(), async_op=async_op, input_is_scratch=True)
+    if w is not None:
+        w.wait()
+    ag = torch.full((WORLD * CHUNK,), 7.0, dtype=dtype)  # stale content must not leak through
+    w = comm.all_gather_into_tensor(ag, x[:CHUNK].clone(), async_op=async_op)
+    if w is not None:
+        w.wait()
+    return rs, rs2, ag, torch.equal(x, before)
+
+
+def _worker(rank, init, out):
+    import os
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    rec = {"same": {}, "untouched": [], "stats": {}, "special": None}
+    for dtype in (torch.float32, torch.bfloat16):
+        for async_op in (False, True):
+            res = {}
+            for path in ("native", "allreduce"):
+                os.environ["DSLAUNCH_GLOO_COLLECTIVES"] = path
+                comm = Comm()
+                res[path] = _run(comm, rank, dtype, async_op)
+                rec["untouched"].append(res[path][3])
+                rec["stats"][f"{path}-{dtype}-{async_op}"] = comm.stats()
+            a, b = res["native"], res["allreduce"]
+            rec["same"][f"{dtype}-{async_op}"] = [torch.equal(a[i], b[i]) for i in range(3)] + [
+                torch.equal(a[0], a[1])]
+    # special values through the zero-filled all-gather
+    os.environ["DSLAUNCH_GLOO_COLLECTIVES"] = "allreduce"
+    comm = Comm()
+    mine = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 1.5])
+    ag = torch.empty(WORLD * 5)
+    comm.all_gather_into_tensor(ag, mine)
+    rec["special"] = [repr(v) for v in ag.tolist()]
+    rec["signbit"] = torch.signbit(ag).tolist()
+    with open(f"{out}/{rank}.json", "w") as f:
+        json.dump(rec, f)
+    dist.destroy_process_group()
+
+
+def test_native_and_all_reduce_paths_agree_bitwise(tmp_path):
+    # spawn, not fork: an earlier in-process test may have left this process's default group
+    # initialised, and a forked child would inherit it
+    mp.start_processes(_worker, args=(f"file://{tmp_path}/rdzv", str(tmp_path)), nprocs=WORLD,
+                       start_method="spawn")
+    for r in range(WORLD):
+        rec = json.loads((tmp_path / f"{r}.json").read_text())
+        assert all(all(v) for v in rec["same"].values()), rec["same"]
+        assert all(rec["untouched"])
+        st = rec["stats"]["allreduce-torch.float32-True"]
+        nbytes = 4 * WORLD * CHUNK
+        assert st["reduce_scatter"]["path"] == "all_reduce"
+        assert st["all_gather"]["path"] == "all_reduce"
+        # 2 ranks: an all_reduce sends the whole buffer once; the native calls half / one chunk
+        assert st["reduce_scatter"]["sent_bytes"] == 2 * nbytes
+        assert st["all_gather"]["sent_bytes"] == nbytes
+        nat = rec["stats"]["native-torch.float32-True"]
+        assert nat["reduce_scatter"]["path"] == "native"
+        assert nat["reduce_scatter"]["sent_bytes"] == 2 * nbytes // 2
+        assert nat["all_gather"]["sent_bytes"] == nbytes // 2
+        assert st["reduce_scatter"]["calls"] == nat["reduce_scatter"]["calls"] == 2
+        # inf, -inf, nan pass; -0.0 comes back +0.0; from both ranks
+        assert rec["special"] == ["inf", "-inf", "nan", "0.0", "1.5"] * WORLD
+        assert not any(rec["signbit"][3::5])
+
+
+def test_path_choice():
+    assert collective_paths("nccl", {"DSLAUNCH_GLOO_COLLECTIVES": "allreduce"}) == {
+        "reduce_scatter": "native", "all_gather": "native"}
+    assert collective_paths("gloo", {"DSLAUNCH_GLOO_COLLECTIVES": "native"}) == {
+        "reduce_scatter": "native", "all_gather": "native"}
+    assert collective_paths("gloo", {"DSLAUNCH_GLOO_COLLECTIVES": "allreduce"}) == {
+        "reduce_scatter": "all_reduce", "all_gather": "all_reduce"}
+    assert collective_paths("gloo", {})["reduce_scatter"] == "all_reduce"
+    with pytest.raises(ValueError, match="DSLAUNCH_GLOO_COLLECTIVES"):
+        collective_paths("gloo", {"DSLAUNCH_GLOO_COLLECTIVES": "fast"})
