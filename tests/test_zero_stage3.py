@@ -53,7 +53,8 @@ RUNS = {  # name: (ranks, config, extra script args)
                            stage3_param_persistence_threshold=1000,
                            stage3_max_live_parameters=12000), ()),
     "tight_4": (4, _config(3, **TIGHT), ()),
-    "b3": (2, _config(3, "bf16", **TIGHT), ()),
+    # + engine.save_16bit_model at the end without stage3_gather_16bit_weights_on_model_save
+    "b3": (2, _config(3, "bf16", **TIGHT), ("--save16", "{work}/m16_b3")),
     "b3_off": (2, _config(3, "bf16", offload_optimizer={"device": "cpu"},
                           stage3_param_persistence_threshold=1000), ()),
     "init": (2, _config(3, **TIGHT), ("--init",)),
@@ -71,7 +72,8 @@ def run(work, name):
         cfg.write_text(json.dumps(config))
         out = work / f"{name}.out.json"
         p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", str(nproc), "--config",
-                            str(cfg), str(SCRIPT), "--steps", str(STEPS), "--out", str(out), *args],
+                            str(cfg), str(SCRIPT), "--steps", str(STEPS), "--out", str(out),
+                            *[a.format(work=work) for a in args]],
                            capture_output=True, text=True, timeout=240, cwd=ROOT,
                            env=dict(os.environ, OMP_NUM_THREADS="1",
                                     # the RSS runs return freed memory to the OS (see memory.py)
@@ -79,6 +81,7 @@ def run(work, name):
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         res = json.loads(out.read_text())
         res["losses"] = {int(k): v for k, v in res["losses"].items()}
+        res["log"] = p.stdout + p.stderr
         _CACHE[name] = res
     return _CACHE[name]
 
@@ -197,13 +200,19 @@ def test_peak_rss_falls_with_the_stage(work):
     assert rss["rss3"] < rss["rss0"] - 0.4 * (16 - 8) * mb, rss
 
 
-@pytest.mark.parametrize("gather", [True, False])
-def test_save_16bit_model(tmp_path, gather):
+def test_save_16bit_model_without_gather_writes_nothing(work):
+    """engine.save_16bit_model under stage 3 without stage3_gather_16bit_weights_on_model_save
+    writes nothing and returns False, as DeepSpeed does, and says why (the "b3" run)."""
+    res = run(work, "b3")
+    assert res["saved16"] is False and not (work / "m16_b3" / "pytorch_model.bin").exists()
+    assert "stage3_gather_16bit_weights_on_model_save" in res["log"]
+
+
+def test_save_16bit_model(tmp_path):
     """engine.save_16bit_model under stage 3, bf16: with stage3_gather_16bit_weights_on_model_save
     rank 0 writes the whole model in bf16, equal to the consolidated fp32 masters rounded to bf16
-    (the model's weights are exactly that after a step); without it nothing is written (False),
-    as DeepSpeed does."""
-    cfg = _config(3, "bf16", **TIGHT, stage3_gather_16bit_weights_on_model_save=gather)
+    (the model's weights are exactly that after a step)."""
+    cfg = _config(3, "bf16", **TIGHT, stage3_gather_16bit_weights_on_model_save=True)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     out, ck, m16 = tmp_path / "o.json", tmp_path / "ck", tmp_path / "m16"
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -213,10 +222,6 @@ def test_save_16bit_model(tmp_path, gather):
                        capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads(out.read_text())
-    if not gather:
-        assert res["saved16"] is False and not (m16 / "pytorch_model.bin").exists()
-        assert "stage3_gather_16bit_weights_on_model_save" in p.stdout + p.stderr
-        return
     assert res["saved16"] is True
     fp32 = tmp_path / "fp32.pt"
     c = subprocess.run([str(DSLAUNCH), "ckpt", "to-fp32", str(ck), str(fp32)],
