@@ -106,7 +106,8 @@ def write_config(workdir: Path, name: str, opt: dict, micro_batch: int, steps: i
 def run(name, opt, args, workdir: Path) -> list:
     out = workdir / name
     cmd = [*CLI, "run", "--nproc-per-node", str(args.nproc), str(SCRIPT), "--out", str(out),
-           "--steps", str(args.steps), "--eval-batches", "8", *model_args(args),
+           "--steps", str(args.steps), "--eval-batches", "8", "--seed", str(args.seed),
+           *model_args(args),
            "--deepspeed_config", str(write_config(workdir, name, opt, args.micro_batch,
                                                    args.steps, args.schedule == "decay"))]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -164,7 +165,7 @@ def convergence(args, result: dict) -> None:
         return
     if "Adam" not in configs:
         raise SystemExit("--only must include Adam (its measured bytes are the fp32 baseline)")
-    result.update({"steps": args.steps, "warmup": warmup, "nproc": args.nproc,
+    result.update({"steps": args.steps, "warmup": warmup, "nproc": args.nproc, "seed": args.seed,
                    "micro_batch": args.micro_batch, "lr": args.lr, "lamb_lr": args.lamb_lr,
                    "schedule": args.schedule,
                    "model": {"layers": args.layers, "d_model": args.d_model, "seq": args.seq}})
@@ -321,6 +322,8 @@ def main(argv=None):
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0, help="model init and data order (the rank "
+                   "script's --seed): the same for every optimizer of a run")
     p.add_argument("--schedule", choices=("constant", "decay"), default="decay",
                    help="lr: constant, or WarmupDecayLR (10%% warmup, linear decay to 0)")
     p.add_argument("--only", default="Adam,OneBitAdam,ZeroOneAdam,Lamb,OneBitLamb",

@@ -7,7 +7,9 @@
   ``engine/zero/onebit_strategy.py`` strategy, which all-reduces gradients in full precision only
   on the steps where the optimizer asks for it (``wants_grad_allreduce()``); on the other steps the
   optimizer communicates compressed tensors itself through one
-  ``engine/compressed.CompressedAllReduce`` over all its parameters (one call per step);
+  ``engine/compressed.CompressedAllReduce`` over all its parameters (one call per step; for
+  1-bit Adam and 0/1 Adam each parameter is a segment with scales of its own, for 1-bit LAMB
+  the momenta are one buffer, see ``per_parameter_scales``);
 - keep their per-rank error-feedback buffers and stage counters in ``state_dict()`` (key
   ``"onebit"``), so a checkpoint resumes the compression stage where it stopped;
 - treat a parameter whose ``.grad`` is None as having a zero gradient (every rank must
@@ -64,6 +66,10 @@ class OneBitOptimizer(torch.optim.Optimizer):
     """Base: step counter, the compressed all-reduce over all parameters, state."""
 
     algorithm = "1-bit"
+    # Compress each parameter with scales of its own (1-bit Adam, 0/1 Adam: DeepSpeed compresses
+    # them parameter by parameter), or all of them as one buffer (1-bit LAMB: DeepSpeed fuses its
+    # momenta into one buffer after scaling every tensor to a common magnitude).
+    per_parameter_scales = True
 
     def __init__(self, params, defaults: dict, cuda_aware=False, comm_backend_name=None):
         check_comm_options(type(self).__name__, cuda_aware, comm_backend_name)
@@ -105,7 +111,9 @@ class OneBitOptimizer(torch.optim.Optimizer):
         if self._compressor is None:
             params = self.all_params()
             numel = sum(p.numel() for p in params)
-            self._compressor = CompressedAllReduce(numel, device=params[0].device, comm=self.comm)
+            segments = [p.numel() for p in params] if self.per_parameter_scales else None
+            self._compressor = CompressedAllReduce(numel, device=params[0].device, comm=self.comm,
+                                                   segments=segments)
             if self._pending_errors is not None:
                 self._compressor.load_state_dict(self._pending_errors)
                 self._pending_errors = None

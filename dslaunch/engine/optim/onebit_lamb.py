@@ -24,6 +24,10 @@ from .onebit import OneBitOptimizer
 
 
 class OneBitLamb(OneBitOptimizer):
+    # one buffer, as DeepSpeed's 1-bit LAMB (its scaling_coeff exists for that); scales per
+    # parameter measured worse here: +6.0% vs LAMB at 400 steps against +3.4% fused
+    per_parameter_scales = False
+
     def __init__(self, params, lr=1e-3, freeze_step=100000, bias_correction=True,
                  betas=(0.9, 0.999), eps=1e-8, eps_inside_sqrt=False, weight_decay=0.0,
                  max_grad_norm=0.0, max_coeff=10.0, min_coeff=0.01, amsgrad=False,
