@@ -9,6 +9,10 @@ and all_gather_into_tensor. This measures, per bucket size, the seconds of each 
   rs_via_all_reduce     all_reduce of the bucket, then copy this rank's chunk out
   all_gather            dist.all_gather_into_tensor(bucket_out, chunk)
   ag_via_all_reduce     zero the bucket, copy this rank's chunk in, all_reduce the bucket
+  rs_pairwise           dslaunch/engine/comm_pairwise.py: every rank sends chunk j to rank j
+                        (isend/irecv, all posted at once), sums the pieces of its own chunk
+  ag_pairwise           comm_pairwise.py: every rank sends its chunk to every rank, received
+                        straight into the output
 
 Each timed sample is a "pass" over ``total`` elements split in buckets of ``bucket`` elements
 (the whole model when bucket == total), timed on rank 0 after a barrier.
@@ -33,7 +37,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-VARIANTS = ("all_reduce", "reduce_scatter", "rs_via_all_reduce", "all_gather", "ag_via_all_reduce")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from dslaunch.engine import comm_pairwise as pairwise  # noqa: E402
+
+VARIANTS = ("all_reduce", "reduce_scatter", "rs_via_all_reduce", "rs_pairwise", "all_gather",
+            "ag_via_all_reduce", "ag_pairwise")
 
 
 def _free_port() -> int:
@@ -52,6 +60,10 @@ def _pass(variant, bufs, outs, chunks, rank, world):
         elif variant == "rs_via_all_reduce":
             dist.all_reduce(buf)
             ch.copy_(buf[rank * c:(rank + 1) * c])
+        elif variant == "rs_pairwise":
+            pairwise.reduce_scatter(ch, buf, None, rank, world)
+        elif variant == "ag_pairwise":
+            pairwise.all_gather(out, ch, None, rank, world)
         elif variant == "all_gather":
             dist.all_gather_into_tensor(out, ch)
         elif variant == "ag_via_all_reduce":
@@ -120,7 +132,9 @@ def main():
             print(f"world={world} {key} ({r['buckets']} buckets): " + ", ".join(
                 f"{v} {m[v]:.3f}s" for v in VARIANTS) +
                 f" | rs/ar-path {m['reduce_scatter'] / m['rs_via_all_reduce']:.2f}x"
-                f" ag/ar-path {m['all_gather'] / m['ag_via_all_reduce']:.2f}x", file=sys.stderr)
+                f" ag/ar-path {m['all_gather'] / m['ag_via_all_reduce']:.2f}x"
+                f" rs pairwise/ar-path {m['rs_pairwise'] / m['rs_via_all_reduce']:.2f}x"
+                f" ag pairwise/native {m['ag_pairwise'] / m['all_gather']:.2f}x", file=sys.stderr)
     out["load_after"] = os.getloadavg()
     text = json.dumps(out, indent=1)
     print(text)

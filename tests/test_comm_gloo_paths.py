@@ -1,6 +1,7 @@
-"""engine/comm.py on real gloo between two spawned processes: reduce_scatter_tensor and
-all_gather_into_tensor give bitwise the same results on the native path and on the all_reduce
-path (``DSLAUNCH_GLOO_COLLECTIVES``), synchronously and with async_op; the emulated calls are
+"""engine/comm.py on real gloo between spawned processes: reduce_scatter_tensor and
+all_gather_into_tensor give bitwise the same results on the native, pairwise and all_reduce
+paths (``DSLAUNCH_GLOO_COLLECTIVES``), synchronously and with async_op; on 3 ranks and on a
+subgroup the pairwise path equals the rank-order sum / concatenation exactly; the emulated calls are
 booked under their own names with path "all_reduce" and the all_reduce's sent bytes; a
 reduce-scatter input not marked scratch is left untouched; inf / NaN pass the zero-filled
 all-gather unchanged and -0.0 comes back as +0.0."""
@@ -50,15 +51,15 @@ def _worker(rank, init, out):
     for dtype in (torch.float32, torch.bfloat16):
         for async_op in (False, True):
             res = {}
-            for path in ("native", "allreduce"):
+            for path in ("native", "allreduce", "pairwise"):
                 os.environ["DSLAUNCH_GLOO_COLLECTIVES"] = path
                 comm = Comm()
                 res[path] = _run(comm, rank, dtype, async_op)
                 rec["untouched"].append(res[path][3])
                 rec["stats"][f"{path}-{dtype}-{async_op}"] = comm.stats()
-            a, b = res["native"], res["allreduce"]
+            a, b, c = res["native"], res["allreduce"], res["pairwise"]
             rec["same"][f"{dtype}-{async_op}"] = [torch.equal(a[i], b[i]) for i in range(3)] + [
-                torch.equal(a[0], a[1])]
+                torch.equal(a[i], c[i]) for i in range(3)] + [torch.equal(a[0], a[1])]
     # special values through the zero-filled all-gather
     os.environ["DSLAUNCH_GLOO_COLLECTIVES"] = "allreduce"
     comm = Comm()
@@ -93,9 +94,60 @@ def test_native_and_all_reduce_paths_agree_bitwise(tmp_path):
         assert nat["reduce_scatter"]["sent_bytes"] == 2 * nbytes // 2
         assert nat["all_gather"]["sent_bytes"] == nbytes // 2
         assert st["reduce_scatter"]["calls"] == nat["reduce_scatter"]["calls"] == 2
+        pw = rec["stats"]["pairwise-torch.float32-True"]
+        assert pw["reduce_scatter"]["path"] == pw["all_gather"]["path"] == "pairwise"
+        assert pw["reduce_scatter"]["sent_bytes"] == nat["reduce_scatter"]["sent_bytes"]
+        assert pw["all_gather"]["sent_bytes"] == nat["all_gather"]["sent_bytes"]
         # inf, -inf, nan pass; -0.0 comes back +0.0; from both ranks
         assert rec["special"] == ["inf", "-inf", "nan", "0.0", "1.5"] * WORLD
         assert not any(rec["signbit"][3::5])
+
+
+def _pairwise_worker(rank, world, init, out):
+    """Pairwise reduce-scatter / all-gather on ``world`` ranks and on the subgroup of ranks 1..,
+    against the exact rank-order sum and the concatenation, computed locally."""
+    import os
+
+    os.environ["DSLAUNCH_GLOO_COLLECTIVES"] = "pairwise"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    sub = dist.new_group(list(range(1, world)))
+    ok = []
+    for group, members in ((None, list(range(world))), (sub, list(range(1, world)))):
+        if rank not in members:
+            continue
+        comm = Comm(group)
+        n, me = len(members), members.index(rank)
+        data = {r: torch.randn(n * CHUNK, generator=torch.Generator().manual_seed(7 + r))
+                for r in members}
+        want = data[members[0]][me * CHUNK:(me + 1) * CHUNK].clone()
+        for r in members[1:]:
+            want += data[r][me * CHUNK:(me + 1) * CHUNK]
+        for async_op in (False, True):
+            got = torch.empty(CHUNK)
+            w = comm.reduce_scatter_tensor(got, data[rank].clone(), async_op=async_op)
+            if w is not None:
+                w.wait()
+            ok.append(torch.equal(got, want))
+            full = torch.full((n * CHUNK,), 7.0)
+            full[me * CHUNK:(me + 1) * CHUNK].copy_(data[rank][:CHUNK])
+            # the input may be this rank's own slot of the output
+            w = comm.all_gather_into_tensor(full, full[me * CHUNK:(me + 1) * CHUNK],
+                                            async_op=async_op)
+            if w is not None:
+                w.wait()
+            ok.append(torch.equal(full, torch.cat([data[r][:CHUNK] for r in members])))
+    with open(f"{out}/{rank}.json", "w") as f:
+        json.dump(ok, f)
+    dist.destroy_process_group()
+
+
+def test_pairwise_path_is_exact_on_three_ranks_and_a_subgroup(tmp_path):
+    world = 3
+    mp.start_processes(_pairwise_worker, args=(world, f"file://{tmp_path}/rdzv", str(tmp_path)),
+                       nprocs=world, start_method="spawn")
+    results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
+    assert [len(r) for r in results] == [4, 8, 8]
+    assert all(all(r) for r in results), results
 
 
 def test_path_choice():
@@ -105,6 +157,8 @@ def test_path_choice():
         "reduce_scatter": "native", "all_gather": "native"}
     assert collective_paths("gloo", {"DSLAUNCH_GLOO_COLLECTIVES": "allreduce"}) == {
         "reduce_scatter": "all_reduce", "all_gather": "all_reduce"}
-    assert collective_paths("gloo", {})["reduce_scatter"] == "all_reduce"
+    assert collective_paths("gloo", {"DSLAUNCH_GLOO_COLLECTIVES": "pairwise"}) == {
+        "reduce_scatter": "pairwise", "all_gather": "pairwise"}
+    assert collective_paths("gloo", {}) == {"reduce_scatter": "pairwise", "all_gather": "pairwise"}
     with pytest.raises(ValueError, match="DSLAUNCH_GLOO_COLLECTIVES"):
         collective_paths("gloo", {"DSLAUNCH_GLOO_COLLECTIVES": "fast"})

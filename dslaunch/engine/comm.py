@@ -16,16 +16,22 @@ the ring / pairwise algorithms gloo and NCCL use), so that different collectives
 all_reduce ``2(N-1)/N x payload``, all_gather ``(N-1) x input``, reduce_scatter, all_to_all and
 broadcast ``(N-1)/N x input``; 0 with one rank and for object/barrier collectives.
 
-On gloo, ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` may run as an all_reduce (gloo's
-all_reduce moved the same bytes about twice as fast as its reduce_scatter on 2 ranks, see
-``benchmarks/bench_collectives.py``): the reduce-scatter all-reduces the input bucket and copies
-this rank's chunk out; the all-gather zero-fills the output except this rank's chunk and
-all-reduces it (exact: ``x + 0 == x`` for every finite value, inf and NaN; only a ``-0.0`` comes
-back as ``+0.0``). ``DSLAUNCH_GLOO_COLLECTIVES`` chooses: ``native`` (gloo's own collectives),
-``allreduce`` (both emulated) or ``auto`` (default: the measured faster one per collective,
-``GLOO_AUTO``). NCCL (and any other backend) always runs the native collectives. Such a call is
-booked under its own name (``reduce_scatter`` / ``all_gather``) with ``path: "all_reduce"`` and the
-``sent_bytes`` of the all_reduce it ran (``2(N-1)/N x`` the whole buffer).
+On gloo, ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` need not run as gloo's own
+collectives, which move each byte several times slower than its all_reduce over TCP
+(``benchmarks/bench_collectives.py``). Two other paths compute the same result:
+
+- ``pairwise`` (``comm_pairwise.py``): every rank exchanges its pieces with every other rank by
+  isend/irecv, all posted at once; the same bytes as the ring algorithms;
+- ``all_reduce``: the reduce-scatter all-reduces the input bucket and copies this rank's chunk
+  out; the all-gather zero-fills the output except this rank's chunk and all-reduces it (exact:
+  ``x + 0 == x`` for every finite value, inf and NaN; only a ``-0.0`` comes back as ``+0.0``).
+  Twice the bytes of the pairwise path, kept as the measured baseline.
+
+``DSLAUNCH_GLOO_COLLECTIVES`` chooses: ``native``, ``pairwise``, ``allreduce`` or ``auto``
+(default: the measured fastest per collective, ``GLOO_AUTO``). NCCL (and any other backend)
+always runs the native collectives. A call is booked under its own name (``reduce_scatter`` /
+``all_gather``) with its ``path``; on the all_reduce path ``sent_bytes`` is that of the all_reduce
+it ran (``2(N-1)/N x`` the whole buffer).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+
+from dslaunch.engine import comm_pairwise
 
 # (rank, world size, local rank) spellings, most specific first.
 _ENV_LAYOUTS = (
@@ -121,7 +129,8 @@ def local_rank() -> int:
 
 GLOO_COLLECTIVES_ENV = "DSLAUNCH_GLOO_COLLECTIVES"
 # what "auto" picks per collective on gloo (bench_collectives.py, 2 ranks, 2M-element buckets)
-GLOO_AUTO = {"reduce_scatter": "all_reduce", "all_gather": "native"}
+GLOO_AUTO = {"reduce_scatter": "pairwise", "all_gather": "pairwise"}
+GLOO_PATHS = ("native", "pairwise", "all_reduce")
 
 
 def collective_paths(backend: str | None, environ=None) -> dict:
@@ -132,13 +141,13 @@ def collective_paths(backend: str | None, environ=None) -> dict:
         return native
     env = os.environ if environ is None else environ
     choice = env.get(GLOO_COLLECTIVES_ENV, "auto").strip().lower() or "auto"
-    if choice == "native":
-        return native
-    if choice in ("allreduce", "all_reduce"):
-        return {"reduce_scatter": "all_reduce", "all_gather": "all_reduce"}
     if choice == "auto":
         return dict(GLOO_AUTO)
-    raise ValueError(f"{GLOO_COLLECTIVES_ENV}={choice!r}: expected native, allreduce or auto")
+    path = "all_reduce" if choice == "allreduce" else choice
+    if path in GLOO_PATHS:
+        return {"reduce_scatter": path, "all_gather": path}
+    raise ValueError(f"{GLOO_COLLECTIVES_ENV}={choice!r}: expected native, pairwise, allreduce "
+                     "or auto")
 
 
 def sent_bytes(collective: str, payload: int, world: int) -> int:
@@ -193,8 +202,8 @@ class Comm:
     # -- accounting ---------------------------------------------------------------------------
     def _book(self, name: str, nbytes: int, path: str | None = None,
               sent_nbytes: int | None = None) -> dict:
-        """``path`` (for collectives that may be emulated): "native" or "all_reduce"; then
-        ``sent_nbytes`` is the payload of the all_reduce that ran."""
+        """``path`` (for collectives that may be emulated): "native", "pairwise" or
+        "all_reduce"; for the last, ``sent_nbytes`` is the payload of the all_reduce that ran."""
         rec = self._stats[name]
         rec["calls"] += 1
         rec["bytes"] += int(nbytes)
@@ -243,8 +252,14 @@ class Comm:
 
     def all_gather_into_tensor(self, output, input, async_op=False):
         """``output`` (world x ``input``) gets every rank's ``input``. ``input`` may be this
-        rank's chunk of ``output`` itself on the all_reduce path, not on the native one."""
+        rank's chunk of ``output`` itself on the pairwise and all_reduce paths, not on the
+        native one."""
         path = self.paths["all_gather"]
+        if path == "pairwise":
+            return self._run("all_gather", self._nbytes(input),
+                             lambda a: comm_pairwise.all_gather(output, input, self.group,
+                                                                self.rank, self.world_size, a),
+                             async_op, path="pairwise")
         if path == "native":
             return self._run("all_gather", self._nbytes(input),
                              lambda a: dist.all_gather_into_tensor(output, input,
@@ -271,6 +286,11 @@ class Comm:
         all_reduce path the input is reduced in place when the caller says it is scratch
         (``input_is_scratch``: it holds the reduced sums afterwards), else a copy is."""
         path = self.paths["reduce_scatter"]
+        if path == "pairwise" and op == dist.ReduceOp.SUM:
+            return self._run("reduce_scatter", self._nbytes(input),
+                             lambda a: comm_pairwise.reduce_scatter(output, input, self.group,
+                                                                    self.rank, self.world_size, a),
+                             async_op, path="pairwise")
         if path == "native":
             return self._run("reduce_scatter", self._nbytes(input),
                              lambda a: dist.reduce_scatter_tensor(output, input, op=op,
