@@ -59,6 +59,16 @@ inline void elementwise(int64_t n, int nthreads, F&& f) {
   run(0, n);
 }
 
+// Calls f with std::true_type / std::false_type for each flag, so that the per-element loop is
+// compiled once per combination, the options decided at compile time (no tests in the loop).
+template <class F>
+inline void with_flags(bool a, bool b, bool c, F&& f) {
+  auto pick = [](bool v, auto&& g) {
+    if (v) g(std::true_type{}); else g(std::false_type{});
+  };
+  pick(a, [&](auto A) { pick(b, [&](auto B) { pick(c, [&](auto C) { f(A, B, C); }); }); });
+}
+
 template <class O, class CT>
 inline void store_copy(CT* copy, int64_t i, typename O::V x) {
   if constexpr (!std::is_same_v<CT, NoCopy>) O::store(copy + i, x);
@@ -95,13 +105,14 @@ void adam_kernel(PT* p, const GT* g, float* m, float* v, CT* copy, int64_t n, co
   const float wd = float(a.weight_decay), b2 = float(a.beta2), eps = float(a.eps);
   const float gs = float(a.grad_scale);
   const bool l2 = wd != 0.f && !a.adamw, decoupled = wd != 0.f && a.adamw, scale = gs != 1.f;
+  with_flags(scale, l2, decoupled, [&](auto SCALE, auto L2, auto DECOUPLED) {
   elementwise(n, nthreads, [&](auto ops, int64_t i) {
     using O = decltype(ops);
     auto grad = O::load(g + i);
-    if (scale) grad = O::mul(grad, O::set1(gs));
+    if constexpr (decltype(SCALE)::value) grad = O::mul(grad, O::set1(gs));
     auto param = O::load(p + i);
-    if (l2) grad = O::fma(param, O::set1(wd), grad);            // grad.add(param, alpha=wd)
-    if (decoupled) param = O::mul(param, O::set1(decay));      // param.mul_(1 - lr*wd)
+    if constexpr (decltype(L2)::value) grad = O::fma(param, O::set1(wd), grad);  // grad.add(param, alpha=wd)
+    if constexpr (decltype(DECOUPLED)::value) param = O::mul(param, O::set1(decay));  // param.mul_(1 - lr*wd)
     auto mm = O::load(m + i);
     mm = O::fma(O::set1(w1), O::sub(grad, mm), mm);             // exp_avg.lerp_(grad, 1-b1)
     auto vv = O::mul(O::load(v + i), O::set1(b2));              // exp_avg_sq.mul_(b2)
@@ -112,6 +123,7 @@ void adam_kernel(PT* p, const GT* g, float* m, float* v, CT* copy, int64_t n, co
     O::store(v + i, vv);
     O::store(p + i, param);
     store_copy<O>(copy, i, param);
+  });
   });
 }
 
