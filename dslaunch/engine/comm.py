@@ -255,11 +255,6 @@ class Comm:
         rank's chunk of ``output`` itself on the pairwise and all_reduce paths, not on the
         native one."""
         path = self.paths["all_gather"]
-        if path == "pairwise":
-            return self._run("all_gather", self._nbytes(input),
-                             lambda a: comm_pairwise.all_gather(output, input, self.group,
-                                                                self.rank, self.world_size, a),
-                             async_op, path="pairwise")
         if path == "native":
             return self._run("all_gather", self._nbytes(input),
                              lambda a: dist.all_gather_into_tensor(output, input,
@@ -269,6 +264,11 @@ class Comm:
         if output.numel() != c * self.world_size or not output.is_contiguous():
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
                              f"expected {self.world_size} x {c} contiguous")
+        if path == "pairwise":
+            return self._run("all_gather", self._nbytes(input),
+                             lambda a: comm_pairwise.all_gather(output, input, self.group,
+                                                                self.rank, self.world_size, a),
+                             async_op, path="pairwise")
         flat = output.view(-1)
         lo, hi = self.rank * c, (self.rank + 1) * c
         mine = flat[lo:hi]
@@ -286,11 +286,6 @@ class Comm:
         all_reduce path the input is reduced in place when the caller says it is scratch
         (``input_is_scratch``: it holds the reduced sums afterwards), else a copy is."""
         path = self.paths["reduce_scatter"]
-        if path == "pairwise" and op == dist.ReduceOp.SUM:
-            return self._run("reduce_scatter", self._nbytes(input),
-                             lambda a: comm_pairwise.reduce_scatter(output, input, self.group,
-                                                                    self.rank, self.world_size, a),
-                             async_op, path="pairwise")
         if path == "native":
             return self._run("reduce_scatter", self._nbytes(input),
                              lambda a: dist.reduce_scatter_tensor(output, input, op=op,
@@ -300,6 +295,11 @@ class Comm:
         if input.numel() != c * self.world_size:
             raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements, "
                              f"expected {self.world_size} x {c}")
+        if path == "pairwise" and op == dist.ReduceOp.SUM:  # other ops: the all_reduce path
+            return self._run("reduce_scatter", self._nbytes(input),
+                             lambda a: comm_pairwise.reduce_scatter(output, input, self.group,
+                                                                    self.rank, self.world_size, a),
+                             async_op, path="pairwise")
         buf = input.reshape(-1) if input_is_scratch and input.is_contiguous() else \
             input.reshape(-1).clone()
         mine = buf[self.rank * c: (self.rank + 1) * c]

@@ -50,6 +50,15 @@ class PairwiseWork:
         return self._done or all(w.is_completed() for w in self._works)
 
 
+def _started(work: PairwiseWork, async_op: bool):
+    """The handle for an async call; a synchronous one completes here and returns None (the
+    torch.distributed convention)."""
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
 def _peers(rank: int, world: int):
     """(rank sent to, rank received from) for each of the N-1 exchanges, in the same order on
     every rank: step k sends to r+k and receives from r-k."""
@@ -83,11 +92,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group, rank: int, 
         for r in range(1, world):
             out.add_(pieces[r])
 
-    work = PairwiseWork(works, finish, keep=(flat, recv))
-    if not async_op:
-        work.wait()
-        return None
-    return work
+    return _started(PairwiseWork(works, finish, keep=(flat, recv)), async_op)
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group, rank: int, world: int,
@@ -106,8 +111,4 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group, rank: int, worl
         works.append(dist.isend(mine, _global(group, dst), group=group, tag=ALL_GATHER_TAG))
         works.append(dist.irecv(flat[src * c:(src + 1) * c], _global(group, src), group=group,
                                 tag=ALL_GATHER_TAG))
-    work = PairwiseWork(works, keep=(flat,))
-    if not async_op:
-        work.wait()
-        return None
-    return work
+    return _started(PairwiseWork(works, keep=(flat,)), async_op)

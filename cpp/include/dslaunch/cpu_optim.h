@@ -106,24 +106,24 @@ void adam_kernel(PT* p, const GT* g, float* m, float* v, CT* copy, int64_t n, co
   const float gs = float(a.grad_scale);
   const bool l2 = wd != 0.f && !a.adamw, decoupled = wd != 0.f && a.adamw, scale = gs != 1.f;
   with_flags(scale, l2, decoupled, [&](auto SCALE, auto L2, auto DECOUPLED) {
-  elementwise(n, nthreads, [&](auto ops, int64_t i) {
-    using O = decltype(ops);
-    auto grad = O::load(g + i);
-    if constexpr (decltype(SCALE)::value) grad = O::mul(grad, O::set1(gs));
-    auto param = O::load(p + i);
-    if constexpr (decltype(L2)::value) grad = O::fma(param, O::set1(wd), grad);  // grad.add(param, alpha=wd)
-    if constexpr (decltype(DECOUPLED)::value) param = O::mul(param, O::set1(decay));  // param.mul_(1 - lr*wd)
-    auto mm = O::load(m + i);
-    mm = O::fma(O::set1(w1), O::sub(grad, mm), mm);             // exp_avg.lerp_(grad, 1-b1)
-    auto vv = O::mul(O::load(v + i), O::set1(b2));              // exp_avg_sq.mul_(b2)
-    vv = O::fma(O::mul(O::set1(w2), grad), grad, vv);          //   .addcmul_(g, g, 1-b2)
-    auto denom = O::add(O::mul(O::sqrt(vv), O::set1(inv_bc2_sqrt)), O::set1(eps));
-    param = O::add(param, O::div(O::mul(O::set1(neg_step), mm), denom));  // addcdiv_
-    O::store(m + i, mm);
-    O::store(v + i, vv);
-    O::store(p + i, param);
-    store_copy<O>(copy, i, param);
-  });
+    elementwise(n, nthreads, [&](auto ops, int64_t i) {
+      using O = decltype(ops);
+      auto grad = O::load(g + i);
+      if constexpr (SCALE) grad = O::mul(grad, O::set1(gs));
+      auto param = O::load(p + i);
+      if constexpr (L2) grad = O::fma(param, O::set1(wd), grad);  // grad.add(param, alpha=wd)
+      if constexpr (DECOUPLED) param = O::mul(param, O::set1(decay));  // param.mul_(1 - lr*wd)
+      auto mm = O::load(m + i);
+      mm = O::fma(O::set1(w1), O::sub(grad, mm), mm);             // exp_avg.lerp_(grad, 1-b1)
+      auto vv = O::mul(O::load(v + i), O::set1(b2));              // exp_avg_sq.mul_(b2)
+      vv = O::fma(O::mul(O::set1(w2), grad), grad, vv);          //   .addcmul_(g, g, 1-b2)
+      auto denom = O::add(O::mul(O::sqrt(vv), O::set1(inv_bc2_sqrt)), O::set1(eps));
+      param = O::add(param, O::div(O::mul(O::set1(neg_step), mm), denom));  // addcdiv_
+      O::store(m + i, mm);
+      O::store(v + i, vv);
+      O::store(p + i, param);
+      store_copy<O>(copy, i, param);
+    });
   });
 }
 
