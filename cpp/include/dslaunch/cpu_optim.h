@@ -35,17 +35,19 @@ constexpr int64_t kChunk = 1 << 16;
 
 // Runs f(VecOps{}, i) over each chunk in steps of VecOps::W, then f(ScalarOps{}, i) over the
 // chunk's tail (only the last chunk has one: kChunk is a multiple of every W).
+//
+// f must capture by value ([=]), and each chunk works on its own copy of it: a SIMD store
+// (_mm256_storeu_ps ...) may alias any memory, so pointers and constants that live behind a
+// reference (a [&] capture, or the closure shared with the OpenMP team) are re-loaded after every
+// store. A local copy whose address never escapes stays in registers. Measured on the same arrays
+// against torch's fused Adam, 50M fp32, 1 thread: 0.82-0.87x with [&], 0.97-1.07x with the copy.
 template <class F>
-inline void elementwise(int64_t n, int nthreads, F&& f) {
+inline void elementwise(int64_t n, int nthreads, const F& f) {
   auto run = [&](int64_t lo, int64_t hi) {
+    const F body = f;
     int64_t i = lo;
-    // two independent vectors per iteration: more loads in flight per core
-    for (; i + 2 * VecOps::W <= hi; i += 2 * VecOps::W) {
-      f(VecOps{}, i);
-      f(VecOps{}, i + VecOps::W);
-    }
-    for (; i + VecOps::W <= hi; i += VecOps::W) f(VecOps{}, i);
-    for (; i < hi; ++i) f(ScalarOps{}, i);
+    for (; i + VecOps::W <= hi; i += VecOps::W) body(VecOps{}, i);
+    for (; i < hi; ++i) body(ScalarOps{}, i);
   };
 #ifdef _OPENMP
   if (nthreads > 1 && n >= kMinParallel) {
@@ -106,7 +108,7 @@ void adam_kernel(PT* p, const GT* g, float* m, float* v, CT* copy, int64_t n, co
   const float gs = float(a.grad_scale);
   const bool l2 = wd != 0.f && !a.adamw, decoupled = wd != 0.f && a.adamw, scale = gs != 1.f;
   with_flags(scale, l2, decoupled, [&](auto SCALE, auto L2, auto DECOUPLED) {
-    elementwise(n, nthreads, [&](auto ops, int64_t i) {
+    elementwise(n, nthreads, [=](auto ops, int64_t i) {
       using O = decltype(ops);
       auto grad = O::load(g + i);
       if constexpr (SCALE) grad = O::mul(grad, O::set1(gs));
@@ -139,7 +141,7 @@ void adagrad_kernel(PT* p, const GT* g, float* sum, CT* copy, int64_t n,
   const float neg_clr = float(-(a.lr / (1.0 + double(a.step - 1) * a.lr_decay)));
   const float wd = float(a.weight_decay), eps = float(a.eps), gs = float(a.grad_scale);
   const bool l2 = wd != 0.f, scale = gs != 1.f;
-  elementwise(n, nthreads, [&](auto ops, int64_t i) {
+  elementwise(n, nthreads, [=](auto ops, int64_t i) {
     using O = decltype(ops);
     auto grad = O::load(g + i);
     if (scale) grad = O::mul(grad, O::set1(gs));
@@ -168,7 +170,7 @@ void lion_kernel(PT* p, const GT* g, float* m, CT* copy, int64_t n,
   const float b1 = float(a.beta1), b2 = float(a.beta2), neg_lr = float(-a.lr);
   const float gs = float(a.grad_scale);
   const bool decoupled = a.weight_decay != 0.0, scale = gs != 1.f;
-  elementwise(n, nthreads, [&](auto ops, int64_t i) {
+  elementwise(n, nthreads, [=](auto ops, int64_t i) {
     using O = decltype(ops);
     auto grad = O::load(g + i);
     if (scale) grad = O::mul(grad, O::set1(gs));
