@@ -18,7 +18,10 @@ Method
 * Effective GB/s = 28 bytes/param / seconds per step (read p, g, m, v; write p, m, v).
 * Bandwidth: STREAM-style copy (a = b, 8 B/elem), triad (a = b + s*c, 12 B/elem) and read
   (sum a, 4 B/elem) from the cpu_membw op (C++, SIMD, OpenMP static split, same threads) on
-  3 x 100M-float arrays, sampled in every round between the contestants.
+  3 x 100M-float arrays, sampled in every round between the contestants; and adam_traffic
+  (a += d, b += d, c += d: Adam's four read and three write streams, 28 B/elem, no arithmetic)
+  on 4 more arrays, the ceiling an Adam step can reach with these threads. With 1-2 threads the
+  one- and two-stream probes are bound by the misses a stream keeps in flight and read below it.
 * Offload form (ZeRO-Offload's step): fp32 master + bf16 grad in, bf16 model copy out. dslaunch
   does it in one pass (adam_step(copy_out=...)); the reference is what a runtime does without it:
   grad.float(), torch fused Adam, copy to bf16.
@@ -187,13 +190,17 @@ def bandwidth_contestants(n: int, threads: int):
         raise SystemExit("dslaunch cpu_membw op unavailable (see the warning above)")
     a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
     a.copy_(b)
+    # adam_traffic's own arrays: it adds d into them every call (d tiny, so no overflow)
+    t1, t2, t3, d = torch.zeros(n), torch.zeros(n), torch.zeros(n), torch.full((n,), 1e-9)
     pa, pb, pc = a.data_ptr(), b.data_ptr(), c.data_ptr()
+    pt = (t1.data_ptr(), t2.data_ptr(), t3.data_ptr(), d.data_ptr())
     return {"bw_copy": lambda: op.copy(pa, pb, n, threads),
             "bw_triad": lambda: op.triad(pa, pb, pc, 3.0, n, threads),
-            "bw_read": lambda: op.read(pb, n, threads)}, (a, b, c)
+            "bw_read": lambda: op.read(pb, n, threads),
+            "bw_adam_traffic": lambda: op.adam_traffic(*pt, n, threads)}, (a, b, c, t1, t2, t3, d)
 
 
-BW_BYTES = {"bw_copy": 8, "bw_triad": 12, "bw_read": 4}
+BW_BYTES = {"bw_copy": 8, "bw_triad": 12, "bw_read": 4, "bw_adam_traffic": BYTES_PER_PARAM}
 
 
 def main(argv=None) -> int:
@@ -300,6 +307,8 @@ def main(argv=None) -> int:
         gbps = entry["dslaunch"]["effective_GBps_28B"]
         entry["dslaunch_fraction_of_triad"] = gbps / triad
         entry["dslaunch_fraction_of_triad_16B"] = gbps / tri["GBps_with_write_allocate_16B"]
+        entry["dslaunch_fraction_of_adam_traffic"] = (
+            gbps / results["bandwidth"]["bw_adam_traffic"]["GBps"])
     info = cpu_features.cpu_info()
     results["machine"] = {
         "cpu": info.model, "cores": os.cpu_count(), "threads": args.threads,
@@ -314,7 +323,10 @@ def main(argv=None) -> int:
                          "bandwidth": "cpu_membw op (cpp/cpu/cpu_membw.cpp): copy a=b (8 B/elem), "
                                       "triad a=b+s*c (12 B/elem), read sum(a) (4 B/elem), STREAM "
                                       "counting (no write-allocate), OpenMP static split, same "
-                                      "threads, 3 arrays of bw-size floats, sampled in every round"}
+                                      "threads, 3 arrays of bw-size floats, sampled in every round; "
+                                      "adam_traffic a+=d, b+=d, c+=d (28 B/elem, Adam's streams "
+                                      "without its arithmetic: the ceiling for an Adam step) on 4 "
+                                      "more arrays"}
     results["machine"]["loadavg_start_end"] = os.getloadavg()
     if peer is not None:
         peer.close()
