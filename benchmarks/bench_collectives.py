@@ -5,9 +5,9 @@ and all_gather_into_tensor. This measures, per bucket size, the seconds of each 
 (spawned processes, gloo over loopback, OMP_NUM_THREADS=1), interleaved over repeats, medians:
 
   all_reduce            in-place all_reduce of the whole bucket (DDP's collective)
-  reduce_scatter        dist.reduce_scatter_tensor(chunk_out, bucket)
+  reduce_scatter        dist.reduce_scatter_single(chunk_out, bucket)  (gloo's own)
   rs_via_all_reduce     all_reduce of the bucket, then copy this rank's chunk out
-  all_gather            dist.all_gather_into_tensor(bucket_out, chunk)
+  all_gather            dist.all_gather_single(bucket_out, chunk)  (gloo's own)
   ag_via_all_reduce     zero the bucket, copy this rank's chunk in, all_reduce the bucket
   rs_pairwise           dslaunch/engine/comm_pairwise.py: every rank sends chunk j to rank j
                         (isend/irecv, all posted at once), sums the pieces of its own chunk
@@ -39,6 +39,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from dslaunch.engine import comm_pairwise as pairwise  # noqa: E402
+from dslaunch.engine.comm import all_gather_single, reduce_scatter_single  # noqa: E402
 
 VARIANTS = ("all_reduce", "reduce_scatter", "rs_via_all_reduce", "rs_pairwise", "all_gather",
             "ag_via_all_reduce", "ag_pairwise")
@@ -56,7 +57,7 @@ def _pass(variant, bufs, outs, chunks, rank, world):
         if variant == "all_reduce":
             dist.all_reduce(buf)
         elif variant == "reduce_scatter":
-            dist.reduce_scatter_tensor(ch, buf)
+            reduce_scatter_single(ch, buf)
         elif variant == "rs_via_all_reduce":
             dist.all_reduce(buf)
             ch.copy_(buf[rank * c:(rank + 1) * c])
@@ -65,7 +66,7 @@ def _pass(variant, bufs, outs, chunks, rank, world):
         elif variant == "ag_pairwise":
             pairwise.all_gather(out, ch, None, rank, world)
         elif variant == "all_gather":
-            dist.all_gather_into_tensor(out, ch)
+            all_gather_single(out, ch)
         elif variant == "ag_via_all_reduce":
             out.zero_()
             out[rank * c:(rank + 1) * c].copy_(ch)

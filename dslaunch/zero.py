@@ -37,6 +37,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from dslaunch.engine import comm
+
 _STRATEGIES: "weakref.WeakSet" = weakref.WeakSet()
 
 
@@ -88,7 +90,7 @@ def _gather_param(p) -> None:
     with torch.no_grad():
         padded = torch.empty(shard.numel() * world, dtype=shard.dtype, device=shard.device)
         if world > 1:
-            dist.all_gather_into_tensor(padded, shard)
+            comm.all_gather_single(padded, shard)
         else:
             padded.copy_(shard)
         whole = padded[: p.numel()].view(p.shape).clone()

@@ -47,6 +47,11 @@ import torch.distributed as dist
 
 from dslaunch.engine import comm_pairwise
 
+# torch 2.13 renamed the flat collectives (the old names warn, FutureWarning); older torch has only
+# the old names. Same signatures.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 # (rank, world size, local rank) spellings, most specific first.
 _ENV_LAYOUTS = (
     ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # dslaunch, torchrun
@@ -257,8 +262,8 @@ class Comm:
         path = self.paths["all_gather"]
         if path == "native":
             return self._run("all_gather", self._nbytes(input),
-                             lambda a: dist.all_gather_into_tensor(output, input,
-                                                                   group=self.group, async_op=a),
+                             lambda a: all_gather_single(output, input, group=self.group,
+                                                         async_op=a),
                              async_op, path="native")
         c = input.numel()
         if output.numel() != c * self.world_size or not output.is_contiguous():
@@ -288,8 +293,8 @@ class Comm:
         path = self.paths["reduce_scatter"]
         if path == "native":
             return self._run("reduce_scatter", self._nbytes(input),
-                             lambda a: dist.reduce_scatter_tensor(output, input, op=op,
-                                                                  group=self.group, async_op=a),
+                             lambda a: reduce_scatter_single(output, input, op=op,
+                                                             group=self.group, async_op=a),
                              async_op, path="native")
         c = output.numel()
         if input.numel() != c * self.world_size:
