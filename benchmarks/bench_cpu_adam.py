@@ -303,12 +303,12 @@ def main(argv=None) -> int:
     # STREAM does not count the write-allocate read of the destination; Adam has none (every line
     # it writes it has just read), so the like-for-like traffic figure for triad is 16 B/elem
     tri["GBps_with_write_allocate_16B"] = triad * 16 / 12
+    adam_ceiling = results["bandwidth"]["bw_adam_traffic"]["GBps"]
     for n, entry in results["sizes"].items():
         gbps = entry["dslaunch"]["effective_GBps_28B"]
         entry["dslaunch_fraction_of_triad"] = gbps / triad
         entry["dslaunch_fraction_of_triad_16B"] = gbps / tri["GBps_with_write_allocate_16B"]
-        entry["dslaunch_fraction_of_adam_traffic"] = (
-            gbps / results["bandwidth"]["bw_adam_traffic"]["GBps"])
+        entry["dslaunch_fraction_of_adam_traffic"] = gbps / adam_ceiling
     info = cpu_features.cpu_info()
     results["machine"] = {
         "cpu": info.model, "cores": os.cpu_count(), "threads": args.threads,

@@ -6,6 +6,8 @@
 // over four read and three write streams, with no arithmetic to speak of: the ceiling an Adam
 // kernel can reach with these threads. With 1-2 threads the STREAM probes are bound by how many
 // misses one stream keeps in flight, not by the memory, so they sit below it.
+#include <utility>
+
 #include "dslaunch/py_optim.h"
 
 #ifndef TORCH_EXTENSION_NAME
@@ -14,23 +16,32 @@
 
 namespace {
 
+// The calling thread's share [lo, hi) of n elements inside a parallel region: one contiguous,
+// 64-element-aligned slice per thread (all of it outside one).
+std::pair<int64_t, int64_t> thread_range(int64_t n) {
+#ifdef _OPENMP
+  const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+  const int64_t per = ((n + nt - 1) / nt + 63) & ~int64_t(63);
+  const int64_t lo = std::min(n, t * per);
+  return {lo, std::min(n, lo + per)};
+#else
+  return {0, n};
+#endif
+}
+
 // f captures by value and each thread calls its own copy, so the pointers stay in registers
 // across the SIMD stores (which may alias anything; see elementwise in cpu_optim.h).
 template <class F>
 void static_split(int64_t n, int nthreads, const F& f) {
+  (void)nthreads;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nthreads)
+#endif
   {
     const F body = f;
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t per = ((n + nt - 1) / nt + 63) & ~int64_t(63);
-    const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
+    const auto [lo, hi] = thread_range(n);
     body(lo, hi);
   }
-#else
-  (void)nthreads;
-  f(0, n);
-#endif
 }
 
 using dslaunch::ScalarOps;
@@ -118,13 +129,7 @@ static PyObject* read(PyObject*, PyObject* args) {
 #pragma omp parallel num_threads(nt) reduction(+ : total)
 #endif
   {
-    int64_t lo = 0, hi = n;
-#ifdef _OPENMP
-    const int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t per = ((n + T - 1) / T + 63) & ~int64_t(63);
-    lo = std::min<int64_t>(n, t * per);
-    hi = std::min<int64_t>(n, lo + per);
-#endif
+    const auto [lo, hi] = thread_range(n);
     // four accumulators: one add chain would cap a core at one vector per add latency
     VecOps::V acc[4] = {VecOps::set1(0.f), VecOps::set1(0.f), VecOps::set1(0.f), VecOps::set1(0.f)};
     int64_t i = lo;
