@@ -4,16 +4,25 @@ config flags, and the no-config error."""
 
 import argparse
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from dslaunch.config import resolve_config
 from dslaunch.engine.api import _config_source, add_config_arguments
 from dslaunch.engine.comm import env_layout
-from dslaunch.engine.optim import Lamb, Lion, build_optimizer
+from dslaunch.engine.optim import Lamb, Lion
+from dslaunch.engine.optim import build_optimizer as _build_optimizer
 from dslaunch.engine.optim.schedules import (LRRangeTest, OneCycle, WarmupCosineLR,
                                              WarmupDecayLR, WarmupLR, build_scheduler)
 from dslaunch.engine.precision import DynamicLossScaler, build_precision
+
+
+def build_optimizer(params, section: dict):
+    """The engine takes the typed ``optimizer`` section (``.type``, ``.params``); these tests
+    write it as a dict."""
+    return _build_optimizer(params, SimpleNamespace(**section))
 
 
 def _opt(lr=0.01, cls=torch.optim.SGD, **kw):
@@ -100,13 +109,13 @@ def test_lr_range_test():
 
 def test_schedule_state_dict_round_trip():
     opt = _opt()
-    s = build_scheduler({"type": "WarmupDecayLR", "params": {
-        "total_num_steps": 10, "warmup_num_steps": 4, "warmup_max_lr": 0.01}}, opt)
+    s = build_scheduler(SimpleNamespace(**{"type": "WarmupDecayLR", "params": {
+        "total_num_steps": 10, "warmup_num_steps": 4, "warmup_max_lr": 0.01}}), opt)
     for _ in range(5):
         s.step()
     opt2 = _opt()
-    s2 = build_scheduler({"type": "WarmupDecayLR", "params": {
-        "total_num_steps": 10, "warmup_num_steps": 4, "warmup_max_lr": 0.01}}, opt2)
+    s2 = build_scheduler(SimpleNamespace(**{"type": "WarmupDecayLR", "params": {
+        "total_num_steps": 10, "warmup_num_steps": 4, "warmup_max_lr": 0.01}}), opt2)
     s2.load_state_dict(s.state_dict())
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
     s.step(), s2.step()
@@ -125,11 +134,16 @@ def test_dynamic_loss_scale_hysteresis_window_and_floor():
     s = DynamicLossScaler(init_scale=2, min_scale=1, hysteresis=1)
     s.update(True), s.update(True)
     assert s.loss_scale == 1
-    p = build_precision({"fp16": {"enabled": True, "loss_scale": 128.0}})
+    p = _precision({"fp16": {"enabled": True, "loss_scale": 128.0}})
     assert p.scaler.loss_scale == 128 and not p.scaler.dynamic
-    p = build_precision({"fp16": {"enabled": True, "initial_scale_power": 5}})
+    p = _precision({"fp16": {"enabled": True, "initial_scale_power": 5}})
     assert p.scaler.loss_scale == 32 and p.scaler.dynamic
-    assert build_precision({"bf16": {"enabled": True}}).dtype == torch.bfloat16
+    assert _precision({"bf16": {"enabled": True}}).dtype == torch.bfloat16
+
+
+def _precision(sections: dict):
+    cfg = resolve_config({"train_batch_size": 1, **sections}).typed
+    return build_precision(cfg.fp16, cfg.bf16)
 
 
 @pytest.mark.parametrize("env, want", [

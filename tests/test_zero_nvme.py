@@ -439,14 +439,17 @@ def test_param_store_round_trip_and_read_ahead(work):
 def test_param_nvme_bad_settings_name_the_key(work):
     import torch
 
+    from dslaunch.config import resolve_config
     from dslaunch.engine.zero.nvme_param_store import NVMeParamStore, nvme_param_store
     from dslaunch.engine.zero.nvme_swap import _remove_dir, make_swap_dir
 
     key = "zero_optimization.offload_param"
     missing = work / "no_such_param_dir"
-    cfg = {"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": str(missing)}}}
+    cfg = resolve_config({"train_batch_size": 1, "zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(missing)}}}).typed
     with pytest.raises(ValueError, match=f"{key}.nvme_path: {missing} does not exist"):
-        nvme_param_store(None, torch.float32, torch.device("cpu"), None, cfg, 0)
+        nvme_param_store(None, torch.float32, torch.device("cpu"), None,
+                         cfg.zero_optimization.offload_param, cfg.aio, 0)
     d = make_swap_dir(_swap_root(work, "bad"), 0, key=key)
     with pytest.raises(ValueError, match=f"{key}.buffer_size: 10 elements, but a parameter chunk"):
         NVMeParamStore(_tiny_plan(), torch.float32, torch.device("cpu"), None, d,

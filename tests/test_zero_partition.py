@@ -82,6 +82,7 @@ def test_reshard_between_world_sizes_round_trips():
 
 def test_gathered_parameters_modifier_refreshes_fp32_masters():
     from dslaunch.engine.comm import Comm, init_distributed
+    from dslaunch.config import resolve_config
     from dslaunch.engine.precision import build_precision
     from dslaunch.engine.zero.stage12 import Stage2Strategy
     from dslaunch.zero import GatheredParameters
@@ -89,8 +90,10 @@ def test_gathered_parameters_modifier_refreshes_fp32_masters():
     init_distributed()  # one rank, in-memory store
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    strat = Stage2Strategy(model, opt, {"zero_optimization": {"stage": 2}}, Comm(),
-                           build_precision({"bf16": {"enabled": True}}))
+    cfg = resolve_config({"train_batch_size": 1, "zero_optimization": {"stage": 2},
+                          "bf16": {"enabled": True}}).typed
+    strat = Stage2Strategy(model, opt, cfg.zero_optimization, Comm(),
+                           build_precision(cfg.fp16, cfg.bf16))
     w = model[0].weight
     assert w.dtype == torch.bfloat16
     with GatheredParameters([w], modifier_rank=0):

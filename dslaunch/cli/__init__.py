@@ -1,26 +1,20 @@
 """The ``dslaunch`` command. Each sub-command lives in its own module under ``dslaunch/cli/``.
 
-Sub-command modules are imported only when they exist, so the group stays usable while parts of the
-product are being built, and nothing here imports torch (``dslaunch run`` must start fast).
+Nothing here imports torch (``dslaunch run`` must start fast): the sub-commands that need it
+import it inside their functions.
 """
-
-import importlib
 
 import click
 
 from dslaunch import __version__
-
-# (module under dslaunch.cli, attribute): each attribute is a click command or group.
-_COMMANDS = [
-    ("run", "run"),
-    ("config", "config"),
-    ("hosts", "hosts"),
-    ("report", "report"),
-    ("ckpt", "ckpt"),
-    ("sbatch", "sbatch"),
-    ("nvme_tune", "nvme_tune"),
-    ("estimate_memory", "estimate_memory"),
-]
+from dslaunch.cli.ckpt import ckpt
+from dslaunch.cli.config import config
+from dslaunch.cli.estimate_memory import estimate_memory
+from dslaunch.cli.hosts import hosts
+from dslaunch.cli.nvme_tune import nvme_tune
+from dslaunch.cli.report import report
+from dslaunch.cli.run import run
+from dslaunch.cli.sbatch import sbatch
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,11 +23,5 @@ def main():
     """Launch and train large PyTorch models on one or many hosts (DeepSpeed-compatible)."""
 
 
-for _module, _attr in _COMMANDS:
-    try:
-        _mod = importlib.import_module(f"dslaunch.cli.{_module}")
-    except ModuleNotFoundError as exc:  # that sub-command is not built yet
-        if exc.name != f"dslaunch.cli.{_module}":
-            raise
-        continue
-    main.add_command(getattr(_mod, _attr))
+for _command in (run, config, hosts, report, ckpt, sbatch, nvme_tune, estimate_memory):
+    main.add_command(_command)

@@ -44,37 +44,21 @@ def _count_script_params(path: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _read_config(path: str) -> dict:
-    import yaml
+def _from_config(path: str, world_size: int) -> dict:
+    """The stage, precision, offload and optimizer the config asks for (resolved as a run would)."""
+    from dslaunch.config import ConfigError, resolve_config
 
-    with open(path) as fh:
-        return yaml.safe_load(fh) if path.endswith((".yaml", ".yml")) else json.load(fh)
-
-
-def _from_config(path: str) -> dict:
     try:
-        from dslaunch.config import load_config
-    except ImportError:  # config package not importable: read JSON/YAML directly
-        load_config = _read_config
-    try:
-        raw = load_config(path)
-    except Exception as exc:
-        raise click.ClickException(f"--config {path}: {exc}")
-    if not isinstance(raw, dict):
-        raise click.ClickException(f"--config {path}: not a mapping")
-    zero = raw.get("zero_optimization") or {}
-    precision = "fp32"
-    if (raw.get("bf16") or {}).get("enabled") or (raw.get("bfloat16") or {}).get("enabled"):
-        precision = "bf16"
-    elif (raw.get("fp16") or {}).get("enabled"):
-        precision = "fp16"
-    off_opt = (zero.get("offload_optimizer") or {}).get("device", "none")
-    off_opt = "cpu" if zero.get("cpu_offload") else off_opt
-    off_par = (zero.get("offload_param") or {}).get("device", "none")
-    off_par = "cpu" if zero.get("cpu_offload_param") else off_par
-    opt = ((raw.get("optimizer") or {}).get("type") or "adam").lower()
-    return {"stage": int(zero.get("stage", 0)), "precision": precision, "offload_optimizer": off_opt,
-            "offload_param": off_par, "optimizer": opt}
+        cfg = resolve_config(path, world_size=world_size).typed
+    except ConfigError as exc:
+        raise click.ClickException(f"invalid config {path}:\n  " + "\n  ".join(exc.lines())) \
+            from None
+    zero = cfg.zero_optimization
+    precision = "bf16" if cfg.bf16.enabled else "fp16" if cfg.fp16.enabled else "fp32"
+    optimizer = (cfg.optimizer.type if cfg.optimizer is not None else "adam").lower()
+    return {"stage": zero.stage, "precision": precision,
+            "offload_optimizer": zero.offload_optimizer.device,
+            "offload_param": zero.offload_param.device, "optimizer": optimizer}
 
 
 @click.command("estimate-memory")
@@ -105,7 +89,7 @@ def estimate_memory(params, model_script, config_path, world_size, ranks_per_hos
     if (params is None) == (model_script is None):
         raise click.UsageError("give exactly one of --params or --model-script")
     num_params = _parse_count(params) if params is not None else _count_script_params(model_script)
-    cfg = _from_config(config_path) if config_path else None
+    cfg = _from_config(config_path, world_size) if config_path else None
     precision = precision or (cfg["precision"] if cfg else "bf16")
     optimizer = (optimizer or (cfg["optimizer"] if cfg else "adam")).lower()
     if optimizer not in OPTIMIZER_STATES:

@@ -17,7 +17,6 @@ Defaults worth knowing:
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shlex
@@ -27,7 +26,9 @@ from pathlib import Path
 import click
 
 from dslaunch.launcher.plan import LOCAL_HOSTS, WorldPlan, build_plan
+from dslaunch.config import ConfigError, load_config, resolve_config
 from dslaunch.launcher.runners import RUNNERS, RunnerError, get_runner
+from dslaunch.launcher.runners.options import OPTIONS
 
 CONTEXT = {
     "ignore_unknown_options": True,  # an unknown option after SCRIPT belongs to the script
@@ -39,13 +40,7 @@ CONTEXT = {
 def _extra_options(func):
     """Options a multi-host runner contributes (``runners/options.py: OPTIONS``, a list of click
     option decorators) without editing this file; their values reach the runner as ``options``."""
-    try:
-        mod = importlib.import_module("dslaunch.launcher.runners.options")
-    except ModuleNotFoundError as exc:
-        if exc.name != "dslaunch.launcher.runners.options":
-            raise
-        return func
-    for option in reversed(getattr(mod, "OPTIONS", [])):
+    for option in reversed(OPTIONS):
         func = option(func)
     return func
 
@@ -89,27 +84,26 @@ def _hosts(hostfile, nproc_per_node, launcher="local") -> tuple:
 
 
 def _config(path: str, world_size: int) -> str:
-    """The validated, resolved config JSON; every problem listed at once otherwise."""
-    try:
-        from dslaunch.config import ConfigError, resolve_config
-    except ModuleNotFoundError:  # config package not built: accept a JSON object as it is
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, ValueError) as exc:
-            raise click.ClickException(f"--config {path}: {exc}") from None
-        if not isinstance(data, dict):
-            raise click.ClickException(f"--config {path}: the top level must be an object")
-        return json.dumps(data, separators=(",", ":"))
+    """The config as written, validated for this world size (every problem listed at once), as
+    JSON for DSLAUNCH_CONFIG. The ranks resolve it themselves, once, with their real
+    data-parallel size: shipping our resolution would pass off what we inferred for an assumed
+    layout (data parallel = world size / written model-parallel sizes) as the user's own."""
     if not os.path.isfile(path):
         raise click.ClickException(f"--config {path}: no such file")
     try:
-        return resolve_config(path, world_size=world_size).to_json()
+        written = load_config(path)
+        resolve_config(written, world_size=world_size, origin=path)
     except ConfigError as exc:
-        lines = exc.lines() if hasattr(exc, "lines") else list(exc.problems)
+        lines = exc.lines()
+        if any(p.startswith(("train_batch_size", "train_micro_batch_size_per_gpu",
+                             "gradient_accumulation_steps")) for p in exc.problems):
+            lines.append("(the data-parallel size here is the world size divided by the written "
+                         "pipeline.stages and tensor_parallel.autotp_size: a pipeline or tensor-"
+                         "parallel script should write them)")
         raise click.ClickException(
-            f"invalid config {path} ({len(lines)} problem(s)); no rank was started:\n  "
+            f"invalid config {path} ({len(exc.problems)} problem(s)); no rank was started:\n  "
             + "\n  ".join(lines)) from None
+    return json.dumps(written, separators=(",", ":"))
 
 
 def _env(env_items: tuple, cwd: Path) -> tuple:

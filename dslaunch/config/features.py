@@ -19,7 +19,6 @@ class Feature:
     used: Callable[[Callable[[str], object]], bool]  # takes get("dotted.path") -> value
 
 
-ONE_BIT = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
 _ACT_CKPT = ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
              "synchronize_checkpoint_boundary", "profile")
 
@@ -44,10 +43,6 @@ NOT_SUPPORTED_YET = [
             lambda get: (get("zero_optimization.zero_hpz_partition_size") or 1) > 1),
     Feature("zero_optimization.mics_shard_size", "MiCS sharding", "",
             lambda get: (get("zero_optimization.mics_shard_size") or -1) > 0),
-    Feature("zero_optimization.stage", "1-bit Adam, 0/1 Adam and 1-bit LAMB with ZeRO stage >= 1 "
-            "(they need the whole optimizer state on every rank; DeepSpeed refuses it too)", "",
-            lambda get: get("optimizer.type") in ONE_BIT
-            and (get("zero_optimization.stage") or 0) >= 1),
     Feature("tensor_parallel.autotp_size", "tensor parallelism (size > 1)", "issue 7",
             lambda get: (get("tensor_parallel.autotp_size") or 1) > 1),
     Feature("activation_checkpointing", "activation checkpointing", "issue 7",

@@ -1,7 +1,17 @@
 """resolve_config: load -> validate -> resolve "auto" -> batch triad -> cross-checks -> features.
 
-Returns a ResolvedConfig (the full value tree and where each value came from) or raises one
-ConfigError listing every problem found.
+Returns a ResolvedConfig (the full value tree, where each value came from, and the typed sections
+of ``sections.py``) or raises one ConfigError listing every problem found. Every refusal of an
+impossible combination lives here, once: the launcher (before any rank starts) and each rank
+(with the parallel layout it really has) run the same checks.
+
+Who resolves, and with which sizes:
+- ``dslaunch run`` / ``config validate``: the world size; the data-parallel size follows from the
+  written ``pipeline.stages`` and ``tensor_parallel.autotp_size``. The launcher then ships the
+  config *as written* (``DSLAUNCH_CONFIG``), not its own resolution, so nothing it inferred for
+  an assumed layout reaches the ranks as if the user had written it.
+- each rank (``dslaunch.initialize``): its real data-parallel size, pipeline stages and
+  tensor-parallel size, once; a written batch size that does not fit is refused, as DeepSpeed does.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from .batch import GAS, MBS, TBS, TRIAD, resolve_batch
 from .errors import ConfigError
 from .features import unsupported_problems
 from .loader import load_config_with_origin
+from .sections import build
 from .validate import check_config, show
 
 _MISSING = object()
@@ -21,7 +32,9 @@ _MISSING = object()
 
 class ResolvedConfig:
     """The resolved config. ``values``: full tree; ``sources``: dotted path -> "file" | "default" |
-    "inferred" | "auto"; ``notes``: what still depends on the world size (when none was given)."""
+    "inferred" | "auto"; ``notes``: what still depends on the world size (when none was given);
+    ``typed``: the same values as frozen, typed sections (``typed.zero_optimization.stage``),
+    what the engine reads."""
 
     def __init__(self, values: dict, sources: dict, world_size: Optional[int],
                  dp_world_size: Optional[int], notes: list, origin: Optional[str] = None):
@@ -31,6 +44,14 @@ class ResolvedConfig:
         self.dp_world_size = dp_world_size
         self.notes = notes
         self.origin = origin
+        self._typed = None
+
+    @property
+    def typed(self):
+        """The frozen, typed sections (built once, on first use)."""
+        if self._typed is None:
+            self._typed = build(self.values)
+        return self._typed
 
     def get(self, path: str, default: Any = None) -> Any:
         node: Any = self.values
@@ -76,8 +97,14 @@ def _data_parallel_size(values: dict, world_size: int) -> int:
 
 def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
                    dp_world_size: Optional[int] = None, model_num_params: Optional[int] = None,
-                   check_supported: bool = True) -> ResolvedConfig:
-    raw, origin = load_config_with_origin(source_or_raw)
+                   check_supported: bool = True, pipeline_stages: Optional[int] = None,
+                   tensor_parallel_size: Optional[int] = None,
+                   origin: Optional[str] = None) -> ResolvedConfig:
+    """``pipeline_stages`` / ``tensor_parallel_size``: the layout the rank really runs (the
+    PipelineModule's stages, the mpu's model-parallel size), checked against the config;
+    ``origin``: the file name to put in messages when the config comes as a dict or string."""
+    raw, loaded_from = load_config_with_origin(source_or_raw)
+    origin = loaded_from or origin
     for name, size in (("world_size", world_size), ("dp_world_size", dp_world_size)):
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ConfigError([f"{name}: {size!r} is not a valid size; expected an integer >= 1"])
@@ -95,6 +122,7 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
         if values[key] == "auto":
             values[key] = None
     _cross_checks(values, sources, problems)
+    _layout_checks(values, sources, problems, pipeline_stages, tensor_parallel_size)
 
     cfg = ResolvedConfig(values, sources, world_size, dp, notes, origin)
     if check_supported:
@@ -161,6 +189,62 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
             if params["warmup_num_steps"] > params["total_num_steps"]:
                 problems.append(f"scheduler.params.warmup_num_steps: {params['warmup_num_steps']} is "
                                 f"more than total_num_steps={params['total_num_steps']}")
+
+
+ONE_BIT = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
+
+
+def zero_stage(source_or_raw: Any) -> int:
+    """The ZeRO stage a config asks for, validated. ``zero.Init`` reads it from configs that need
+    not be complete (DeepSpeed's ``Init(config_dict_or_path={"zero_optimization": ...})``)."""
+    raw, origin = load_config_with_origin(source_or_raw)
+    checked = check_config(raw)
+    bad = [p for p in checked.problems if p.startswith("zero_optimization.stage")]
+    if bad:
+        raise ConfigError(bad, source=origin)
+    stage = checked.values["zero_optimization"]["stage"]
+    return stage if isinstance(stage, int) else 0  # "auto": DeepSpeed's default, 0
+
+
+def _layout_checks(values: dict, sources: dict, problems: list, pipeline_stages: Optional[int],
+                   tensor_parallel_size: Optional[int]) -> None:
+    """Combinations of ZeRO, 1-bit optimizers and the parallel layout that cannot run. The layout
+    is the rank's real one when given, else what the config writes."""
+    zero = values["zero_optimization"]
+    stage = zero["stage"] if isinstance(zero["stage"], int) else 0
+    written_stages = values["pipeline"]["stages"]
+    if pipeline_stages is not None and sources.get("pipeline.stages") == "file" \
+            and isinstance(written_stages, int) and written_stages > 1 \
+            and written_stages != pipeline_stages:
+        problems.append(f"pipeline.stages: {written_stages} but the PipelineModule has "
+                        f"{pipeline_stages} stages; make them agree (or remove the key)")
+    stages = pipeline_stages if pipeline_stages is not None else written_stages
+    tp = tensor_parallel_size if tensor_parallel_size is not None else \
+        values["tensor_parallel"]["autotp_size"]
+    if stage >= 2 and isinstance(stages, int) and stages > 1:
+        problems.append(f"zero_optimization.stage: {stage} cannot be combined with pipeline "
+                        "parallelism (gradients are partitioned while micro-batches are still in "
+                        "flight; DeepSpeed refuses it too): use stage 0 or 1")
+    if stage >= 3 and isinstance(tp, int) and tp > 1:
+        problems.append("zero_optimization.stage: 3 with tensor parallelism is not supported yet: "
+                        "use stage 0, 1 or 2")
+    name = (values.get("optimizer") or {}).get("type")
+    problems.extend(onebit_problems(name, stage, zero["offload_optimizer"]["device"]))
+
+
+def onebit_problems(optimizer_name, stage: int, offload_optimizer_device: str) -> list:
+    """Why a 1-bit optimizer cannot run with these ZeRO settings (empty: it can). Also asked by
+    the engine when the 1-bit optimizer is the user's own object, not the config's."""
+    if optimizer_name not in ONE_BIT:
+        return []
+    if stage >= 1:
+        return [f"zero_optimization.stage: {optimizer_name} works with ZeRO stage 0 only (the "
+                f"1-bit optimizers need the whole optimizer state on every rank, as in "
+                f"DeepSpeed); got stage {stage}"]
+    if offload_optimizer_device == "cpu":  # nvme at stage 0 is refused by _cross_checks
+        return [f"zero_optimization.offload_optimizer.device: \"cpu\" cannot be used with "
+                f"{optimizer_name} (stage 0 only, nothing to offload)"]
+    return []
 
 
 def _numbers(*values) -> bool:

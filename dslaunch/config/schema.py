@@ -367,7 +367,9 @@ TOP = Section({
     "nebula": _enabled_open(),
     "compile": Section({"deepcompile": B()}, open=True),
     "expert_parallel": _enabled_open(),
-    "dslaunch": Section({}, open=True),  # reserved for dslaunch's own settings
+    "dslaunch": Section({  # dslaunch's own settings (DeepSpeed has no such key)
+        "pipe_schedule": S("1f1b", ("1f1b", "gpipe")),
+    }, open=True),
 }, aliases={"bfloat16": "bf16"})
 
 

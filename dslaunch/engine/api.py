@@ -52,12 +52,37 @@ def _config_source(args, config, config_params):
         "`dslaunch run --config FILE ...`")
 
 
-def resolve_engine_config(source, world_size: int, model_num_params: int | None = None):
-    """The resolved config (``dslaunch.config.ResolvedConfig``) for this job."""
+def _config_origin(label: str):
+    """The file name to show in config errors when the config came from the launcher."""
+    return os.environ.get("DSLAUNCH_CONFIG_PATH") if label == CONFIG_ENV else None
+
+
+def _layout(model, mpu):
+    """(data-parallel size, pipeline stages or None, tensor-parallel size or None) of this job."""
+    import torch.distributed as dist
+
+    from .pipe.module import PipelineModule
+
+    if isinstance(model, PipelineModule):
+        grid = model.grid
+        return grid.dp_world_size, model.num_stages, grid.tp_world_size
+    if mpu is not None:
+        return mpu.get_data_parallel_world_size(), None, mpu.get_model_parallel_world_size()
+    return dist.get_world_size(), None, None
+
+
+def resolve_engine_config(source, model, mpu=None, origin=None):
+    """The typed config of this rank (``dslaunch.config.sections``), resolved once with the
+    job's real data-parallel size and parallel layout: a written batch size that does not fit
+    it, or a ZeRO stage the layout cannot run, is a ``ConfigError`` naming the key."""
+    import torch.distributed as dist
+
     from dslaunch.config import resolve_config
 
-    return resolve_config(source, world_size=world_size, dp_world_size=world_size,
-                          model_num_params=model_num_params)
+    dp, stages, tp = _layout(model, mpu)
+    return resolve_config(source, world_size=dist.get_world_size(), dp_world_size=dp,
+                          model_num_params=sum(p.numel() for p in model.parameters()),
+                          pipeline_stages=stages, tensor_parallel_size=tp, origin=origin).typed
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
@@ -67,25 +92,25 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     (the dataloader is None without ``training_data``; the scheduler None without one)."""
     if model is None:
         raise ValueError("dslaunch.initialize: model= is required")
-    source, _ = _config_source(args, config, config_params)
+    source, label = _config_source(args, config, config_params)
     init_distributed(dist_init_required=dist_init_required)
+    cfg = resolve_engine_config(source, model, mpu, _config_origin(label))
     from .pipe.module import PipelineModule
 
-    if mpu is not None or isinstance(model, PipelineModule):  # pipeline / tensor parallel
-        from .pipe.engine import initialize_parallel
+    common = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
+                  training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
+                  cfg=cfg)
+    if isinstance(model, PipelineModule):
+        from .pipe.engine import PipelineEngine
 
-        engine = initialize_parallel(args, model, optimizer, model_parameters, training_data,
-                                     lr_scheduler, mpu, collate_fn, source)
-        return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
-    import torch.distributed as dist
+        engine = PipelineEngine(**common)
+    elif mpu is not None:  # tensor parallel: gradients reduced over the mpu's data group
+        from .pipe.engine import tensor_parallel_engine
 
-    from .comm import Comm
-    from .engine import DSLaunchEngine
+        engine = tensor_parallel_engine(mpu=mpu, **common)
+    else:
+        from .comm import Comm
+        from .engine import DSLaunchEngine
 
-    comm = Comm()
-    num_params = sum(p.numel() for p in model.parameters())
-    cfg = resolve_engine_config(source, dist.get_world_size(), num_params)
-    engine = DSLaunchEngine(args=args, model=model, optimizer=optimizer,
-                            model_parameters=model_parameters, training_data=training_data,
-                            lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg, comm=comm)
+        engine = DSLaunchEngine(comm=Comm(), **common)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -350,7 +350,7 @@ def save_16bit_model(engine, save_dir: str, save_filename: str = "pytorch_model.
     ``stage3_gather_16bit_weights_on_model_save`` is true (as in DeepSpeed; otherwise nothing is
     written, a note says why, and the result is False)."""
     strategy = engine.strategy
-    if strategy.stage == 3 and not strategy.opts.gather_16bit_weights_on_model_save:
+    if strategy.stage == 3 and not strategy.zero.stage3_gather_16bit_weights_on_model_save:
         if engine.global_rank == 0:
             print("[dslaunch] save_16bit_model: nothing saved: under ZeRO stage 3 set "
                   "zero_optimization.stage3_gather_16bit_weights_on_model_save to true (or "

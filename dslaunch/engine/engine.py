@@ -29,9 +29,7 @@ class DSLaunchEngine(torch.nn.Module):
         super().__init__()
         self.args = args
         self.module = model
-        self.config = cfg
-        values = cfg.values if hasattr(cfg, "values") else dict(cfg)
-        self._values = values
+        self.config = cfg  # the typed, frozen config (dslaunch.config.sections), resolved once
         self.comm = comm
         self.global_rank = comm.rank
         self.world_size = comm.world_size
@@ -43,31 +41,29 @@ class DSLaunchEngine(torch.nn.Module):
                        if torch.cuda.is_available() else torch.device("cpu"))
         model.to(self.device)
 
-        self._micro_batch = int(values["train_micro_batch_size_per_gpu"])
-        self._gas = int(values["gradient_accumulation_steps"])
-        self._train_batch = int(values["train_batch_size"])
-        self.gradient_clipping = float(values.get("gradient_clipping") or 0.0)
-        self.steps_per_print = int(values.get("steps_per_print") or 10)
-        self.precision = build_precision(values)
+        self._micro_batch = cfg.train_micro_batch_size_per_gpu
+        self._gas = cfg.gradient_accumulation_steps
+        self._train_batch = cfg.train_batch_size
+        self.gradient_clipping = cfg.gradient_clipping
+        self.steps_per_print = cfg.steps_per_print
+        self.precision = build_precision(cfg.fp16, cfg.bf16)
 
         # optimizer: user object, user factory, or the config's
-        if optimizer is None and values.get("optimizer"):
+        if optimizer is None and cfg.optimizer is not None:
             params = model_parameters if model_parameters is not None else model.parameters()
-            optimizer = build_optimizer(params, values["optimizer"])
+            optimizer = build_optimizer(params, cfg.optimizer)
         elif callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(model_parameters if model_parameters is not None
                                   else model.parameters())
         if optimizer is None:
             raise ValueError("dslaunch.initialize: no optimizer; pass optimizer= or put an "
                              "\"optimizer\" section in the config")
-        zero = values.get("zero_optimization") or {}
-        self.zero_stage = int(zero.get("stage") or 0)
-        self.strategy = build_optimizer_strategy(self.zero_stage, model, optimizer, values, comm,
-                                                 self.precision)
+        self.zero_stage = cfg.zero_optimization.stage
+        self.strategy = build_optimizer_strategy(model, optimizer, cfg, comm, self.precision)
         self.optimizer = self.strategy.optimizer
 
-        if lr_scheduler is None and values.get("scheduler"):
-            lr_scheduler = build_scheduler(values["scheduler"], self.optimizer)
+        if lr_scheduler is None and cfg.scheduler is not None:
+            lr_scheduler = build_scheduler(cfg.scheduler, self.optimizer)
         elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
             lr_scheduler = lr_scheduler(self.optimizer)
         self.lr_scheduler = lr_scheduler
@@ -80,8 +76,8 @@ class DSLaunchEngine(torch.nn.Module):
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
-        self.monitors = Monitors(values, self.global_rank)
-        self.timers = WallClock(bool(values.get("wall_clock_breakdown")))
+        self.monitors = Monitors((cfg.csv_monitor, cfg.tensorboard), self.global_rank)
+        self.timers = WallClock(cfg.wall_clock_breakdown)
         self._losses: list = []
         self._tokens = 0
         self._last_print = (time.perf_counter(), 0)

@@ -58,15 +58,14 @@ class TensorBoardMonitor:
 class Monitors:
     """All enabled monitors; only rank 0 writes."""
 
-    def __init__(self, values: dict, rank: int):
+    def __init__(self, sections, rank: int):
+        """``sections``: the config's ``(csv_monitor, tensorboard)`` sections, in that order."""
         self.monitors = []
         if rank != 0:
             return
-        for key, cls in (("csv_monitor", CSVMonitor), ("tensorboard", TensorBoardMonitor)):
-            section = values.get(key) or {}
-            if section.get("enabled"):
-                self.monitors.append(cls(section.get("output_path", ""),
-                                         section.get("job_name", "DeepSpeedJobName")))
+        for section, cls in zip(sections, (CSVMonitor, TensorBoardMonitor)):
+            if section.enabled:
+                self.monitors.append(cls(section.output_path, section.job_name))
 
     @property
     def enabled(self) -> bool:

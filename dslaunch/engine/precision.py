@@ -129,19 +129,15 @@ class Precision:
         return value
 
 
-def build_precision(values: dict) -> Precision:
-    """From the resolved config values (``fp16`` / ``bf16`` sections)."""
-    fp16 = values.get("fp16") or {}
-    bf16 = values.get("bf16") or {}
-    if fp16.get("enabled"):
-        if float(fp16.get("loss_scale", 0.0) or 0.0) > 0:
-            return Precision("fp16", LossScaler(float(fp16["loss_scale"])))
+def build_precision(fp16, bf16) -> Precision:
+    """From the config's ``fp16`` and ``bf16`` sections (typed, dslaunch.config.sections)."""
+    if fp16.enabled:
+        if fp16.loss_scale > 0:
+            return Precision("fp16", LossScaler(float(fp16.loss_scale)))
         return Precision("fp16", DynamicLossScaler(
-            init_scale=2.0 ** int(fp16.get("initial_scale_power", 16)),
-            scale_window=int(fp16.get("loss_scale_window", 1000)),
-            min_scale=float(fp16.get("min_loss_scale", 1.0)),
-            hysteresis=int(fp16.get("hysteresis", 2)),
-            consecutive_hysteresis=bool(fp16.get("consecutive_hysteresis", False))))
-    if bf16.get("enabled"):
+            init_scale=2.0 ** fp16.initial_scale_power, scale_window=fp16.loss_scale_window,
+            min_scale=fp16.min_loss_scale, hysteresis=fp16.hysteresis,
+            consecutive_hysteresis=fp16.consecutive_hysteresis))
+    if bf16.enabled:
         return Precision("bf16", LossScaler(1.0))
     return Precision("fp32", LossScaler(1.0))

@@ -35,12 +35,12 @@ def _first_device(model_parameters):
     return torch.device("cpu")
 
 
-def build_optimizer(model_parameters, optimizer_cfg: dict) -> torch.optim.Optimizer:
-    """``optimizer_cfg``: the config's ``optimizer`` section ({"type": ..., "params": {...}})."""
+def build_optimizer(model_parameters, optimizer_cfg) -> torch.optim.Optimizer:
+    """``optimizer_cfg``: the config's typed ``optimizer`` section (``.type``, ``.params``)."""
     model_parameters = list(model_parameters)
-    name = str(optimizer_cfg["type"])
+    name = str(optimizer_cfg.type)
     kind = name.lower()
-    params = _clean(dict(optimizer_cfg.get("params") or {}))
+    params = _clean(dict(optimizer_cfg.params or {}))
     device = _first_device(model_parameters)
 
     if kind in ("adam", "adamw", "fusedadam", "cpuadam"):

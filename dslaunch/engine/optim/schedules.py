@@ -254,11 +254,8 @@ SCHEDULES = {c.__name__: c for c in (WarmupLR, WarmupDecayLR, WarmupCosineLR, On
                                      LRRangeTest)}
 
 
-def build_scheduler(scheduler_cfg: dict, optimizer):
-    """``scheduler_cfg``: the config's ``scheduler`` section ({"type": ..., "params": {...}})."""
-    name = scheduler_cfg["type"]
-    if name not in SCHEDULES:
-        raise ValueError(f"scheduler.type: unknown schedule {name!r} (one of "
-                         f"{', '.join(SCHEDULES)})")
-    params = {k: v for k, v in (scheduler_cfg.get("params") or {}).items() if v is not None}
-    return SCHEDULES[name](optimizer, **params)
+def build_scheduler(scheduler_cfg, optimizer):
+    """``scheduler_cfg``: the config's typed ``scheduler`` section (``.type``, ``.params``); its
+    type and params were checked against ``SCHEDULES``' signatures by ``dslaunch.config``."""
+    params = {k: v for k, v in (scheduler_cfg.params or {}).items() if v is not None}
+    return SCHEDULES[scheduler_cfg.type](optimizer, **params)

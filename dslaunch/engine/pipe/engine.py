@@ -36,20 +36,9 @@ def _floats(obj) -> list:
 class PipelineEngine(DSLaunchEngine):
     def __init__(self, *, args, model: PipelineModule, optimizer, model_parameters, training_data,
                  lr_scheduler, collate_fn, cfg):
-        values = cfg.values if hasattr(cfg, "values") else dict(cfg)
         grid = model.grid
-        stages_cfg = int((values.get("pipeline") or {}).get("stages") or 1)
-        if stages_cfg > 1 and stages_cfg != model.num_stages:
-            raise ValueError(f"pipeline.stages: {stages_cfg} but the PipelineModule has "
-                             f"{model.num_stages} stages")
-        stage = int((values.get("zero_optimization") or {}).get("stage") or 0)
-        if stage >= 2 and grid.num_stages > 1:
-            raise ValueError(f"zero_optimization.stage: {stage} cannot be combined with pipeline "
-                             "parallelism (gradients are partitioned while micro-batches are "
-                             "still in flight; DeepSpeed refuses it too): use stage 0 or 1")
         if not model.activation_checkpoint_interval:
-            model.activation_checkpoint_interval = int(
-                (values.get("pipeline") or {}).get("activation_checkpoint_interval") or 0)
+            model.activation_checkpoint_interval = cfg.pipeline.activation_checkpoint_interval
         model.sync_tied_weights()  # before the strategy takes fp32 masters
         object.__setattr__(self, "grid", grid)  # deepspeed_io (called by super) needs it
         super().__init__(args=args, model=model, optimizer=optimizer,
@@ -61,7 +50,7 @@ class PipelineEngine(DSLaunchEngine):
         self.dp_world_size = grid.dp_world_size
         self.num_stages, self.stage_id = grid.num_stages, grid.stage_id
         self.micro_batches = self._gas
-        self.pipe_schedule = str((values.get("dslaunch") or {}).get("pipe_schedule") or "1f1b")
+        self.pipe_schedule = cfg.dslaunch.pipe_schedule
         self.p2p = P2P(self.device)
         self.peak_live_micro_batches = 0  # most micro-batches of activations held at once
         # seconds per instruction kind, summed over train batches (bench_pipe: busy vs wall)
@@ -332,36 +321,14 @@ def _detach(out):
     return out.detach()
 
 
-def initialize_parallel(args, model, optimizer, model_parameters, training_data, lr_scheduler,
-                        mpu, collate_fn, source):
-    """``dslaunch.initialize`` for a ``PipelineModule`` (-> ``PipelineEngine``) or a model with
-    an ``mpu`` (tensor parallel: ``DSLaunchEngine`` reducing gradients over the mpu's data
-    group). The batch size triad is resolved with the data-parallel world size."""
-    from dslaunch.config import resolve_config
-
+def tensor_parallel_engine(*, mpu, cfg, **engine_args) -> DSLaunchEngine:
+    """``dslaunch.initialize`` for a model with an ``mpu`` (tensor parallel, no pipeline): a
+    ``DSLaunchEngine`` reducing gradients over the mpu's data group, its gradient norm taken
+    over the whole model."""
     from ..topology import GroupComm
 
-    num_params = sum(p.numel() for p in model.parameters())
-    if isinstance(model, PipelineModule):
-        source = _launcher_triad_fix(source, model.grid.dp_world_size)
-        cfg = resolve_config(source, world_size=dist.get_world_size(),
-                             dp_world_size=model.grid.dp_world_size, model_num_params=num_params)
-        return PipelineEngine(args=args, model=model, optimizer=optimizer,
-                              model_parameters=model_parameters, training_data=training_data,
-                              lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg)
-    dp_group = mpu.get_data_parallel_group()
-    source = _launcher_triad_fix(source, mpu.get_data_parallel_world_size())
-    cfg = resolve_config(source, world_size=dist.get_world_size(),
-                         dp_world_size=mpu.get_data_parallel_world_size(),
-                         model_num_params=num_params)
-    stage = int((cfg.values.get("zero_optimization") or {}).get("stage") or 0)
-    if stage >= 3 and mpu.get_model_parallel_world_size() > 1:
-        raise ValueError("zero_optimization.stage: 3 with tensor parallelism is not supported "
-                         "yet: use stage 0, 1 or 2")
-    engine = DSLaunchEngine(args=args, model=model, optimizer=optimizer,
-                            model_parameters=model_parameters, training_data=training_data,
-                            lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg,
-                            comm=GroupComm(dp_group))
+    engine = DSLaunchEngine(cfg=cfg, comm=GroupComm(mpu.get_data_parallel_group()),
+                            **engine_args)
     engine.mpu = mpu
     engine.global_rank, engine.world_size = dist.get_rank(), dist.get_world_size()
     _install_norm(engine, mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size(),
@@ -378,21 +345,3 @@ def _install_norm(engine, tp_rank, tp_world, dp_rank, model_parallel_size) -> No
         from .grad_norm import install
 
         install(engine.strategy, engine.module, tp_rank, tp_world, dp_rank)
-
-
-def _launcher_triad_fix(source, dp: int):
-    """``dslaunch run`` resolves the config with data-parallel size = world size and hands the
-    ranks the result; with pipeline/TP stages the data-parallel size is smaller. A
-    ``train_batch_size`` equal to micro x accumulation x world size is the launcher's inference
-    for that assumption: drop it so it is inferred again for the real data-parallel size."""
-    from dslaunch.config import load_config
-
-    world = dist.get_world_size()
-    if dp == world:
-        return source
-    raw = dict(load_config(source))
-    tbs, mbs, gas = (raw.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                           "gradient_accumulation_steps"))
-    if all(isinstance(v, int) for v in (tbs, mbs, gas)) and tbs == mbs * gas * world:
-        raw.pop("train_batch_size")
-    return raw

@@ -1,47 +1,53 @@
-"""ZeRO strategies behind one seam: ``build_optimizer_strategy`` picks the stage's class.
+"""ZeRO strategies behind one seam: ``build_optimizer_strategy`` picks the stage's class from
+``STRATEGIES`` and hands it the config sections it reads.
 
-Stage 0 (plain data parallel) is ``stage0.py``; stages 1-3 plug in as ``stage1.py`` ...
-``stage3.py``, each exposing ``Stage{N}Strategy`` with the interface of ``base.OptimizerStrategy``.
+Stage 0 (plain data parallel) is ``stage0.py``, stages 1 and 2 ``stage12.py``, stage 3
+``stage3.py``; every one has the interface of ``base.OptimizerStrategy``. Two variations wrap
+that choice: the 1-bit optimizers run on ``onebit_strategy.OneBitStrategy`` (stage 0 only), and
+optimizer states on NVMe (``offload_optimizer.device: nvme``) add ``nvme_swap.with_nvme_swap``
+to the stage's class.
 """
 
 from __future__ import annotations
 
-import importlib
+from dslaunch.config import onebit_problems
 
 from .base import OptimizerStrategy
+from .nvme_swap import with_nvme_swap
+from .onebit_strategy import OneBitStrategy
+from .stage0 import Stage0Strategy
+from .stage3 import Stage3Strategy
+from .stage12 import Stage1Strategy, Stage2Strategy
+
+STRATEGIES = {0: Stage0Strategy, 1: Stage1Strategy, 2: Stage2Strategy, 3: Stage3Strategy}
 
 
-def build_optimizer_strategy(stage: int, model, optimizer, cfg: dict, comm,
-                             precision) -> OptimizerStrategy:
-    """The strategy object for ZeRO ``stage`` (0-3).
+def build_optimizer_strategy(model, optimizer, cfg, comm, precision) -> OptimizerStrategy:
+    """The strategy object for the config's ZeRO stage.
 
-    ``cfg``: the resolved config values (a dict, DeepSpeed's keys); ``comm``: the data-parallel
+    ``cfg``: the typed config (``dslaunch.config.sections``), validated: the stage is 0-3 and
+    every impossible combination was refused by ``dslaunch.config``; ``comm``: the data-parallel
     ``engine.comm.Comm``; ``precision``: ``engine.precision.Precision``. Called with the model's
     parameters still in fp32 and a fresh optimizer built on them; the strategy casts the model
     to the training dtype itself when it needs to (after taking its fp32 masters).
     """
-    stage = int(stage or 0)
-    if hasattr(optimizer, "wants_grad_allreduce"):  # 1-bit optimizers: zero/onebit_strategy.py
-        from .onebit_strategy import build_onebit_strategy
-        return build_onebit_strategy(stage, model, optimizer, cfg, comm, precision)
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_optimization.stage: {stage} is not a ZeRO stage (0-3)")
-    try:
-        module = importlib.import_module(f"{__name__}.stage{stage}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.stage{stage}":
-            raise
-        raise NotImplementedError(f"zero_optimization.stage: ZeRO stage {stage} is not available "
-                                  "in this build") from None
-    cls = getattr(module, f"Stage{stage}Strategy")
-    from .nvme_swap import uses_nvme
-    if uses_nvme(cfg):  # optimizer states on NVMe: the strategy's offload path, states swapped
-        if stage == 0:
-            raise ValueError("zero_optimization.offload_optimizer.device: nvme needs "
-                             "zero_optimization.stage 1, 2 or 3 (stage 0 offloads nothing)")
-        from .nvme_swap import with_nvme_swap
+    zero = cfg.zero_optimization
+    if hasattr(optimizer, "wants_grad_allreduce"):  # a 1-bit optimizer, maybe the user's own
+        problems = onebit_problems(type(optimizer).__name__, zero.stage,
+                                   zero.offload_optimizer.device)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return OneBitStrategy(model, optimizer, zero, comm, precision,
+                              prescale_gradients=cfg.prescale_gradients,
+                              gradient_predivide_factor=cfg.gradient_predivide_factor)
+    if zero.stage == 0:
+        return Stage0Strategy(model, optimizer, zero, comm, precision,
+                              prescale_gradients=cfg.prescale_gradients,
+                              gradient_predivide_factor=cfg.gradient_predivide_factor)
+    cls = STRATEGIES[zero.stage]
+    if zero.offload_optimizer.device == "nvme":  # the offload path, its states swapped to files
         cls = with_nvme_swap(cls)
-    return cls(model, optimizer, cfg, comm, precision)
+    return cls(model, optimizer, zero, comm, precision, aio=cfg.aio)
 
 
-__all__ = ["OptimizerStrategy", "build_optimizer_strategy"]
+__all__ = ["OptimizerStrategy", "STRATEGIES", "build_optimizer_strategy"]

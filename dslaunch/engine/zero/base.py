@@ -22,10 +22,11 @@ class OptimizerStrategy:
 
     stage = -1
 
-    def __init__(self, model, optimizer, cfg: dict, comm, precision):
+    def __init__(self, model, optimizer, zero, comm, precision):
+        """``zero``: the typed ``zero_optimization`` section (dslaunch.config.sections)."""
         self.model = model
         self.optimizer = optimizer
-        self.cfg = cfg
+        self.zero = zero
         self.comm = comm
         self.precision = precision
         self._grad_norm = None

@@ -34,7 +34,6 @@ import weakref
 
 import torch
 
-from dslaunch.engine.zero.common import cfg_get
 from dslaunch.engine.zero.stage3_fetch import RELEASED, ParamStore
 
 KEY = "zero_optimization.offload_param"
@@ -45,20 +44,16 @@ def _round_up(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def uses_param_nvme(cfg) -> bool:
-    return cfg_get(cfg, f"{KEY}.device", "none") == "nvme"
-
-
-def nvme_param_store(plan, dtype, device, comm, cfg, rank: int) -> "NVMeParamStore":
-    """The store for ``offload_param: {device: nvme}``, from the config."""
+def nvme_param_store(plan, dtype, device, comm, offload_param, aio, rank: int) -> "NVMeParamStore":
+    """The store for ``offload_param: {device: nvme}``, from the typed ``offload_param`` and
+    ``aio`` sections."""
     from dslaunch.engine.zero.nvme_swap import aio_settings, make_swap_dir
 
-    swap_dir = make_swap_dir(cfg_get(cfg, f"{KEY}.nvme_path"), rank, key=KEY)
+    swap_dir = make_swap_dir(offload_param.nvme_path, rank, key=KEY)
     return NVMeParamStore(plan, dtype, device, comm, swap_dir,
-                          buffer_count=int(cfg_get(cfg, f"{KEY}.buffer_count", 5)),
-                          buffer_size=int(cfg_get(cfg, f"{KEY}.buffer_size", int(1e8))),
-                          max_in_cpu=int(cfg_get(cfg, f"{KEY}.max_in_cpu", int(1e9))),
-                          aio=aio_settings(cfg))
+                          buffer_count=offload_param.buffer_count,
+                          buffer_size=offload_param.buffer_size,
+                          max_in_cpu=offload_param.max_in_cpu, aio=aio_settings(aio))
 
 
 class NVMeParamStore(ParamStore):

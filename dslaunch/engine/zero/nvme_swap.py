@@ -58,7 +58,6 @@ import weakref
 
 import torch
 
-from dslaunch.engine.zero.common import cfg_get
 
 KEY = "zero_optimization.offload_optimizer"
 ALIGN = 4096
@@ -629,31 +628,22 @@ def _split(params: list, sub_group_size: int) -> list:
 
 # -- the strategy side --------------------------------------------------------------------------------
 
-def uses_nvme(cfg) -> bool:
-    return cfg_get(cfg, f"{KEY}.device", "none") == "nvme"
-
-
-def aio_settings(cfg) -> dict:
-    """The config's ``aio`` section as AsyncIOHandle arguments (``thread_count`` is DeepSpeed's
-    older name for ``intra_op_parallelism``)."""
-    aio = cfg_get(cfg, "aio", {}) or {}
-    if "thread_count" in aio and "intra_op_parallelism" not in aio:
-        aio = dict(aio, intra_op_parallelism=aio["thread_count"])
-    return {k: v for k, v in aio.items() if k in AIO_KEYS and v is not None}
+def aio_settings(aio) -> dict:
+    """The config's typed ``aio`` section as AsyncIOHandle arguments."""
+    return {k: getattr(aio, k) for k in AIO_KEYS}
 
 
 AIO_KEYS = ("block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism")
 
 
-def wrap_optimizer(optimizer, cfg, rank: int, swap_params: bool = False):
-    """The NVMe wrapper around a strategy's CPU optimizer, from the config (``swap_params``: the
-    optimizer's parameters, the fp32 master shard, go to the swap directory too)."""
-    rank_dir = make_swap_dir(cfg_get(cfg, f"{KEY}.nvme_path"), rank)
-    aio = aio_settings(cfg)
-    return NVMeSwappedOptimizer(optimizer, rank_dir,
-                                sub_group_size=int(cfg_get(cfg, "zero_optimization.sub_group_size",
-                                                           int(1e9))),
-                                buffer_count=int(cfg_get(cfg, f"{KEY}.buffer_count", 4)), aio=aio,
+def wrap_optimizer(optimizer, zero, aio, rank: int, swap_params: bool = False):
+    """The NVMe wrapper around a strategy's CPU optimizer, from the ``zero_optimization`` and
+    ``aio`` sections (``swap_params``: the optimizer's parameters, the fp32 master shard, go to
+    the swap directory too)."""
+    section = zero.offload_optimizer
+    rank_dir = make_swap_dir(section.nvme_path, rank)
+    return NVMeSwappedOptimizer(optimizer, rank_dir, sub_group_size=zero.sub_group_size,
+                                buffer_count=section.buffer_count, aio=aio_settings(aio),
                                 swap_params=swap_params)
 
 
@@ -662,9 +652,9 @@ def with_nvme_swap(cls):
     strategy runs its CPU-offload path; only its optimizer, checkpoint and accounting change."""
 
     class NVMeOffload(cls):
-        def __init__(self, model, optimizer, cfg, comm, precision):
-            super().__init__(model, optimizer, cfg, comm, precision)
-            if not getattr(self.opts, "offload_optimizer", False):
+        def __init__(self, model, optimizer, zero, comm, precision, aio):
+            super().__init__(model, optimizer, zero, comm, precision, aio=aio)
+            if not self.offload_optimizer:
                 raise RuntimeError(f"{KEY}.device: nvme, but {cls.__name__} did not take the "
                                    "offload path")
             # the optimizer steps views of the fp32 master shard: those go to the file too
@@ -673,7 +663,7 @@ def with_nvme_swap(cls):
             swap_params = self.need_master and len(steps) == len(ours) and all(
                 id(p) in ours for p in steps)
             self.masters_resident = not swap_params
-            self.optimizer = wrap_optimizer(self.optimizer, cfg, self.rank, swap_params)
+            self.optimizer = wrap_optimizer(self.optimizer, zero, aio, self.rank, swap_params)
             if swap_params:
                 for g in self.groups:
                     g.master = _placeholder(g.master)

@@ -12,7 +12,7 @@ of the ranks' local gradient norms (one float all-reduced, only when clipping or
 every rank takes the same decision and no rank skips a step the others take.
 
 ZeRO stages >= 1 partition the optimizer state, which the 1-bit optimizers need whole on every
-rank (DeepSpeed does not combine them either): refused with a config-path error.
+rank (DeepSpeed does not combine them either): refused by ``dslaunch.config`` (``onebit_problems``).
 """
 
 from __future__ import annotations
@@ -26,28 +26,14 @@ from .base import clip_coefficient
 from .stage0 import Stage0Strategy
 
 
-def check_onebit_config(stage: int, cfg: dict, optimizer) -> None:
-    name = type(optimizer).__name__
-    if int(stage or 0) >= 1:
-        raise ValueError(f"zero_optimization.stage: {name} works with ZeRO stage 0 only (the "
-                         f"1-bit optimizers need the whole optimizer state on every rank); "
-                         f"got stage {stage}")
-    zero = (cfg or {}).get("zero_optimization") or {}
-    for key in ("offload_optimizer", "offload_param"):
-        dev = (zero.get(key) or {}).get("device")
-        if dev not in (None, "none"):
-            raise ValueError(f"zero_optimization.{key}.device: {dev!r} cannot be used with "
-                             f"{name} (stage 0 only, nothing to offload)")
-
-
 class OneBitStrategy(Stage0Strategy):
     stage = 0
 
-    def __init__(self, model, optimizer, cfg, comm, precision):
+    def __init__(self, model, optimizer, zero, comm, precision, **gradient_options):
         if not hasattr(optimizer, "wants_grad_allreduce"):
             raise TypeError("OneBitStrategy needs a 1-bit optimizer (OneBitAdam, ZeroOneAdam, "
                             "OneBitLamb)")
-        super().__init__(model, optimizer, cfg, comm, precision)
+        super().__init__(model, optimizer, zero, comm, precision, **gradient_options)
         optimizer.attach_comm(comm)
         self._reduced = True
 
@@ -102,7 +88,3 @@ class OneBitStrategy(Stage0Strategy):
         grads = [self.flat] + [p.grad for p in self.params if p.grad is not None]
         return breakdown(list(self.model.parameters()), grads, opt)
 
-
-def build_onebit_strategy(stage, model, optimizer, cfg, comm, precision) -> OneBitStrategy:
-    check_onebit_config(stage, cfg, optimizer)
-    return OneBitStrategy(model, optimizer, cfg, comm, precision)

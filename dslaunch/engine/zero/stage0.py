@@ -43,14 +43,15 @@ class _Bucket:
 class Stage0Strategy(OptimizerStrategy):
     stage = 0
 
-    def __init__(self, model, optimizer, cfg, comm, precision):
-        super().__init__(model, optimizer, cfg, comm, precision)
-        zcfg = cfg.get("zero_optimization") or {}
-        self.bucket_elems = max(1, int(zcfg.get("reduce_bucket_size") or int(5e8)))
-        overlap = zcfg.get("overlap_comm")
-        self.overlap = (True if overlap is None else bool(overlap)) and not precision.mixed
-        self.prescale = bool(cfg.get("prescale_gradients", False))
-        self.predivide = float(cfg.get("gradient_predivide_factor", 1.0) or 1.0)
+    def __init__(self, model, optimizer, zero, comm, precision, *, prescale_gradients=False,
+                 gradient_predivide_factor=1.0):
+        """``zero``: the typed ``zero_optimization`` section; the two keywords are the config's
+        top-level ``prescale_gradients`` and ``gradient_predivide_factor``."""
+        super().__init__(model, optimizer, zero, comm, precision)
+        self.bucket_elems = max(1, zero.reduce_bucket_size)
+        self.overlap = zero.overlap_comm and not precision.mixed
+        self.prescale = prescale_gradients
+        self.predivide = gradient_predivide_factor or 1.0
 
         broadcast_model(model, comm)
         seen, params = set(), []

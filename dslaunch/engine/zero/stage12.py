@@ -37,9 +37,10 @@ import torch
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
-from dslaunch.engine.zero.common import (ZeroOptions, clip_coefficient, current_scale, get_comm,
-                                         named_groups, repoint_optimizer)
+from dslaunch.engine.zero.common import (clip_coefficient, current_scale, get_comm, named_groups,
+                                         offloads_optimizer, repoint_optimizer)
 from dslaunch.engine.zero.offload import cpu_optimizer_for
+from dslaunch.engine.zero.zero_init import register_strategy
 
 
 # gloo runs one huge reduce-scatter / all-gather several times slower than the same bytes in
@@ -82,13 +83,16 @@ class _Group:
 
 
 class ZeroStage12Strategy(OptimizerStrategy):
-    def __init__(self, stage, model, optimizer, cfg, comm=None, precision=None):
+    def __init__(self, stage, model, optimizer, zero, comm=None, precision=None, aio=None):
+        """``zero``: the typed ``zero_optimization`` section; ``aio``: the typed ``aio`` section
+        (read by the NVMe paths only)."""
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeroStage12Strategy handles stages 1-3, not {stage}")
         comm = get_comm(comm)
-        super().__init__(model, optimizer, cfg, comm, precision)
+        super().__init__(model, optimizer, zero, comm, precision)
         self.stage = stage
-        self.opts = ZeroOptions(cfg, stage)
+        self.offload_optimizer = offloads_optimizer(zero)
+        self.overlap_comm = zero.overlap_comm
         self.world = comm.world_size
         self.rank = comm.rank
         self._grad_norm = None
@@ -98,9 +102,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
         named = self._trainable_groups(model, optimizer, precision)
 
         broadcast_model(model, comm)  # every rank starts from rank 0's weights
-        bucket = min(self.opts.reduce_bucket_size, COMM_BUCKET_CAP)
+        bucket = min(zero.reduce_bucket_size, COMM_BUCKET_CAP)
         self.groups = [_Group(g, self.world, self.rank, bucket) for g in named]
-        pin = self.opts.pin_memory and torch.cuda.is_available() and self.opt_device.type == "cpu"
+        pin = zero.offload_optimizer.pin_memory and torch.cuda.is_available() and \
+            self.opt_device.type == "cpu"
         if self.need_master:
             for g in self.groups:
                 g.take_master(self.opt_device, pin)
@@ -113,14 +118,11 @@ class ZeroStage12Strategy(OptimizerStrategy):
             g.flatten(self.dtype, self.device)
             self._make_shard(g)
         shard_groups = [g.shard_params for g in self.groups]
-        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.opts.offload_optimizer \
-            else None
+        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.offload_optimizer else None
         if cpu_opt is not None:  # the engine takes strategy.optimizer as its optimizer
             self.optimizer = cpu_opt
         else:
             repoint_optimizer(optimizer, shard_groups)
-        from dslaunch.zero import register_strategy
-
         register_strategy(self)  # GatheredParameters(modifier_rank=...) refreshes our masters
         if stage == 1:
             for g in self.groups:
@@ -153,8 +155,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
         else:
             views = g.chunks
         g.shard_params = [torch.nn.Parameter(v) for v in views]
-        if self.stage >= 2 or self.opts.offload_optimizer:
-            if self.opts.offload_optimizer:  # the CPU step reads an fp32 gradient shard
+        if self.stage >= 2 or self.offload_optimizer:
+            if self.offload_optimizer:  # the CPU step reads an fp32 gradient shard
                 g.grad_shard = torch.zeros(shard_numel, dtype=torch.float32, device="cpu")
             else:
                 g.grad_shard = torch.zeros(shard_numel, dtype=self.dtype, device=self.device)
@@ -182,8 +184,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
         self.dtype = precision.dtype if precision is not None else first.dtype
         self.device = first.device
         self.mixed = self.dtype != torch.float32
-        self.opt_device = torch.device("cpu") if self.opts.offload_optimizer else self.device
-        self.need_master = self.mixed or self.opts.offload_optimizer
+        self.opt_device = torch.device("cpu") if self.offload_optimizer else self.device
+        self.need_master = self.mixed or self.offload_optimizer
         return named
 
     def _staging(self, numel):
@@ -241,7 +243,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         staging = self._open.pop(key)
         chunk = g.layout.buckets[bi].chunk(self.world)
         out = torch.empty(chunk, dtype=self.dtype, device=self.device)
-        if self.opts.overlap_comm:
+        if self.overlap_comm:
             work = self.comm.reduce_scatter_tensor(out, staging, async_op=True,
                                                      input_is_scratch=True)
             self._in_flight.append((g, bi, work, out, staging))
@@ -460,12 +462,12 @@ def _remove_hooks_at_exit(ref):
 class Stage1Strategy(ZeroStage12Strategy):
     stage = 1
 
-    def __init__(self, model, optimizer, cfg, comm, precision):
-        super().__init__(1, model, optimizer, cfg, comm, precision)
+    def __init__(self, model, optimizer, zero, comm, precision, aio=None):
+        super().__init__(1, model, optimizer, zero, comm, precision, aio)
 
 
 class Stage2Strategy(ZeroStage12Strategy):
     stage = 2
 
-    def __init__(self, model, optimizer, cfg, comm, precision):
-        super().__init__(2, model, optimizer, cfg, comm, precision)
+    def __init__(self, model, optimizer, zero, comm, precision, aio=None):
+        super().__init__(2, model, optimizer, zero, comm, precision, aio)

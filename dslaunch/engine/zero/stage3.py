@@ -34,12 +34,13 @@ import torch
 
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero.base import OptimizerStrategy
-from dslaunch.engine.zero.common import ZeroOptions, get_comm, repoint_optimizer
+from dslaunch.engine.zero.common import get_comm, offloads_optimizer, repoint_optimizer
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
-from dslaunch.engine.zero.nvme_param_store import nvme_param_store, uses_param_nvme
+from dslaunch.engine.zero.nvme_param_store import nvme_param_store
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
 from dslaunch.engine.zero.stage3_units import plan_units
+from dslaunch.engine.zero.zero_init import materialize, register_strategy, shard_of
 
 
 class _Group:
@@ -70,25 +71,28 @@ def _tensors(out):
 class Stage3Strategy(ZeroStage12Strategy):
     stage = 3
 
-    def __init__(self, model, optimizer, cfg, comm, precision):
+    def __init__(self, model, optimizer, zero, comm, precision, aio=None):
+        """``zero``: the typed ``zero_optimization`` section; ``aio``: the typed ``aio`` section
+        (read when parameters or optimizer states go to NVMe)."""
         comm = get_comm(comm)
-        OptimizerStrategy.__init__(self, model, optimizer, cfg, comm, precision)
-        self.opts = ZeroOptions(cfg, 3)
-        self.opts.overlap_comm = False  # stage 3 reduces from its own hooks, unit by unit
+        OptimizerStrategy.__init__(self, model, optimizer, zero, comm, precision)
+        self.offload_optimizer = offloads_optimizer(zero)
+        self.overlap_comm = False  # stage 3 reduces from its own hooks, unit by unit
         self.world, self.rank = comm.world_size, comm.rank
         self._hooks, self._stage1_grad_chunks, self._grad_norm = [], None, None
         named = self._trainable_groups(model, optimizer, precision)
-        shard_device = torch.device("cpu") if self.opts.offload_param else self.device
-        param_nvme = uses_param_nvme(cfg)
+        shard_device = torch.device("cpu") if zero.offload_param.device == "cpu" else self.device
+        param_nvme = zero.offload_param.device == "nvme"
         if param_nvme:  # the optimizer steps an fp32 master: the shard itself is in a file
             self.need_master = True
 
-        cap = min(self.opts.reduce_bucket_size, COMM_BUCKET_CAP)
+        cap = min(zero.reduce_bucket_size, COMM_BUCKET_CAP)
         self.plan = plan_units(model, named, self.world, cap,
-                               self.opts.param_persistence_threshold)
+                               zero.stage3_param_persistence_threshold)
         self.groups = [_Group(n, lay, self.rank) for n, lay in zip(named, self.plan.layouts)]
         if param_nvme:
-            self.store = nvme_param_store(self.plan, self.dtype, self.device, comm, cfg, self.rank)
+            self.store = nvme_param_store(self.plan, self.dtype, self.device, comm,
+                                          zero.offload_param, aio, self.rank)
         else:
             self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, comm)
         self._prepare_rest(model, named)
@@ -97,16 +101,13 @@ class Stage3Strategy(ZeroStage12Strategy):
             g.chunks = self.store.chunk_views(gi)
             self._make_shard(g)
         shard_groups = [g.shard_params for g in self.groups]
-        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.opts.offload_optimizer \
-            else None
+        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.offload_optimizer else None
         if cpu_opt is not None:
             self.optimizer = cpu_opt
         else:
             repoint_optimizer(optimizer, shard_groups)
-        from dslaunch.zero import register_strategy
-
         register_strategy(self)
-        self.fetcher = FetchCoordinator(self.store, self.plan, self.opts)
+        self.fetcher = FetchCoordinator(self.store, self.plan, zero)
         self._staging_pool = []
         self._reset_pending()
         self._install_hooks(model)
@@ -115,8 +116,6 @@ class Stage3Strategy(ZeroStage12Strategy):
     def _prepare_rest(self, model, named):
         """What ZeRO does not partition (buffers, frozen parameters): made whole, cast to the
         training dtype, and rank 0's values broadcast (what DDP does)."""
-        from dslaunch.zero import materialize
-
         ours = {id(p) for g in named for _, p in g}
         rest = [p for p in model.parameters() if id(p) not in ours]
         for p in rest:
@@ -137,9 +136,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         """Bucket by bucket: assemble the bucket whole in fp32 (from the whole parameters, with
         rank 0's values broadcast, or from zero.Init's per-parameter shards), keep this rank's
         chunk (and its fp32 master), point the parameters at the bucket's full buffer, free it."""
-        from dslaunch.zero import shard_of
-
-        pin = self.opts.pin_memory and torch.cuda.is_available()
+        pin = self.zero.offload_optimizer.pin_memory and torch.cuda.is_available()
         for gi, g in enumerate(self.groups):
             lay = g.layout
             if self.need_master:

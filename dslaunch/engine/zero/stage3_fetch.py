@@ -154,8 +154,9 @@ class ParamStore:
 
 
 class FetchCoordinator:
-    def __init__(self, store: ParamStore, plan, opts):
-        self.store, self.plan, self.opts = store, plan, opts
+    def __init__(self, store: ParamStore, plan, zero):
+        """``zero``: the typed ``zero_optimization`` section (its ``stage3_*`` budgets)."""
+        self.store, self.plan, self.zero = store, plan, zero
         self.trace = []  # modules in the order the first training forward ran them
         self.recorded = False
         self.index = {}  # module -> its last position in the trace
@@ -175,7 +176,7 @@ class FetchCoordinator:
             if k in self.kept:
                 self.kept.remove(k)  # in use again
         need = sum(self.plan.numel(k) for k in keys if self.store.state[k] == RELEASED)
-        while self.kept and self.store.gathered_numel() + need > self.opts.max_live_parameters:
+        while self.kept and self.store.gathered_numel() + need > self.zero.stage3_max_live_parameters:
             k = self.kept.pop(0)
             if not self.active.get(k):
                 self.store.release(k)
@@ -219,12 +220,12 @@ class FetchCoordinator:
     def post_forward(self, m, backward_follows: bool):
         i = self.stack.pop() if self.stack else None
         keep = (backward_follows and self.on_trace and i is not None and i < len(self.after)
-                and 2 * self.after[i] < self.opts.max_reuse_distance)
+                and 2 * self.after[i] < self.zero.stage3_max_reuse_distance)
         for k in self.plan.fetch[m]:
             self.active[k] -= 1
             if self.active[k] > 0:
                 continue  # an enclosing module still runs with it (tied weights)
-            if keep and self.store.gathered_numel() <= self.opts.max_live_parameters:
+            if keep and self.store.gathered_numel() <= self.zero.stage3_max_live_parameters:
                 if k not in self.kept:  # backward needs it again soon: no release, no re-gather
                     self.kept.append(k)
                 continue
@@ -267,7 +268,7 @@ class FetchCoordinator:
     def _prefetch(self, positions, default):
         """Start async gathers for the units at ``positions`` (in order) while the budget lasts;
         returns the position after the last unit considered (forward) or the last one started."""
-        budget = self.opts.prefetch_bucket_size - sum(
+        budget = self.zero.stage3_prefetch_bucket_size - sum(
             self.plan.numel(k) for k in self.store.work)
         reached = default
         for i in positions:
@@ -275,7 +276,7 @@ class FetchCoordinator:
                     if self.store.state[k] == RELEASED]
             need = sum(self.plan.numel(k) for k in keys)
             if need > budget or self.store.gathered_numel() + need > \
-                    self.opts.max_live_parameters:
+                    self.zero.stage3_max_live_parameters:
                 break
             for k in keys:
                 self.store.gather(k, async_op=True)
