@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import queue
 import shutil
@@ -25,7 +24,7 @@ import tempfile
 import threading
 import time
 
-from dslaunch.launcher import events
+from dslaunch.launcher import errors, events
 from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
 
 TAIL_LINES = 20
@@ -76,7 +75,7 @@ class Agent:
         self.queue: queue.Queue = queue.Queue()
         self.ranks: list[Rank] = []
         self.stopping = threading.Event()  # set once a stop has begun
-        self.stop_time: float | None = None  # failures recorded after this are our stop's doing
+        self.stop_time: float | None = None  # when our stop began: see errors.caused_by_stop
         self.escalate = threading.Event()  # kill now, skip the grace period
         self.all_exited = threading.Event()
         self.stop_lock = threading.Lock()
@@ -223,23 +222,12 @@ class Agent:
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signal.Signals(signum).name
 
-    def _exit_event(self, r: Rank, rc: int, failed_at: float) -> None:
-        error = None
-        try:
-            with open(r.error_file) as f:
-                error = json.load(f)
-        except (OSError, ValueError):
-            pass
-        if error:
-            failed_at = error.get("time", failed_at)  # when the exception happened, not the exit
-            lines = error.get("traceback", "").rstrip("\n").splitlines()
-            error["traceback_tail"] = lines[-TAIL_LINES:]
-            error.pop("traceback", None)  # the full text is in the rank's own output already
-        # A rank whose error was recorded before any stop began failed by itself (a root-cause
-        # candidate), even if it only exited after our stop reached it.
-        stopped = self.stop_time is not None and failed_at >= self.stop_time
+    def _exit_event(self, r: Rank, rc: int, exited_at: float) -> None:
+        error = errors.read_rank_error(r.error_file, TAIL_LINES)
+        failed_at = errors.failure_time(error, exited_at)
         self.event(events.EXIT, rank=r.rank, local_rank=r.local_rank, returncode=rc,
-                   signal=events.signal_name(rc), time=failed_at, stopped=stopped,
+                   signal=events.signal_name(rc), time=failed_at,
+                   stopped=errors.caused_by_stop(failed_at, self.stop_time),
                    error=error, output_tail=list(r.tail))
 
     def receive_env(self) -> None:

@@ -1,9 +1,7 @@
 """The job controller, shared by every runner: start the agents, show their ranks' output, watch
 their events, fail fast, report.
 
-- Root cause: of all rank failures that were not caused by our own stop, the one with the earliest
-  failure time (from the exit events: the time the exception was recorded, or the exit), not the
-  first to arrive — a peer that merely lost its connection to the failed rank fails later.
+- Every failure is recorded; the summary names the root cause by the rule in ``errors.py``.
 - A node whose agent sends nothing for ``heartbeat_timeout`` seconds is declared lost, by host.
 - Ctrl-C / SIGTERM: the first stops every rank gracefully, the second kills them.
 - ``max_restarts``: after a failure the whole job starts again, the budget counted across the job.
@@ -21,7 +19,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dslaunch.launcher import events
+from dslaunch.launcher import errors, events
+from dslaunch.launcher.errors import Failure
 from dslaunch.launcher.plan import WorldPlan
 
 TAIL_LINES = 20
@@ -42,15 +41,6 @@ class AgentProcess:
     stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     finished: bool = False
     pids: dict = field(default_factory=dict)  # rank -> pid, from the agents' started events
-
-
-@dataclass
-class Failure:
-    time: float
-    kind: str  # "rank", "lost", "agent"
-    text: str  # the one-line headline
-    detail: list = field(default_factory=list)  # traceback tail or last output lines
-    detail_title: str = ""
 
 
 class JobController:
@@ -161,8 +151,8 @@ class JobController:
                 a.pids.update(ev.get("pids") or {})
             elif name == events.EXIT:
                 exits[ev["rank"]] = ev
-                if ev.get("returncode") != 0 and not ev.get("stopped"):
-                    self._fail(self._rank_failure(ev), agents)
+                if errors.counts_as_failure(ev):
+                    self._fail(errors.rank_failure(ev), agents)
             elif name == events.DONE:
                 node_done.add(n)
             elif name == events.ERROR:
@@ -180,25 +170,12 @@ class JobController:
                 return 0, None
             root = Failure(time.time(), "agent", f"{missing} rank(s) never reported their exit")
         else:
-            root = min(self.failures, key=lambda f: f.time)
+            root = errors.root_cause(self.failures)
         stopped = sum(1 for e in exits.values() if e.get("stopped"))
-        self._report(root, stopped)
+        self._say(errors.summary(root, self.failures, stopped))
         return 1, root
 
     # ---- failures ------------------------------------------------------------------------------
-    def _rank_failure(self, ev: dict) -> Failure:
-        rank, host = ev["rank"], ev.get("host", "?")
-        how = (f"was killed by {ev['signal']}" if ev.get("signal")
-               else f"exited with code {ev.get('returncode')}")
-        err = ev.get("error")
-        if err:
-            headline = f"rank {rank} (host {host}) {how}: {err.get('exc_type')}: {err.get('message')}"
-            return Failure(ev.get("time", time.time()), "rank", headline,
-                           err.get("traceback_tail") or [], "traceback (last lines):")
-        tail = ev.get("output_tail") or []
-        return Failure(ev.get("time", time.time()), "rank", f"rank {rank} (host {host}) {how}",
-                       tail, "last output lines:" if tail else "(it printed nothing)")
-
     def _fail(self, failure: Failure, agents=None) -> None:
         self.failures.append(failure)
         if agents is not None:
@@ -217,19 +194,6 @@ class JobController:
         # Also when its leader has exited: children left in its process group still hold its pipes.
         if a.proc is not None and not a.finished:
             self.runner.kill(a)
-
-    def _report(self, root: Failure, stopped: int) -> None:
-        lines = [f"job failed: {root.text}"]
-        if root.detail or root.detail_title:
-            lines.append(f"  {root.detail_title}")
-            lines += [f"    {line}" for line in root.detail]
-        others = [f for f in self.failures if f is not root]
-        if others:
-            lines.append(f"  later failures (consequences): {len(others)}")
-            lines += [f"    {f.text}" for f in sorted(others, key=lambda f: f.time)[:5]]
-        if stopped:
-            lines.append(f"  stopped {stopped} other rank(s)")
-        self._say("\n".join(lines))
 
     def _say(self, text: str) -> None:
         with self.out_lock:

@@ -1,0 +1,107 @@
+"""Why a job failed: the failure record, the root-cause rule and the summary the user reads.
+
+The rule, stated once: the root cause is, of all the failures not caused by our own stop, the one
+with the earliest failure time; every other failure is a consequence.
+
+- A failure's time is when it happened: the time the bootstrap recorded the rank's exception,
+  else the rank's exit (``failure_time``). Not the time its report arrives: a peer that merely
+  lost its connection to the failed rank fails later, but its report can come first.
+- A rank whose failure happened once its agent had begun stopping failed because of that stop
+  (``caused_by_stop``): its exit event says ``stopped`` and it is never a failure, only counted
+  as a stopped rank. A rank whose exception was recorded before the stop is a candidate, even if
+  it exited after the stop reached it.
+- Ties go to the failure recorded first; consequences are listed earliest first.
+
+The agent applies the first two points (it knows when its stop began), the controller the rest.
+No torch here, nor anything from the engine: the agent and the controller import this.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+MAX_CONSEQUENCES_SHOWN = 5  # the summary names only the earliest few later failures
+
+
+@dataclass
+class Failure:
+    time: float
+    kind: str  # "rank", "lost", "agent"
+    text: str  # the one-line headline
+    detail: list = field(default_factory=list)  # traceback tail or last output lines
+    detail_title: str = ""
+
+
+# ---- on the agent: what a rank's exit event says ---------------------------------------------
+def read_rank_error(path: str, tail_lines: int) -> dict | None:
+    """The exception the bootstrap recorded in ``path`` (None if it recorded none), with only the
+    traceback's last ``tail_lines`` lines: the full text is in the rank's own output already."""
+    try:
+        with open(path) as f:
+            error = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if error:
+        lines = error.get("traceback", "").rstrip("\n").splitlines()
+        error["traceback_tail"] = lines[-tail_lines:]
+        error.pop("traceback", None)
+    return error
+
+
+def failure_time(error: dict | None, exited_at: float) -> float:
+    """When the rank failed: when its exception happened if it recorded one, else its exit."""
+    return error.get("time", exited_at) if error else exited_at
+
+
+def caused_by_stop(failed_at: float, stop_began: float | None) -> bool:
+    """Whether a failure at ``failed_at`` is the doing of a stop that began at ``stop_began``."""
+    return stop_began is not None and failed_at >= stop_began
+
+
+# ---- on the controller: failures, the root cause, the summary ------------------------------
+def counts_as_failure(exit_event: dict) -> bool:
+    """A non-zero exit that our stop did not cause."""
+    return exit_event.get("returncode") != 0 and not exit_event.get("stopped")
+
+
+def rank_failure(exit_event: dict) -> Failure:
+    """The failure an exit event describes: its exception if it recorded one, else its output."""
+    ev = exit_event
+    rank, host = ev["rank"], ev.get("host", "?")
+    how = (f"was killed by {ev['signal']}" if ev.get("signal")
+           else f"exited with code {ev.get('returncode')}")
+    err = ev.get("error")
+    if err:
+        headline = f"rank {rank} (host {host}) {how}: {err.get('exc_type')}: {err.get('message')}"
+        return Failure(ev.get("time", time.time()), "rank", headline,
+                       err.get("traceback_tail") or [], "traceback (last lines):")
+    tail = ev.get("output_tail") or []
+    return Failure(ev.get("time", time.time()), "rank", f"rank {rank} (host {host}) {how}",
+                   tail, "last output lines:" if tail else "(it printed nothing)")
+
+
+def root_cause(failures: list) -> Failure | None:
+    """The earliest failure (the first recorded on a tie); None when there is none."""
+    return min(failures, key=lambda f: f.time) if failures else None
+
+
+def consequences(failures: list, root: Failure) -> list:
+    """Every failure but the root, earliest first."""
+    return sorted((f for f in failures if f is not root), key=lambda f: f.time)
+
+
+def summary(root: Failure, failures: list, stopped: int) -> str:
+    """The report: the root cause with its detail, then its consequences and the stopped ranks."""
+    lines = [f"job failed: {root.text}"]
+    if root.detail or root.detail_title:
+        lines.append(f"  {root.detail_title}")
+        lines += [f"    {line}" for line in root.detail]
+    later = consequences(failures, root)
+    if later:
+        lines.append(f"  later failures (consequences): {len(later)}")
+        lines += [f"    {f.text}" for f in later[:MAX_CONSEQUENCES_SHOWN]]
+    if stopped:
+        lines.append(f"  stopped {stopped} other rank(s)")
+    return "\n".join(lines)
