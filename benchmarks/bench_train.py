@@ -139,10 +139,8 @@ def config_name(c) -> str:
 
 def dslaunch_precheck(c, args) -> str | None:
     """The config error's text if dslaunch's config layer calls this configuration unsupported."""
-    try:
-        from dslaunch.config import ConfigError, resolve_config  # noqa: PLC0415
-    except ImportError:
-        return None  # config layer not there yet: the run itself will tell
+    from dslaunch.config import ConfigError, resolve_config  # noqa: PLC0415
+
     cfg = train_config(c["stage"], c["precision"], c["offload"], args.micro_batch, args.lr)
     try:
         resolve_config(cfg, world_size=args.nproc, check_supported=True)

@@ -169,8 +169,11 @@ def test_rank_env_and_config(tmp_path):
         assert env["DSLAUNCH_RESTART_COUNT"] == "0"
         if "OMP_NUM_THREADS" not in os.environ:
             assert env["OMP_NUM_THREADS"] == str(max(1, cores // 2))
-        resolved = json.loads(env["DSLAUNCH_CONFIG"])
-        assert resolved["train_batch_size"] == 4  # inferred: micro 2 x accum 1 x world 2
+        # the config as written (validated by the launcher): each rank resolves it itself, with
+        # its real data-parallel size, and names the file in its errors
+        assert json.loads(env["DSLAUNCH_CONFIG"]) == {"train_micro_batch_size_per_gpu": 2,
+                                                      "gradient_accumulation_steps": 1}
+        assert env["DSLAUNCH_CONFIG_PATH"] == str(cfg)
         assert rec["name"] == "__main__"
         assert rec["path0"] == str(SCRIPTS)
     assert "[rank 0] wrote rank 0" in r.stdout and "[rank 1] wrote rank 1" in r.stdout

@@ -49,7 +49,7 @@ def _from_config(path: str, world_size: int) -> dict:
     from dslaunch.config import ConfigError, resolve_config
 
     try:
-        cfg = resolve_config(path, world_size=world_size).typed
+        cfg = resolve_config(path, world_size=world_size, require_batch=False).typed
     except ConfigError as exc:
         raise click.ClickException(f"invalid config {path}:\n  " + "\n  ".join(exc.lines())) \
             from None

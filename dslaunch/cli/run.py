@@ -123,7 +123,7 @@ def _print_summary(plan: WorldPlan) -> None:
         click.echo(f"  node {n['node_rank']} {n['host']}: slots {n['slots']} -> ranks {n['ranks']}")
     click.echo(f"each rank runs: {plan.rank_command()}  (cwd {plan.cwd})")
     if plan.config_path:
-        click.echo(f"config: {plan.config_path} (resolved, passed in DSLAUNCH_CONFIG)")
+        click.echo(f"config: {plan.config_path} (validated, passed as written in DSLAUNCH_CONFIG)")
     omp = plan.omp_threads if plan.omp_threads is not None else "cores // local ranks, unless set"
     click.echo(f"OMP_NUM_THREADS: {omp}")
     from dslaunch.launcher.environment import is_secret

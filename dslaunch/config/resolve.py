@@ -99,10 +99,12 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
                    dp_world_size: Optional[int] = None, model_num_params: Optional[int] = None,
                    check_supported: bool = True, pipeline_stages: Optional[int] = None,
                    tensor_parallel_size: Optional[int] = None,
-                   origin: Optional[str] = None) -> ResolvedConfig:
+                   origin: Optional[str] = None, require_batch: bool = True) -> ResolvedConfig:
     """``pipeline_stages`` / ``tensor_parallel_size``: the layout the rank really runs (the
     PipelineModule's stages, the mpu's model-parallel size), checked against the config;
-    ``origin``: the file name to put in messages when the config comes as a dict or string."""
+    ``origin``: the file name to put in messages when the config comes as a dict or string;
+    ``require_batch=False``: a config that writes no batch size at all is fine (``estimate-memory``
+    reads the ZeRO and precision sections of partial configs)."""
     raw, loaded_from = load_config_with_origin(source_or_raw)
     origin = loaded_from or origin
     for name, size in (("world_size", world_size), ("dp_world_size", dp_world_size)):
@@ -116,7 +118,8 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
     if dp_world_size is None and world_size is not None:
         dp = _data_parallel_size(values, world_size)
     notes: list = []
-    if not any(p.split(":", 1)[0] in TRIAD for p in problems):  # a bad triad value is reported once
+    no_batch = not require_batch and all(values[key] is None for key in TRIAD)
+    if not no_batch and not any(p.split(":", 1)[0] in TRIAD for p in problems):  # a bad value is reported once
         resolve_batch(values, sources, problems, notes, dp, world_size)
     for key in TRIAD:  # whatever the triad could not settle depends on the world size
         if values[key] == "auto":

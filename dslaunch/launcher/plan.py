@@ -61,7 +61,7 @@ class WorldPlan:
     program: list = field(default_factory=list)  # ["-m", module, *args] or [script, *args]
     cwd: str = ""
     python: str = sys.executable
-    config: str | None = None  # the resolved config JSON (DSLAUNCH_CONFIG), or None
+    config: str | None = None  # the config JSON as written, validated (DSLAUNCH_CONFIG), or None
     config_path: str | None = None
     log_dir: str | None = None
     omp_threads: int | None = None  # None: cores // local ranks unless OMP_NUM_THREADS is set
