@@ -58,8 +58,9 @@ class PipeBlock(nn.Module):
         super().__init__()
         self.block = Block(cfg)
         if tp_group is not None:
-            from dslaunch.engine.tensor_parallel import apply_tensor_parallel
-            apply_tensor_parallel(self.block, tp_group)
+            from dslaunch.engine.tp_plan import apply_tp_plan
+            from gpt_tp import BLOCK_TP_PLAN
+            apply_tp_plan(self.block, BLOCK_TP_PLAN, tp_group)
 
     def forward(self, x):
         return self.block(x)

@@ -6,8 +6,9 @@
 Ranks are laid out pipe x data x model (DeepSpeed's order; the data-parallel size is what the
 world size leaves: 8 ranks with --pp 2 --tp 2 train 2 data replicas). The model is a list of
 layer specs: vocab-parallel token embedding, transformer Blocks whose attention heads and MLP
-are split over the model group, a final LayerNorm, and a column-parallel head whose
-vocabulary-split logits go straight into the vocab-parallel cross-entropy (never gathered).
+are split over the model group (examples/gpt_tp.py's BLOCK_TP_PLAN), a final LayerNorm, and a
+column-parallel head whose vocabulary-split logits go straight into the vocab-parallel
+cross-entropy (never gathered).
 ``engine.train_batch(data_iter)`` runs one optimizer step over ``gradient_accumulation_steps``
 micro-batches (1F1B; ``{"dslaunch": {"pipe_schedule": "gpipe"}}`` for GPipe) and returns the
 batch loss on every rank. Every data replica reads the global batch of step ``s`` and keeps its
@@ -30,11 +31,12 @@ import torch.nn as nn
 
 import dslaunch
 from dslaunch.engine.tensor_parallel import (ColumnParallelLinear, VocabParallelEmbedding,
-                                             apply_tensor_parallel, tp_manual_seed,
-                                             vocab_parallel_cross_entropy)
+                                             tp_manual_seed, vocab_parallel_cross_entropy)
 from dslaunch.engine.topology import get_grid
+from dslaunch.engine.tp_plan import apply_tp_plan
 from dslaunch.pipe import LayerSpec, PipelineModule, PipeModelDataParallelTopology
 from gpt import Block, GPTConfig, TextBatches, stdlib_bytes  # examples/ is the script's directory
+from gpt_tp import BLOCK_TP_PLAN
 
 
 class Embedding(nn.Module):
@@ -58,7 +60,7 @@ def _embedding(cfg):
 class ParallelBlock(nn.Module):
     def __init__(self, cfg, group):
         super().__init__()
-        self.block = apply_tensor_parallel(Block(cfg), group)
+        self.block = apply_tp_plan(Block(cfg), BLOCK_TP_PLAN, group)
 
     def forward(self, x):
         return self.block(x)

@@ -1,14 +1,21 @@
 """Tensor parallelism end to end: each TP layer against the full layer it was sliced from
-(2-rank gloo job), and examples/gpt.py's GPT with apply_tensor_parallel (heads and MLP split,
-vocab-parallel embedding, column-parallel head) trained through dslaunch.initialize(mpu=grid),
-compared with the plain single-process GPT within 1e-5 relative."""
+(2-rank gloo job), and examples/gpt.py's GPT split by examples/gpt_tp.py's plan (heads and MLP
+split, vocab-parallel embedding, column-parallel head) trained through
+dslaunch.initialize(mpu=grid), compared with the plain single-process GPT within 1e-5 relative."""
 
 import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 from engine_launch import launch, results, run_python  # noqa: E402
+from gpt import GPT, GPTConfig  # noqa: E402
+from gpt_tp import BLOCK_TP_PLAN, GPT_TP_PLAN  # noqa: E402
+
+from dslaunch.engine.tp_plan import apply_tp_plan  # noqa: E402
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}
 STEPS = 3
@@ -23,6 +30,21 @@ def test_layers_match_full_layers_and_rng(tmp_path):
         assert r["col_shape"] == [6, 8]  # 12 output features split in 2
         assert r["rng_outside_same"] and r["rng_inside_differ"]
         assert r["rng_fork_advances"] and r["rng_default_untouched"]
+
+
+def test_plan_only_checked_on_one_rank():
+    """One rank: nothing is replaced, but a plan written for another model (a pattern matching
+    nothing), a module claimed by two patterns and an unknown style are refused."""
+    model = GPT(GPTConfig(seq_len=8, n_layer=2, d_model=32, n_head=2))
+    kinds = [type(m) for m in model.modules()]
+    assert apply_tp_plan(model, GPT_TP_PLAN, None) is model
+    assert [type(m) for m in model.modules()] == kinds
+    with pytest.raises(ValueError, match=r"no module of GPT matches \['attn'"):
+        apply_tp_plan(model, BLOCK_TP_PLAN, None)  # a Block's plan: names without "blocks.N."
+    with pytest.raises(ValueError, match="'blocks.0.mlp.fc' matches"):
+        apply_tp_plan(model, {"blocks.*.mlp.fc": "column", "blocks.0.mlp.fc": "row"}, None)
+    with pytest.raises(ValueError, match="unknown style 'diagonal'"):
+        apply_tp_plan(model, {"head": "diagonal"}, None)
 
 
 def _reference(tmp_path, batch):

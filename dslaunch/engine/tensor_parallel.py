@@ -15,9 +15,8 @@
 - ``RNGTracker`` / ``tp_manual_seed``: the default generator is seeded the same on every TP rank
   (dropout on replicated activations agrees), ``tracker.fork()`` switches to a per-TP-rank
   stream for dropout inside split regions (attention heads).
-- ``apply_tensor_parallel(model, group)``: converts examples/gpt.py's attention and MLP (and,
-  with ``vocab_parallel=True``, the token embedding and the head) in place, slicing the full
-  weights the model was built with, so a TP run starts from exactly a single process's init.
+- Which layers of a model get which of these is the model's own plan, applied by
+  ``tp_plan.apply_tp_plan(model, plan, group)`` (the example GPT's: examples/gpt_tp.py).
 
 Replicated parameters (LayerNorms, row-parallel biases, position embeddings) get the full,
 identical gradient on every TP rank through ``copy_to_tp``'s backward all-reduce: nothing else
@@ -383,73 +382,3 @@ def tp_manual_seed(seed: int, group=None) -> None:
     torch.manual_seed(seed)
     _TRACKER.add("tensor-parallel", seed + TP_SEED_OFFSET + _rank(group))
 
-
-# -- applying TP to the example GPT ------------------------------------------------------------
-
-class ParallelSelfAttention(nn.Module):
-    """examples/gpt.py's CausalSelfAttention with its heads split over the group."""
-
-    def __init__(self, attn: nn.Module, group):
-        super().__init__()
-        w, r = _world(group), _rank(group)
-        c = attn.qkv.in_features
-        self.group = group
-        self.n_head = _divide(attn.n_head, w, "number of heads")
-        self.local = c // w
-        self.dropout = attn.dropout
-        # qkv's rows are [q; k; v]; rank r keeps its heads' rows of each
-        rows = torch.cat([torch.arange(part * c + r * self.local, part * c + (r + 1) * self.local,
-                                       device="cpu")  # real values even under a meta device
-                          for part in range(3)])
-        self.qkv = ColumnParallelLinear.from_linear(attn.qkv, group, rows=rows)
-        self.proj = RowParallelLinear.from_linear(attn.proj, group)
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x).split(self.local, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in (q, k, v))
-        p = self.dropout if self.training else 0.0
-        ctx = _TRACKER.fork() if p > 0 and "tensor-parallel" in _TRACKER.states \
-            else contextlib.nullcontext()
-        with ctx:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
-        return self.proj(y.transpose(1, 2).reshape(b, t, self.local))
-
-
-class ParallelMLP(nn.Module):
-    def __init__(self, mlp: nn.Module, group):
-        super().__init__()
-        self.fc = ColumnParallelLinear.from_linear(mlp.fc, group)
-        self.proj = RowParallelLinear.from_linear(mlp.proj, group)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
-
-
-def _is_attention(m) -> bool:
-    return all(hasattr(m, a) for a in ("qkv", "proj", "n_head")) and isinstance(m.qkv, nn.Linear)
-
-
-def _is_mlp(m) -> bool:
-    return hasattr(m, "fc") and hasattr(m, "proj") and isinstance(m.fc, nn.Linear)
-
-
-def apply_tensor_parallel(model: nn.Module, group, vocab_parallel: bool = False) -> nn.Module:
-    """Convert (in place) every attention and MLP of examples/gpt.py found in ``model`` to their
-    tensor-parallel forms, slicing the weights the model holds. With ``vocab_parallel`` also the
-    ``tok_emb`` embedding (vocab-parallel) and the ``head`` (column-parallel, logits gathered so
-    the model's own loss still works). Returns ``model``."""
-    if _world(group) == 1:
-        return model
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if _is_attention(child):
-                setattr(parent, name, ParallelSelfAttention(child, group))
-            elif _is_mlp(child):
-                setattr(parent, name, ParallelMLP(child, group))
-    if vocab_parallel:
-        if isinstance(getattr(model, "tok_emb", None), nn.Embedding):
-            model.tok_emb = VocabParallelEmbedding.from_embedding(model.tok_emb, group)
-        if isinstance(getattr(model, "head", None), nn.Linear):
-            model.head = ColumnParallelLinear.from_linear(model.head, group, gather_output=True)
-    return model

@@ -32,8 +32,9 @@ class TPBlock(nn.Module):
         super().__init__()
         self.block = Block(cfg)
         if group is not None:
-            from dslaunch.engine.tensor_parallel import apply_tensor_parallel
-            apply_tensor_parallel(self.block, group)
+            from dslaunch.engine.tp_plan import apply_tp_plan
+            from gpt_tp import BLOCK_TP_PLAN
+            apply_tp_plan(self.block, BLOCK_TP_PLAN, group)
 
     def forward(self, x):
         return self.block(x)

@@ -4,8 +4,8 @@ single-process PyTorch run they are compared with.
 --model pipe: the tiny GPT as PipelineModule layers (tests/scripts/pipe_model.py) on a
   pipe x data x model grid, trained with engine.train_batch(data_iter); TP splits every Block
   (and, with --vocab-parallel, the head + vocab-parallel cross-entropy).
---model gpt: examples/gpt.py's GPT with apply_tensor_parallel (vocab-parallel embedding and
-  head), trained through dslaunch.initialize(mpu=grid) and engine(tokens, targets).
+--model gpt: examples/gpt.py's GPT split by examples/gpt_tp.py's GPT_TP_PLAN (vocab-parallel
+  embedding and head), trained through dslaunch.initialize(mpu=grid) and engine(tokens, targets).
 Data: TextBatches(global batch = train_batch_size).batch_at(step, dp_rank, dp_world), cut into
 the micro-batches in order, so every layout sees the rows of one process's batch.
 Writes --out/rank_{r}.json (or ref.json).
@@ -106,8 +106,9 @@ import torch.distributed as dist  # noqa: E402
 
 import dslaunch  # noqa: E402
 from dslaunch.engine.topology import get_grid, make_topology  # noqa: E402
-from dslaunch.engine.tensor_parallel import (apply_tensor_parallel,  # noqa: E402
-                                             vocab_parallel_cross_entropy)
+from dslaunch.engine.tensor_parallel import vocab_parallel_cross_entropy  # noqa: E402
+from dslaunch.engine.tp_plan import apply_tp_plan  # noqa: E402
+from gpt_tp import GPT_TP_PLAN  # noqa: E402
 from dslaunch.pipe import PipelineModule  # noqa: E402
 
 dslaunch.init_distributed()
@@ -119,7 +120,7 @@ rec = {"rank": dist.get_rank(), "stage": grid.stage_id, "dp_rank": grid.dp_rank,
 
 if args.model == "gpt":
     model = GPT(GPTConfig(seq_len=16, n_layer=1, d_model=32, n_head=2))
-    apply_tensor_parallel(model, tp_group, vocab_parallel=True)
+    apply_tp_plan(model, GPT_TP_PLAN, tp_group)
     engine, _, _, _ = dslaunch.initialize(args=args, model=model, mpu=grid)
 else:
     vocab_group = tp_group if args.vocab_parallel else None
