@@ -10,3 +10,9 @@ from dslaunch.engine.zero.zero_init import (GatheredParameters, Init, register_e
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter",
            "unregister_external_parameter"]
+
+
+def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
+    from dslaunch.deepspeed_names import missing_attribute
+
+    raise missing_attribute(__name__, name)

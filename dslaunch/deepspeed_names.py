@@ -1,0 +1,176 @@
+"""DeepSpeed name -> dslaunch object: the one table behind the public faces.
+
+Every DeepSpeed name that real downstream code imports (Transformers, Accelerate, Lightning, TRL,
+the RLHF stacks, DeepSpeedExamples: ranked in the project's porting guide) has one row here:
+
+- ``ours`` is where dslaunch keeps it (``"dslaunch.zero:GatheredParameters"``), or None while we
+  do not provide it; ``why`` then says what brings it (an issue) or what to use instead.
+- The public faces (``dslaunch/zero.py``, ``dslaunch/comm.py``, ...) re-export the present names;
+  asking a face for a missing one raises an AttributeError with ``why`` (``missing_attribute``),
+  and importing a missing module (``dslaunch.moe``) an ImportError with it (``missing_modules.py``),
+  never a bare "No module named".
+- ``docs/porting.md`` is generated from this table (``python -m dslaunch.deepspeed_names``), and
+  a test checks that every present row resolves and that the page is up to date.
+- The ``--as-deepspeed`` alias (frameworks issue) maps ``deepspeed.X`` to ``dslaunch.X`` from it.
+
+Plain data: importing this module imports nothing else of dslaunch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Name:
+    deepspeed: str  # the dotted name as DeepSpeed users write it
+    ours: Optional[str]  # "module:attribute" (or "module" for a module), None when missing
+    why: str = ""  # missing: what brings it or what to use; present: how ours differs
+
+    @property
+    def present(self) -> bool:
+        return self.ours is not None
+
+    @property
+    def dslaunch_name(self) -> str:
+        """The name a ported script writes: ``deepspeed.X`` -> ``dslaunch.X``."""
+        return "dslaunch" + self.deepspeed[len("deepspeed"):]
+
+
+def _present(deepspeed: str, ours: str, why: str = "") -> Name:
+    return Name(deepspeed, ours, why)
+
+
+def _missing(deepspeed: str, why: str) -> Name:
+    return Name(deepspeed, None, why)
+
+
+MOE = "comes with issue 22 (mixture of experts)"
+SEQ = "comes with issue 21 (long sequences: Ulysses, activation checkpointing)"
+PROFILING = "comes with issue 23 (FLOPs profiler, comms logger)"
+AUTOTP = ("not planned yet: DeepSpeed's AutoTP rewrites HF models; use dslaunch's tensor-parallel "
+          "layers with an mpu (docs/interfaces.md, 'Parallel layouts')")
+INFERENCE = "not planned: dslaunch is a training runtime (no inference engine)"
+DATA_EFFICIENCY = "not planned yet: DeepSpeed's data-efficiency library (curriculum, random-LTD)"
+API = "comes with issue 18 (DeepSpeed's public API), in progress"
+
+# Grouped by face; within a group, in the order of DeepSpeed's documentation.
+NAMES: list[Name] = [
+    # -- deepspeed ------------------------------------------------------------------------------
+    _present("deepspeed.initialize", "dslaunch.engine.api:initialize"),
+    _present("deepspeed.init_distributed", "dslaunch.engine.comm:init_distributed"),
+    _present("deepspeed.add_config_arguments", "dslaunch.engine.api:add_config_arguments"),
+    _present("deepspeed.DeepSpeedEngine", "dslaunch.engine.engine:DSLaunchEngine",
+             "dslaunch's engine class; isinstance checks against this name hold"),
+    _present("deepspeed.__version__", "dslaunch:__version__",
+             "dslaunch's own version; frameworks that gate on DeepSpeed's version read the "
+             "alias's metadata (issue 19)"),
+    _missing("deepspeed.tp_model_init", AUTOTP),
+    _missing("deepspeed.init_inference", INFERENCE),
+    # -- deepspeed.zero ---------------------------------------------------------------------------
+    _present("deepspeed.zero", "dslaunch.zero"),
+    _present("deepspeed.zero.Init", "dslaunch.engine.zero.zero_init:Init"),
+    _present("deepspeed.zero.GatheredParameters", "dslaunch.engine.zero.zero_init:GatheredParameters"),
+    _present("deepspeed.zero.register_external_parameter",
+             "dslaunch.engine.zero.zero_init:register_external_parameter"),
+    _present("deepspeed.zero.unregister_external_parameter",
+             "dslaunch.engine.zero.zero_init:unregister_external_parameter"),
+    _missing("deepspeed.zero.TiledLinear", API),
+    # -- deepspeed.pipe ---------------------------------------------------------------------------
+    _present("deepspeed.pipe", "dslaunch.pipe"),
+    _present("deepspeed.pipe.PipelineModule", "dslaunch.engine.pipe.module:PipelineModule"),
+    _present("deepspeed.pipe.LayerSpec", "dslaunch.engine.pipe.module:LayerSpec"),
+    _present("deepspeed.pipe.TiedLayerSpec", "dslaunch.engine.pipe.module:TiedLayerSpec"),
+    _present("deepspeed.pipe.ProcessTopology", "dslaunch.engine.topology:ProcessTopology"),
+    _present("deepspeed.pipe.PipeDataParallelTopology",
+             "dslaunch.engine.topology:PipeDataParallelTopology"),
+    _present("deepspeed.pipe.PipeModelDataParallelTopology",
+             "dslaunch.engine.topology:PipeModelDataParallelTopology"),
+    # -- deepspeed.comm ---------------------------------------------------------------------------
+    _missing("deepspeed.comm", API),
+    # -- deepspeed.accelerator --------------------------------------------------------------------
+    _missing("deepspeed.accelerator", API),
+    # -- deepspeed.ops ----------------------------------------------------------------------------
+    _missing("deepspeed.ops", API),
+    # -- deepspeed.utils, deepspeed.checkpoint ------------------------------------------------------
+    _missing("deepspeed.utils", API),
+    _missing("deepspeed.checkpoint", API),
+    # -- deepspeed.runtime --------------------------------------------------------------------------
+    _missing("deepspeed.runtime", API),
+    # -- subsystems of other issues -----------------------------------------------------------------
+    _missing("deepspeed.checkpointing", SEQ),
+    _missing("deepspeed.sequence", SEQ),
+    _missing("deepspeed.moe", MOE),
+    _missing("deepspeed.profiling", PROFILING),
+    _missing("deepspeed.module_inject", AUTOTP),
+    _missing("deepspeed.inference", INFERENCE),
+    _missing("deepspeed.compression", "not planned yet: DeepSpeed's compression library"),
+    _missing("deepspeed.launcher.runner", "the launcher is the `dslaunch run` command (issue 19 "
+             "brings the `deepspeed` command line and `.deepspeed_env` as aliases)"),
+]
+
+BY_NAME = {n.deepspeed: n for n in NAMES}
+
+
+def row(deepspeed_name: str) -> Optional[Name]:
+    """The row of a DeepSpeed name, or of the nearest module above it that has one."""
+    name = deepspeed_name
+    while name:
+        if name in BY_NAME:
+            return BY_NAME[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def resolve(name: Name):
+    """The object a present row points at (imports its module)."""
+    module, _, attr = name.ours.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+def _why(deepspeed_name: str) -> str:
+    found = row(deepspeed_name)
+    if found is not None and not found.present:
+        return found.why
+    return "not provided by dslaunch yet; see docs/porting.md for the supported names"
+
+
+def missing_attribute(module_name: str, attr: str) -> AttributeError:
+    """The error a face raises for a DeepSpeed name it does not provide (``module_name`` is the
+    face's dslaunch module, e.g. ``dslaunch.zero``)."""
+    deepspeed_name = "deepspeed" + module_name[len("dslaunch"):] + "." + attr
+    return AttributeError(f"module {module_name!r} has no attribute {attr!r}: DeepSpeed's "
+                          f"{deepspeed_name} {_why(deepspeed_name)}")
+
+
+def porting_table() -> str:
+    """The Markdown table of docs/porting.md."""
+    lines = ["| DeepSpeed name | dslaunch | status |", "|---|---|---|"]
+    for n in NAMES:
+        status = ("yes" + (f": {n.why}" if n.why else "")) if n.present else f"no: {n.why}"
+        lines.append(f"| `{n.deepspeed}` | `{n.dslaunch_name}` | {status} |")
+    return "\n".join(lines) + "\n"
+
+
+BEGIN, END = "<!-- names:begin -->", "<!-- names:end -->"
+
+
+def render_porting(page: str) -> str:
+    """``page`` (docs/porting.md) with the table between its markers regenerated."""
+    head, _, rest = page.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    return f"{head}{BEGIN}\n{porting_table()}{END}{tail}"
+
+
+if __name__ == "__main__":  # python -m dslaunch.deepspeed_names [docs/porting.md]: regenerate
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], encoding="utf-8") as f:
+            text = render_porting(f.read())
+        with open(sys.argv[1], "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(porting_table())
