@@ -11,9 +11,9 @@ import torch
 
 from dslaunch.config import onebit_problems, resolve_config
 from dslaunch.config.errors import ConfigError
-from dslaunch.engine.compressed import CompressedAllReduce, pack_bits, unpack_bits
+from dslaunch.engine.onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
+from dslaunch.engine.onebit.compressed import CompressedAllReduce, pack_bits, unpack_bits
 from dslaunch.engine.optim import build_optimizer as _build_optimizer
-from dslaunch.engine.optim.onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
 
 
 def build_optimizer(params, section: dict):
@@ -191,7 +191,7 @@ def test_never_seen_coordinates_keep_zero_momentum():
 # -- the compiled op onebit_pack equals the torch kernels -----------------------------------------
 
 def _compiled_kernels():
-    from dslaunch.engine import compressed
+    from dslaunch.engine.onebit import compressed
     from dslaunch.kernels import builder
 
     return compressed._Compiled(builder.load("onebit_pack"))
@@ -202,7 +202,7 @@ def _compiled_kernels():
 @pytest.mark.parametrize("n, block, row_blocks, rows", [
     (37, 40, 1, 1), (4099, 64, 33, 2), (5000, 8, 313, 2), (1000, 24, 11, 4), (300_001, 2048, 74, 2)])
 def test_compiled_pack_and_decode_equal_torch(n, block, row_blocks, rows):
-    from dslaunch.engine.compressed import decode_torch, pack_torch
+    from dslaunch.engine.onebit.compressed import decode_torch, pack_torch
 
     ops = _compiled_kernels()
     g = torch.Generator().manual_seed(n)
@@ -236,7 +236,7 @@ def test_compiled_pack_and_decode_equal_torch(n, block, row_blocks, rows):
 
 
 def test_compiled_clamp_equals_torch():
-    from dslaunch.engine.optim.onebit import OneBitOptimizer, clamp_torch
+    from dslaunch.engine.onebit.optimizer import OneBitOptimizer, clamp_torch
 
     g = torch.Generator().manual_seed(3)
     m = torch.randn(70_001, generator=g)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from dslaunch.engine.comm import Comm, init_distributed
-from dslaunch.engine.compressed import CompressedAllReduce
+from dslaunch.engine.onebit.compressed import CompressedAllReduce
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

@@ -4,6 +4,7 @@
   config type "Adam" means decoupled weight decay (AdamW) unless ``adam_w_mode: false`` (then L2
   weight decay added to the gradient, torch's Adam). ``AdamW`` is always decoupled.
 - ``SGD``, ``Adagrad``: torch's. ``Lamb``, ``Lion``: small reference implementations here.
+- ``OneBitAdam``, ``ZeroOneAdam``, ``OneBitLamb``: ``engine/onebit/`` (``build_onebit``).
 - Any other name: the ``torch.optim`` class of that name (case-insensitive), params passed as is.
 torch's fused kernels are used where torch has them for the device (Adam/AdamW ``fused=True`` is
 about 5x the foreach path on CPU here); otherwise torch's default (foreach).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..onebit import build_onebit
 from .lamb import Lamb
 from .lion import Lion
 
@@ -52,8 +54,7 @@ def build_optimizer(model_parameters, optimizer_cfg) -> torch.optim.Optimizer:
         if device.type in ("cpu", "cuda") and "fused" not in kw and "foreach" not in kw:
             kw["fused"] = True
         return cls(model_parameters, **kw)
-    if kind in ("onebitadam", "zerooneadam", "onebitlamb"):  # 1-bit optimizers: optim/onebit.py
-        from .onebit import build_onebit
+    if kind in ("onebitadam", "zerooneadam", "onebitlamb"):  # 1-bit optimizers: engine/onebit/
         return build_onebit(model_parameters, name, params)
     if kind == "lamb":
         kw = {k: v for k, v in params.items() if k not in ("legacy_fusion",)}

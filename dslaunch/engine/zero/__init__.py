@@ -3,9 +3,9 @@
 
 Stage 0 (plain data parallel) is ``stage0.py``, stages 1 and 2 ``stage12.py``, stage 3
 ``stage3.py``; every one has the interface of ``base.OptimizerStrategy``. Two variations wrap
-that choice: the 1-bit optimizers run on ``onebit_strategy.OneBitStrategy`` (stage 0 only), and
-optimizer states on NVMe (``offload_optimizer.device: nvme``) add ``nvme_swap.with_nvme_swap``
-to the stage's class.
+that choice: the 1-bit optimizers run on ``engine/onebit/strategy.OneBitStrategy`` (stage 0
+only), and optimizer states on NVMe (``offload_optimizer.device: nvme``) add
+``nvme_swap.with_nvme_swap`` to the stage's class.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from dslaunch.config import onebit_problems
 
 from .base import OptimizerStrategy
 from .nvme_swap import with_nvme_swap
-from .onebit_strategy import OneBitStrategy
 from .stage0 import Stage0Strategy
 from .stage3 import Stage3Strategy
 from .stage12 import Stage1Strategy, Stage2Strategy
@@ -37,6 +36,9 @@ def build_optimizer_strategy(model, optimizer, cfg, comm, precision) -> Optimize
                                    zero.offload_optimizer.device)
         if problems:
             raise ValueError("; ".join(problems))
+        # imported here, not at the top: onebit/strategy.py builds on this package's stage 0
+        from ..onebit.strategy import OneBitStrategy
+
         return OneBitStrategy(model, optimizer, zero, comm, precision,
                               prescale_gradients=cfg.prescale_gradients,
                               gradient_predivide_factor=cfg.gradient_predivide_factor)

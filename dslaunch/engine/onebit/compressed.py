@@ -21,8 +21,8 @@ collectives (``comm_stats()`` ``bytes``): ``w * (c/8 + 4k)`` (all_to_all) plus `
 ``w*c`` values: ``32 / (1 + 32/block_size)`` times fewer bytes whatever ``w`` is (31.5x with the
 default block of 2048; 15.75x against bf16). Payload ratios differ (21x on 2 ranks) because a
 payload counts the all_to_all's own chunk, which never leaves the rank, and an all-reduce's
-buffer once, whatever the algorithm moves: they are not bytes on the network. Both collectives are booked in the engine's ``Comm`` accounting as
-``onebit_all_to_all`` and ``onebit_all_gather``.
+buffer once, whatever the algorithm moves: they are not bytes on the network. Both collectives
+are booked in the engine's ``Comm`` accounting as ``onebit_all_to_all`` and ``onebit_all_gather``.
 
 The 1-bit optimizers pass ``segments`` (their parameters' sizes): each parameter is then cut
 into chunks and blocks of its own, as above, and rank ``j``'s row is its chunk of every parameter
@@ -36,7 +36,8 @@ send buffer, the new error) and the decoding are two kernels, ``pack`` and ``dec
 compiled op ``onebit_pack`` (``cpp/cpu/onebit_pack.cpp``, one pass over memory each, OpenMP),
 elsewhere or when it cannot be built the torch versions below (several passes); the tests hold
 the two equal. The wire buffers are allocated once, and a contiguous fp32 tensor is compressed
-and overwritten in place: no copy of it is made. The error buffers are per rank and belong in that rank's checkpoint (``state_dict``).
+and overwritten in place: no copy of it is made. The error buffers are per rank and belong in
+that rank's checkpoint (``state_dict``).
 """
 
 from __future__ import annotations
@@ -327,7 +328,7 @@ def fp32_allreduce_bytes(numel: int) -> int:
 def wire_bytes(collective: str, payload: int, world: int) -> float:
     """Bytes one rank sends for a payload (``engine/comm.sent_bytes``, the definition
     ``comm_stats()`` books as ``sent_bytes``)."""
-    from .comm import sent_bytes
+    from ..comm import sent_bytes
 
     return float(sent_bytes(collective, int(payload), world))
 

@@ -1,8 +1,8 @@
 """1-bit LAMB (Li et al., 2021, "1-bit LAMB: Communication Efficient Large-Scale Large-Batch
 Training with LAMB's Convergence Speed"), with DeepSpeed's parameters.
 
-- Warmup, steps ``1..freeze_step``: exact LAMB (the same update as ``optim/lamb.py``: Adam
-  moments with bias correction, per-tensor trust ratio ``||p|| / ||update||`` clamped to
+- Warmup, steps ``1..freeze_step``: exact LAMB (the same update as ``engine/optim/lamb.py``:
+  Adam moments with bias correction, per-tensor trust ratio ``||p|| / ||update||`` clamped to
   ``[min_coeff, max_coeff]``) on gradients all-reduced in full precision; each tensor's trust
   ratio is averaged with an exponential moving average (``coeff_beta``, bias-corrected).
 - Compression stage, steps ``> freeze_step``: variance frozen; momenta updated with the local
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .onebit import OneBitOptimizer
+from .optimizer import OneBitOptimizer
 
 
 class OneBitLamb(OneBitOptimizer):

@@ -7,7 +7,7 @@ Adam's Convergence Speed").
 - Compression stage, steps ``> freeze_step``: the variance ``v`` (and its bias correction) is
   frozen at its ``freeze_step`` value; there is no gradient all-reduce: each rank updates its
   momentum with its local gradient, and the momenta are averaged by the error-compensated 1-bit
-  all-reduce (``engine/compressed.py``), after which every rank holds the same momentum and takes
+  all-reduce (``compressed.py``), after which every rank holds the same momentum and takes
   the same step ``p -= lr * (m_hat / (sqrt(v_hat) + eps) [+ weight_decay * p])``.
 
 Weight decay is decoupled (AdamW) by default, as DeepSpeed's config type ``Adam`` is;
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .onebit import OneBitOptimizer
+from .optimizer import OneBitOptimizer
 
 
 class OneBitAdam(OneBitOptimizer):

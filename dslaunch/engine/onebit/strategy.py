@@ -1,7 +1,7 @@
 """The optimizer strategy of the 1-bit optimizers (OneBitAdam, ZeroOneAdam, OneBitLamb).
 
-Stage 0 data parallelism (``stage0.py``: flat fp32 gradient buffer, accumulation, bf16/fp16 fp32
-masters, bucketed all-reduce) with one change: the full-precision gradient all-reduce happens
+Stage 0 data parallelism (``zero/stage0.py``: flat fp32 gradient buffer, accumulation, bf16/fp16
+fp32 masters, bucketed all-reduce) with one change: the full-precision gradient all-reduce happens
 only on the steps where the optimizer asks for it (``optimizer.wants_grad_allreduce()``: the
 warmup of 1-bit Adam / 1-bit LAMB, the variance-update steps of 0/1 Adam). On every other step
 the gradients stay local (averaged over the accumulation micro-steps only) and the optimizer
@@ -22,8 +22,8 @@ import math
 import torch
 
 from ..memory import breakdown, optimizer_state_tensors
-from .base import clip_coefficient
-from .stage0 import Stage0Strategy
+from ..zero.base import clip_coefficient
+from ..zero.stage0 import Stage0Strategy
 
 
 class OneBitStrategy(Stage0Strategy):

@@ -1,13 +1,13 @@
-"""1-bit optimizers: the shared base and construction by config name.
+"""The shared base of the 1-bit optimizers (``OneBitOptimizer``) and their option checks.
 
 ``OneBitAdam`` (Tang et al. 2021), ``ZeroOneAdam`` (Lu et al. 2022) and ``OneBitLamb`` (Li et al.
-2021) live in ``onebit_adam.py``, ``zero_one_adam.py`` and ``onebit_lamb.py``. All three:
+2021) extend it in ``adam.py``, ``zero_one_adam.py`` and ``lamb.py``. All three:
 
-- run on the data-parallel group the engine hands them (``attach_comm``), with the engine's
-  ``engine/zero/onebit_strategy.py`` strategy, which all-reduces gradients in full precision only
+- run on the data-parallel group the engine hands them (``attach_comm``), with the
+  ``strategy.py`` optimizer strategy, which all-reduces gradients in full precision only
   on the steps where the optimizer asks for it (``wants_grad_allreduce()``); on the other steps the
   optimizer communicates compressed tensors itself through one
-  ``engine/compressed.CompressedAllReduce`` over all its parameters (one call per step; for
+  ``compressed.CompressedAllReduce`` over all its parameters (one call per step; for
   1-bit Adam and 0/1 Adam each parameter is a segment with scales of its own, for 1-bit LAMB
   the momenta are one buffer, see ``per_parameter_scales``);
 - keep their per-rank error-feedback buffers and stage counters in ``state_dict()`` (key
@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from ..compressed import CompressedAllReduce
+from .compressed import CompressedAllReduce
 
 ONE_BIT_TYPES = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
 
@@ -48,6 +48,8 @@ def _clamp_op(m: torch.Tensor, denom: torch.Tensor):
     from dslaunch.kernels import load_op
 
     return load_op("onebit_pack")
+
+
 _BACKENDS_OK = (None, "nccl", "gloo")
 
 
@@ -217,34 +219,8 @@ class OneBitOptimizer(torch.optim.Optimizer):
             self.reset_errors()
 
 
-def build_onebit(model_parameters, name: str, params: dict) -> OneBitOptimizer:
-    """The optimizer for config ``optimizer.type`` ``name`` with ``optimizer.params``."""
-    from .onebit_adam import OneBitAdam
-    from .onebit_lamb import OneBitLamb
-    from .zero_one_adam import ZeroOneAdam
-
-    cls = {"onebitadam": OneBitAdam, "zerooneadam": ZeroOneAdam,
-           "onebitlamb": OneBitLamb}[name.lower()]
-    kw = {k: (tuple(v) if k == "betas" else v) for k, v in params.items() if v is not None}
-    import inspect
-
-    allowed = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
-    unknown = sorted(set(kw) - allowed)
-    if unknown:
-        raise ValueError(f"optimizer.params.{unknown[0]}: not a parameter of {cls.__name__} "
-                         f"(it takes {', '.join(sorted(allowed))})")
-    return cls(model_parameters, **kw)
-
-
 def is_onebit(optimizer) -> bool:
     return isinstance(optimizer, OneBitOptimizer)
 
 
-__all__ = ["ONE_BIT_TYPES", "OneBitOptimizer", "build_onebit", "is_onebit", "check_comm_options"]
-
-# the three optimizers, importable from here (defined after the base they extend)
-from .onebit_adam import OneBitAdam  # noqa: E402
-from .onebit_lamb import OneBitLamb  # noqa: E402
-from .zero_one_adam import ZeroOneAdam  # noqa: E402
-
-__all__ += ["OneBitAdam", "ZeroOneAdam", "OneBitLamb"]
+__all__ = ["ONE_BIT_TYPES", "OneBitOptimizer", "clamp_torch", "check_comm_options", "is_onebit"]

@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from .onebit import OneBitOptimizer
+from .optimizer import OneBitOptimizer
 
 
 class ZeroOneAdam(OneBitOptimizer):
