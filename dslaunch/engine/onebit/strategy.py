@@ -22,7 +22,7 @@ import math
 import torch
 
 from ..memory import breakdown, optimizer_state_tensors
-from ..zero.base import clip_coefficient
+from ..step_policy import GradNorm, loss_scale_of
 from ..zero.stage0 import Stage0Strategy
 
 
@@ -49,34 +49,18 @@ class OneBitStrategy(Stage0Strategy):
         if self._reduced:
             super()._reduce()
 
-    # -- step ----------------------------------------------------------------------------------
-    def step(self, clip_norm: float, loss_scaler) -> bool:
+    # -- step: on a local-gradient step the norm is the ranks' root mean square -----------------
+    def _boundary_grad_norm(self, clip_norm, loss_scaler, fp16: bool) -> GradNorm:
         if self._reduced or self.comm.world_size == 1:
-            return super().step(clip_norm, loss_scaler)
-        scale = loss_scaler.loss_scale
+            return super()._boundary_grad_norm(clip_norm, loss_scaler, fp16)
         local = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
-        fp16 = self.precision.name == "fp16"
         norm = local
-        if fp16 or (clip_norm and clip_norm > 0):
+        if self.step_policy.needs_norm(clip_norm, fp16):  # one float, so every rank agrees
             sq = torch.tensor([local * local if math.isfinite(local) else math.inf],
                               dtype=torch.float32, device=self.flat.device)
             self.comm.all_reduce(sq)
             norm = math.sqrt(sq.item() / self.comm.world_size)
-        if fp16 and not math.isfinite(norm):
-            self._grad_norm = None
-            loss_scaler.update(True)
-            return False
-        self._grad_norm = norm / scale
-        coef = clip_coefficient(self._grad_norm, clip_norm) / scale
-        if coef != 1.0:
-            self.flat.mul_(coef)
-        self.optimizer.step()
-        if self.masters is not None:
-            with torch.no_grad():
-                torch._foreach_copy_([p.data for p in self.params],
-                                     [self.masters[p] for p in self.params])
-        loss_scaler.update(False)
-        return True
+        return GradNorm.from_scaled(norm, loss_scale_of(loss_scaler))
 
     def memory_breakdown(self) -> dict:
         opt = optimizer_state_tensors(self.optimizer)

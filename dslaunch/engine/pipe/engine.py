@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..engine import DSLaunchEngine
+from .batch_state import BatchState, OpClock, PostedReceives
 from .module import PipelineModule
 from .p2p import P2P
 from .schedule import get_schedule, inference
@@ -146,120 +147,126 @@ class PipelineEngine(DSLaunchEngine):
                              "last stages (or training_data= at initialize)")
         return data_iter
 
-    # -- the executor --------------------------------------------------------------------------
+    # -- the executor: one short method per instruction op, looked up in _INSTRUCTIONS ---------
     def _execute(self, instrs, data_iter, train: bool) -> list:
-        inputs, outputs, labels, grads_in, grads_out = {}, {}, {}, {}, {}
-        losses, live, n_bwd = [], 0, 0
-        act_bytes, live_bytes = {}, 0
-        first, last = self.is_first_stage(), self.is_last_stage()
-        scale = self.precision.scaler.loss_scale / self.micro_batches
-        times = self.pipe_times if train else defaultdict(float)
-        # receives left per channel: post each next one ahead, never one past the stream's end
-        left = {op: sum(i.op == op for i in instrs) for op in ("recv_act", "recv_grad")}
-        peer = {"recv_act": (self.grid.prev_rank, "act"),
-                "recv_grad": (self.grid.next_rank, "grad")}
-        for op, n in left.items():
-            if n:
-                self.p2p.prefetch(*peer[op])
-        clock = time.perf_counter
-        t_prev = t_start = clock()
-        prev_op = None
+        receives = PostedReceives(self.p2p, instrs, {"recv_act": (self.grid.prev_rank, "act"),
+                                                     "recv_grad": (self.grid.next_rank, "grad")})
+        receives.post_first()
+        # an eval batch's timings are thrown away: pipe_times describes training
+        st = BatchState(data_iter=data_iter, train=train, first=self.is_first_stage(),
+                        last=self.is_last_stage(),
+                        backward_scale=self.precision.scaler.loss_scale / self.micro_batches,
+                        receives=receives,
+                        clock=OpClock(self.pipe_times if train else defaultdict(float)))
         for ins in instrs:
-            t_now = clock()
-            if prev_op is not None:
-                times[prev_op] += t_now - t_prev
-            t_prev, prev_op = t_now, ins.op
-            m, op = ins.micro, ins.op
-            if op == "load":
-                batch = next(data_iter)
-                if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-                    raise TypeError("PipelineEngine: data_iter must yield (inputs, labels)")
-                x, y = batch
-                if first:
-                    x = self._to_device(x)
-                    inputs[m] = self.precision.cast_inputs(x)
-                    if isinstance(inputs[m], torch.Tensor) and not inputs[m].is_floating_point():
-                        self._tokens += inputs[m].numel()
-                if last:
-                    labels[m] = self._to_device(y)
-            elif op == "recv_act":
-                left[op] -= 1
-                x = self.p2p.recv(*peer[op], prefetch_next=left[op] > 0)
-                if train:
-                    for t in _floats(x):
-                        t.requires_grad_(True)
-                inputs[m] = x
-            elif op == "forward":
-                counting = train and self.measure_activations
-                with _count_saved(act_bytes, m, self.module) if counting else \
-                        contextlib.nullcontext():
-                    out = self.module(inputs[m])
-                if counting:
-                    live_bytes += act_bytes[m]
-                    self.peak_activation_bytes = max(self.peak_activation_bytes, live_bytes)
-                if last:
-                    if not train:
-                        self._eval_outputs.append(out)
-                    if self.module.loss_fn is not None and getattr(self, "_compute_loss", True):
-                        out = self.module.loss_fn(out, labels.pop(m))
-                    if isinstance(out, torch.Tensor) and out.dim() == 0:
-                        losses.append(out.detach().float())
-                if train:
-                    outputs[m] = out
-                    live += 1
-                    self.peak_live_micro_batches = max(self.peak_live_micro_batches, live)
-                else:
-                    inputs.pop(m, None)
-                    if not last:
-                        outputs[m] = out
-            elif op == "send_act":
-                out = outputs[m] if train else outputs.pop(m)
-                self.p2p.send(_detach(out), self.grid.next_rank, "act")
-            elif op == "recv_grad":
-                left[op] -= 1
-                grads_out[m] = self.p2p.recv(*peer[op], prefetch_next=left[op] > 0)
-            elif op == "backward":
-                boundary = n_bwd == self.micro_batches - 1
-                self.strategy.prepare_backward(boundary)
-                out = outputs.pop(m)
-                if last:
-                    (out.float() * scale).backward()
-                else:
-                    g = grads_out.pop(m)
-                    g = list(g) if isinstance(g, tuple) else [g]
-                    pairs = [(t, gt) for t, gt in zip(_floats(out), g) if t.requires_grad]
-                    if pairs:
-                        torch.autograd.backward([t for t, _ in pairs], [gt for _, gt in pairs])
-                self.strategy.after_backward(boundary and not self._tied_early)
-                n_bwd += 1
-                live -= 1
-                live_bytes -= act_bytes.pop(m, 0)
-                x = inputs.pop(m)
-                if not first:
-                    ins_grads = tuple(t.grad if t.grad is not None else torch.zeros_like(t)
-                                      for t in _floats(x))
-                    grads_in[m] = ins_grads if isinstance(x, (tuple, list)) else ins_grads[0]
-            elif op == "send_grad":
-                self.p2p.send(grads_in.pop(m), self.grid.prev_rank, "grad")
-            elif op == "reduce_tied":
-                if self._tied_early:
-                    self.module.allreduce_tied_weight_gradients()
-                    self.strategy.after_backward(True)  # the deferred boundary reduction
-                    continue
-                views = getattr(self.strategy, "views", None)
-                self.module.allreduce_tied_weight_gradients(
-                    grad_of=(lambda p: views.get(p)) if views is not None else None)
-            elif op == "step":
-                self._applied = self._optimizer_step()
-            else:
+            st.clock.tick(ins.op)
+            run = self._INSTRUCTIONS.get(ins.op)
+            if run is None:
                 raise RuntimeError(f"PipelineEngine: unknown instruction {ins}")
-        t_now = clock()
-        if prev_op is not None:
-            times[prev_op] += t_now - t_prev
+            run(self, st, ins.micro)
+        t_end = st.clock.tick()
         self.p2p.wait_all()
-        times["wait_sends"] += clock() - t_now
-        times["total"] += clock() - t_start
-        return losses
+        st.clock.times["wait_sends"] += time.perf_counter() - t_end
+        st.clock.times["total"] += time.perf_counter() - st.clock.start
+        return st.losses
+
+    def _op_load(self, st: BatchState, m: int) -> None:
+        batch = next(st.data_iter)
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError("PipelineEngine: data_iter must yield (inputs, labels)")
+        x, y = batch
+        if st.first:
+            x = self.precision.cast_inputs(self._to_device(x))
+            st.inputs[m] = x
+            if isinstance(x, torch.Tensor) and not x.is_floating_point():
+                self._tokens += x.numel()
+        if st.last:
+            st.labels[m] = self._to_device(y)
+
+    def _op_recv_act(self, st: BatchState, m: int) -> None:
+        x = st.receives.recv("recv_act")
+        if st.train:  # backward needs the gradients of this stage's inputs
+            for t in _floats(x):
+                t.requires_grad_(True)
+        st.inputs[m] = x
+
+    def _op_forward(self, st: BatchState, m: int) -> None:
+        counting = st.train and self.measure_activations
+        with _count_saved(st.act_bytes, m, self.module) if counting else \
+                contextlib.nullcontext():
+            out = self.module(st.inputs[m])
+        if counting:
+            st.live_bytes += st.act_bytes[m]
+            self.peak_activation_bytes = max(self.peak_activation_bytes, st.live_bytes)
+        if st.last:
+            out = self._loss_of(st, m, out)
+        if st.train:
+            st.outputs[m] = out
+            st.live += 1
+            self.peak_live_micro_batches = max(self.peak_live_micro_batches, st.live)
+        else:  # nothing is kept for a backward
+            st.inputs.pop(m, None)
+            if not st.last:
+                st.outputs[m] = out
+
+    def _loss_of(self, st: BatchState, m: int, out):
+        """Last stage: the loss of micro-batch ``m`` (recorded in ``st.losses``), or ``out``
+        itself without a loss_fn (eval: the outputs are kept for return_logits)."""
+        if not st.train:
+            self._eval_outputs.append(out)
+        if self.module.loss_fn is not None and getattr(self, "_compute_loss", True):
+            out = self.module.loss_fn(out, st.labels.pop(m))
+        if isinstance(out, torch.Tensor) and out.dim() == 0:
+            st.losses.append(out.detach().float())
+        return out
+
+    def _op_send_act(self, st: BatchState, m: int) -> None:
+        out = st.outputs[m] if st.train else st.outputs.pop(m)
+        self.p2p.send(_detach(out), self.grid.next_rank, "act")
+
+    def _op_recv_grad(self, st: BatchState, m: int) -> None:
+        st.grads_out[m] = st.receives.recv("recv_grad")
+
+    def _op_backward(self, st: BatchState, m: int) -> None:
+        boundary = st.backwards_done == self.micro_batches - 1
+        self.strategy.prepare_backward(boundary)
+        out = st.outputs.pop(m)
+        if st.last:
+            (out.float() * st.backward_scale).backward()
+        else:
+            g = st.grads_out.pop(m)
+            g = list(g) if isinstance(g, tuple) else [g]
+            pairs = [(t, gt) for t, gt in zip(_floats(out), g) if t.requires_grad]
+            if pairs:
+                torch.autograd.backward([t for t, _ in pairs], [gt for _, gt in pairs])
+        self.strategy.after_backward(boundary and not self._tied_early)
+        st.backwards_done += 1
+        st.live -= 1
+        st.live_bytes -= st.act_bytes.pop(m, 0)
+        x = st.inputs.pop(m)
+        if not st.first:  # what send_grad hands the previous stage
+            st.grads_in[m] = _input_grads(x)
+
+    def _op_send_grad(self, st: BatchState, m: int) -> None:
+        self.p2p.send(st.grads_in.pop(m), self.grid.prev_rank, "grad")
+
+    def _op_reduce_tied(self, st: BatchState, m: int) -> None:
+        if self._tied_early:
+            self.module.allreduce_tied_weight_gradients()
+            self.strategy.after_backward(True)  # the deferred boundary reduction
+            return
+        views = getattr(self.strategy, "views", None)
+        self.module.allreduce_tied_weight_gradients(
+            grad_of=(lambda p: views.get(p)) if views is not None else None)
+
+    def _op_step(self, st: BatchState, m: int) -> None:
+        self._applied = self._optimizer_step()
+
+    # op -> method(self, batch state, micro-batch); the ops are schedule.py's
+    _INSTRUCTIONS = {"load": _op_load, "recv_act": _op_recv_act, "forward": _op_forward,
+                     "send_act": _op_send_act, "recv_grad": _op_recv_grad,
+                     "backward": _op_backward, "send_grad": _op_send_grad,
+                     "reduce_tied": _op_reduce_tied, "step": _op_step}
 
     def _to_device(self, x):
         if isinstance(x, torch.Tensor):
@@ -313,6 +320,13 @@ def _count_saved(act_bytes: dict, m: int, module):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield
+
+
+def _input_grads(x):
+    """The gradients of a stage's inputs after its backward (zeros where autograd left none),
+    a tuple when the inputs were one."""
+    grads = tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in _floats(x))
+    return grads if isinstance(x, (tuple, list)) else grads[0]
 
 
 def _detach(out):

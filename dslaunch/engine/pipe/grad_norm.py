@@ -15,6 +15,7 @@ at each boundary:
 2. on an overflow anywhere every rank skips the step and lowers the loss scale;
 3. otherwise the gradients are multiplied by the clip coefficient (torch's
    ``max_norm / (norm + 1e-6)`` rule, at most 1) and the strategy steps with clipping off.
+Steps 2-3 are ``engine/step_policy.py``'s decision (``MODEL_PARALLEL``), as for every strategy.
 
 The strategy's gradient tensors are read where the ZeRO seam leaves them after the boundary
 reduction: stage 0's ``views`` (fp32, reduced), stages 1-2's ``_grad_chunks()`` (this rank's
@@ -25,10 +26,10 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.distributed as dist
 
-from ..zero.base import clip_coefficient
+from ..step_policy import (MODEL_PARALLEL, GradNorm, all_reduce_sq_norm, loss_scale_of,
+                           sum_of_squares)
 
 
 def counted_params(model, tp_rank: int, tp_world: int, tied_duplicates: set) -> set:
@@ -71,17 +72,17 @@ class ModelParallelNorm:
     def _stage0_sq(self) -> float:
         if self.dp_rank != 0:  # every data rank holds the same reduced gradients
             return 0.0
-        sq = 0.0
-        for p, view in self.strategy.views.items():
-            if id(p) in self.counted:
-                sq += float(torch.linalg.vector_norm(view, dtype=torch.float32)) ** 2
-        return sq
+        return sum_of_squares(view for p, view in self.strategy.views.items()
+                              if id(p) in self.counted)
 
     def _stage12_sq(self) -> float:
         s = self.strategy
         self._chunks = s._grad_chunks()
-        sq = 0.0
-        for g, chunks in zip(s.groups, self._chunks):
+        return sum_of_squares(self._counted_shard_pieces(s, self._chunks))
+
+    def _counted_shard_pieces(self, s, group_chunks):
+        """The pieces of this rank's gradient shard that belong to counted parameters."""
+        for g, chunks in zip(s.groups, group_chunks):
             starts, pos = [], 0
             for c in chunks:
                 starts.append(pos)
@@ -89,29 +90,26 @@ class ModelParallelNorm:
             for bi, slot, lo, hi, spos in g.layout.shard_pieces(s.rank):
                 if id(g.params[slot.name]) in self.counted:
                     off = spos - starts[bi]
-                    piece = chunks[bi][off: off + hi - lo]
-                    sq += float(torch.linalg.vector_norm(piece, dtype=torch.float32)) ** 2
-        return sq
+                    yield chunks[bi][off: off + hi - lo]
 
     def _stage12_scale(self, coef: float) -> None:
         for chunks in self._chunks:
             for c in chunks:
                 c.mul_(coef)
 
+    def _world_norm(self, loss_scaler) -> GradNorm:
+        """One fp64 all-reduce over the whole world: every pipe stage, TP rank and data rank."""
+        scale = loss_scale_of(loss_scaler)
+        sq, overflow = all_reduce_sq_norm(self._local_sq() / (scale * scale), dist.all_reduce)
+        return GradNorm(math.sqrt(sq), overflow)
+
     def step(self, clip_norm: float, loss_scaler) -> bool:
-        scale = loss_scaler.loss_scale
-        sq = self._local_sq() / (scale * scale)
-        buf = torch.tensor([sq if math.isfinite(sq) else 0.0, 0.0 if math.isfinite(sq) else 1.0],
-                           dtype=torch.float64)
-        dist.all_reduce(buf)  # the whole world: every pipe stage, TP rank and data rank
-        if buf[1] > 0:
-            self.norm = None
-            loss_scaler.update(True)
+        decision = MODEL_PARALLEL.decide(self._world_norm(loss_scaler), clip_norm, loss_scaler)
+        self.norm = decision.grad_norm
+        if decision.skip:
             return False
-        self.norm = math.sqrt(float(buf[0]))
-        coef = clip_coefficient(self.norm, clip_norm)
-        if coef != 1.0:
-            self._scale(coef)
+        if decision.coef != 1.0:  # the clip factor alone: the strategy's step unscales
+            self._scale(decision.coef)
         return self._inner_step(0.0, loss_scaler)
 
     def grad_norm(self):

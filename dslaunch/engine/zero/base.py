@@ -10,11 +10,10 @@ micro-step an accumulation boundary); at a boundary then ``step(clip, scaler)`` 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..memory import breakdown, limit_allocator_retention, optimizer_state_tensors
+from ..step_policy import REPLICATED, GradNorm, StepPolicy
 
 
 class OptimizerStrategy:
@@ -41,9 +40,33 @@ class OptimizerStrategy:
         raise NotImplementedError
 
     # -- per boundary --------------------------------------------------------------------------
-    def step(self, clip_norm: float, loss_scaler) -> bool:
+    # the overflow / clip decision (engine/step_policy.py); a subclass supplies the norm and the
+    # way it scales its gradients and steps
+    step_policy: StepPolicy = REPLICATED
+
+    def step(self, clip_norm: float = None, loss_scaler=None) -> bool:
         """Unscale, check overflow, clip, optimizer step. Returns False when skipped (overflow)."""
+        fp16 = getattr(self.precision, "name", None) == "fp16"
+        norm = self._boundary_grad_norm(clip_norm, loss_scaler, fp16)
+        decision = self.step_policy.decide(norm, clip_norm, loss_scaler, fp16)
+        self._grad_norm = decision.grad_norm
+        if decision.skip:
+            self._after_skip()
+            return False
+        self._scale_grads_and_step(decision.coef)
+        self.step_policy.stepped(loss_scaler)
+        return True
+
+    def _boundary_grad_norm(self, clip_norm, loss_scaler, fp16: bool) -> GradNorm:
+        """The global gradient norm of this boundary (unscaled), as ``step_policy`` wants it."""
         raise NotImplementedError
+
+    def _scale_grads_and_step(self, coef: float) -> None:
+        """Multiply the gradients by ``coef`` (when not 1), step the optimizer, publish weights."""
+        raise NotImplementedError
+
+    def _after_skip(self) -> None:
+        """An overflow skipped the step: drop what only this step would have used."""
 
     def zero_grad(self) -> None:
         raise NotImplementedError
@@ -75,13 +98,6 @@ class OptimizerStrategy:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         return breakdown(list(self.model.parameters()), grads,
                          optimizer_state_tensors(self.optimizer))
-
-
-def clip_coefficient(norm: float, clip_norm: float) -> float:
-    """torch.nn.utils.clip_grad_norm_'s factor (max_norm / (norm + 1e-6), at most 1)."""
-    if clip_norm and clip_norm > 0 and math.isfinite(norm):
-        return min(1.0, clip_norm / (norm + 1e-6))
-    return 1.0
 
 
 def broadcast_model(model: torch.nn.Module, comm, src: int = 0) -> None:

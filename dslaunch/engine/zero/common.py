@@ -1,9 +1,9 @@
-"""Pieces the ZeRO 1-3 strategies share: offload choice, loss-scale handling, clipping, the shard
-optimizer (the user's optimizer re-pointed at this rank's shard parameters), parameter names."""
+"""Pieces the ZeRO 1-3 strategies share: the offload choice, the shard optimizer (the user's
+optimizer re-pointed at this rank's shard parameters), parameter names. (Loss scale and clipping:
+``engine/step_policy.py``.)"""
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import torch
@@ -15,12 +15,6 @@ def offloads_optimizer(zero) -> bool:
     return zero.offload_optimizer.device in ("cpu", "nvme")
 
 
-# -- loss scaling (duck-typed: the engine's precision module owns the scaler) ---------------------
-
-def current_scale(loss_scaler) -> float:
-    return 1.0 if loss_scaler is None else float(loss_scaler.loss_scale)
-
-
 def get_comm(comm):
     """The engine's accounting ``Comm`` (engine/comm.py), or one over the world group."""
     if comm is not None:
@@ -28,13 +22,6 @@ def get_comm(comm):
     from dslaunch.engine.comm import Comm
 
     return Comm()
-
-
-def clip_coefficient(total_norm: float, clip_norm) -> float:
-    """torch.nn.utils.clip_grad_norm_'s rule: scale by max_norm / (norm + 1e-6) when below 1."""
-    if not clip_norm or clip_norm <= 0 or not math.isfinite(total_norm):
-        return 1.0
-    return min(1.0, float(clip_norm) / (total_norm + 1e-6))
 
 
 # -- the user's optimizer, re-pointed at shards -----------------------------------------------------

@@ -18,12 +18,11 @@ world/factor after, as DeepSpeed does).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..memory import breakdown, optimizer_state_tensors
-from .base import OptimizerStrategy, broadcast_model, clip_coefficient
+from ..step_policy import REPLICATED, GradNorm, loss_scale_of
+from .base import OptimizerStrategy, broadcast_model
 
 
 # With overlap, buckets are capped as DDP caps them (bucket_cap_mb=25, first bucket 1 MiB), even
@@ -176,31 +175,20 @@ class Stage0Strategy(OptimizerStrategy):
         if post != 1.0:
             self.flat.mul_(post)
 
-    # -- step ----------------------------------------------------------------------------------
-    def step(self, clip_norm: float, loss_scaler) -> bool:
-        scale = loss_scaler.loss_scale
-        need_norm = (clip_norm and clip_norm > 0) or self.precision.name == "fp16"
-        if not need_norm:  # nothing reads it: spare a pass over the gradients
-            self._grad_norm = None
-            if scale != 1.0:
-                self.flat.mul_(1.0 / scale)
-            self.optimizer.step()
-            self._copy_masters_to_model()
-            loss_scaler.update(False)
-            return True
-        norm = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
-        if self.precision.name == "fp16" and not math.isfinite(norm):
-            self._grad_norm = None
-            loss_scaler.update(True)
-            return False
-        self._grad_norm = norm / scale
-        coef = clip_coefficient(self._grad_norm, clip_norm) / scale
+    # -- step (base.OptimizerStrategy.step runs the policy) -------------------------------------
+    step_policy = REPLICATED  # fp16 overflow skips; coefficient = clip / scale
+
+    def _boundary_grad_norm(self, clip_norm, loss_scaler, fp16: bool) -> GradNorm:
+        if not self.step_policy.needs_norm(clip_norm, fp16):
+            return GradNorm()
+        scaled = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
+        return GradNorm.from_scaled(scaled, loss_scale_of(loss_scaler))
+
+    def _scale_grads_and_step(self, coef: float) -> None:
         if coef != 1.0:
             self.flat.mul_(coef)
         self.optimizer.step()
         self._copy_masters_to_model()
-        loss_scaler.update(False)
-        return True
 
     def _copy_masters_to_model(self):
         if self.masters is not None:

@@ -23,7 +23,8 @@ optimizer param group, see ``partition.py``) but owns one chunk of every bucket:
   ``allgather_bucket_size`` is accepted; the all-gather uses the same buckets.
 
 Gradient clipping uses the global norm (squared shard norms all-reduced with SUM, in fp64); a
-non-finite norm (fp16 overflow anywhere) skips the step on every rank and lowers the loss scale.
+non-finite norm (fp16 overflow anywhere) skips the step on every rank and lowers the loss scale
+(the decision is ``engine/step_policy.py``'s, shared with stage 0 and the pipeline).
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ import torch
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
-from dslaunch.engine.zero.common import (clip_coefficient, current_scale, get_comm, named_groups,
-                                         offloads_optimizer, repoint_optimizer)
+from dslaunch.engine.step_policy import (SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of,
+                                         sum_of_squares)
+from dslaunch.engine.zero.common import (get_comm, named_groups, offloads_optimizer,
+                                         repoint_optimizer)
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.zero_init import register_strategy
 
@@ -313,32 +316,21 @@ class ZeroStage12Strategy(OptimizerStrategy):
                  for b in g.layout.buckets] for g in self.groups]
         return [P.shard_chunks(g.grad_shard, g.layout) for g in self.groups]
 
-    def _global_sq_norm_and_overflow(self, chunks, inv_scale):
-        sq = torch.zeros(2, dtype=torch.float64)
-        for group_chunks in chunks:
-            for c in group_chunks:
-                sq[0] += float(torch.linalg.vector_norm(c, dtype=torch.float32)) ** 2
-        sq[0] *= inv_scale * inv_scale
-        if not math.isfinite(float(sq[0])):
-            sq[1] = 1.0
-            sq[0] = 0.0
-        self.comm.all_reduce(sq)
-        return float(sq[0]), bool(sq[1] > 0)
+    # -- step (base.OptimizerStrategy.step runs the policy) -------------------------------------
+    step_policy = SHARDED  # a non-finite norm skips in any precision; coef = clip * (1 / scale)
 
-    def step(self, clip_norm=None, loss_scaler=None) -> bool:
-        scale = current_scale(loss_scaler)
-        inv = 1.0 / scale
-        chunks = self._grad_chunks()
-        sq, overflow = self._global_sq_norm_and_overflow(chunks, inv)
-        if overflow:
-            self._grad_norm = None
-            self._stage1_grad_chunks = None
-            if loss_scaler is not None:
-                loss_scaler.update(True)
-            return False
-        self._grad_norm = math.sqrt(sq)
-        coef = clip_coefficient(self._grad_norm, clip_norm) * inv
-        for g, gchunks in zip(self.groups, chunks):
+    def _boundary_grad_norm(self, clip_norm, loss_scaler, fp16: bool) -> GradNorm:
+        """Squared shard norms, unscaled, summed over the data-parallel group (fp64)."""
+        inv = 1.0 / loss_scale_of(loss_scaler)
+        sq = sum_of_squares(c for group_chunks in self._grad_chunks() for c in group_chunks)
+        sq, overflow = all_reduce_sq_norm(sq * (inv * inv), self.comm.all_reduce)
+        return GradNorm(math.sqrt(sq), overflow)
+
+    def _after_skip(self) -> None:
+        self._stage1_grad_chunks = None
+
+    def _scale_grads_and_step(self, coef: float) -> None:
+        for g, gchunks in zip(self.groups, self._grad_chunks()):
             for sp, gc in zip(g.shard_params, gchunks):
                 if self.need_master:
                     grad = gc if gc.dtype == torch.float32 and gc.device == sp.device else \
@@ -354,9 +346,6 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 sp.grad = None
         self._stage1_grad_chunks = None
         self._all_gather_params()
-        if loss_scaler is not None:
-            loss_scaler.update(False)
-        return True
 
     def _all_gather_params(self):
         sources = self._master_chunks() if self.need_master else (

@@ -1,0 +1,136 @@
+"""The one overflow / clip / step policy of the optimizer strategies and the pipeline.
+
+At an accumulation boundary every path runs the same decision:
+
+1. the caller supplies the gradient norm (``GradNorm``), computed from its own tensors: stage 0's
+   flat buffer, the ZeRO 1-3 shards (squared norms all-reduced), the 1-bit optimizers' local norms,
+   the pipeline's whole-world sum (``pipe/grad_norm.py``);
+2. a non-finite norm (fp16 overflow) skips the step: the loss scaler is told (a dynamic one lowers
+   its scale) and no norm is recorded;
+3. otherwise the unscaled norm is recorded and the caller gets the coefficient to multiply the
+   gradients by: torch's clip factor with ``1 / loss_scale`` folded in;
+4. after the optimizer step the caller calls ``stepped`` (the scaler counts a good step).
+
+The paths differ in two ways, kept as they were (same arithmetic, bit for bit) and named here:
+
+- which non-finite norms skip: under fp16 only (stage 0 and 1-bit, like DeepSpeed's stage-0 bf16
+  path, which steps anyway) or in any precision (ZeRO 1-3 and the pipeline, like DeepSpeed's ZeRO
+  optimizers);
+- how ``1 / loss_scale`` is folded: ``clip / scale`` (stage 0, 1-bit) or ``clip * (1 / scale)``
+  (ZeRO 1-3): equal for power-of-2 scales, not always for a static scale like 1000; the pipeline
+  applies the clip factor alone and the strategy's own step then unscales (stage 1-2 gradients are
+  low precision there, so folding would round differently).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+import torch
+
+# how 1 / loss_scale is folded into the coefficient (see the module docstring)
+DIVIDE = "clip / scale"
+TIMES_INVERSE = "clip * (1 / scale)"
+CLIP_ONLY = "clip only (the strategy unscales)"
+
+
+def clipping_on(clip_norm) -> bool:
+    return bool(clip_norm) and clip_norm > 0
+
+
+def clip_coefficient(norm: float, clip_norm) -> float:
+    """torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6), at most 1; 1 when
+    clipping is off or the norm is not finite."""
+    if not clipping_on(clip_norm) or not math.isfinite(norm):
+        return 1.0
+    return min(1.0, float(clip_norm) / (norm + 1e-6))
+
+
+def loss_scale_of(loss_scaler) -> float:
+    """The current loss scale (1 without a scaler: strategies built outside the engine)."""
+    return 1.0 if loss_scaler is None else float(loss_scaler.loss_scale)
+
+
+def sum_of_squares(tensors: Iterable[torch.Tensor]) -> float:
+    """Sum of the tensors' squared norms, each norm taken in fp32, summed in a Python float (fp64)
+    so that many small pieces lose nothing."""
+    sq = 0.0
+    for t in tensors:
+        sq += float(torch.linalg.vector_norm(t, dtype=torch.float32)) ** 2
+    return sq
+
+
+def all_reduce_sq_norm(sq: float, all_reduce: Callable) -> tuple:
+    """(global sum of squares, overflow anywhere) from this rank's ``sq`` with one fp64
+    all-reduce of [sq, flag]: a rank with a non-finite sum sends 0 and raises the flag, so every
+    rank takes the same decision."""
+    finite = math.isfinite(sq)
+    buf = torch.tensor([sq if finite else 0.0, 0.0 if finite else 1.0], dtype=torch.float64)
+    all_reduce(buf)
+    return float(buf[0]), bool(buf[1] > 0)
+
+
+@dataclass(frozen=True)
+class GradNorm:
+    """What a caller measured: the unscaled global norm (None: not computed, nothing needs it) and
+    whether a non-finite value was seen."""
+
+    value: Optional[float] = None
+    overflow: bool = False
+
+    @classmethod
+    def from_scaled(cls, scaled_norm: float, loss_scale: float) -> "GradNorm":
+        """From a norm of the still loss-scaled gradients."""
+        return cls(scaled_norm / loss_scale, not math.isfinite(scaled_norm))
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    skip: bool  # overflow: leave the weights alone (the scaler was told)
+    grad_norm: Optional[float]  # what ``grad_norm()`` reports for this step
+    coef: float = 1.0  # multiply the gradients by this before the optimizer step (1: leave them)
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    skip_only_under_fp16: bool  # False: a non-finite norm skips in any precision
+    unscale: str  # DIVIDE, TIMES_INVERSE or CLIP_ONLY
+
+    def needs_norm(self, clip_norm, fp16: bool) -> bool:
+        """Only clipping and fp16's overflow check read the norm: otherwise spare the pass."""
+        return clipping_on(clip_norm) or fp16
+
+    def decide(self, norm: GradNorm, clip_norm, loss_scaler, fp16: bool = False) -> StepDecision:
+        """Skip (telling the loss scaler of the overflow here) or the coefficient to apply."""
+        if norm.overflow and (fp16 or not self.skip_only_under_fp16):
+            if loss_scaler is not None:
+                loss_scaler.update(True)
+            return StepDecision(skip=True, grad_norm=None)
+        clip = 1.0 if norm.value is None else clip_coefficient(norm.value, clip_norm)
+        return StepDecision(skip=False, grad_norm=norm.value,
+                            coef=self._fold_unscale(clip, loss_scale_of(loss_scaler)))
+
+    def _fold_unscale(self, clip: float, scale: float) -> float:
+        if self.unscale == DIVIDE:
+            return clip / scale
+        if self.unscale == TIMES_INVERSE:
+            return clip * (1.0 / scale)
+        if self.unscale == CLIP_ONLY:
+            return clip
+        raise ValueError(f"StepPolicy.unscale: {self.unscale!r}")
+
+    @staticmethod
+    def stepped(loss_scaler) -> None:
+        """The optimizer stepped: the scaler counts one more step without overflow."""
+        if loss_scaler is not None:
+            loss_scaler.update(False)
+
+
+# stage 0 and the 1-bit optimizers: every rank holds the whole (reduced) gradients
+REPLICATED = StepPolicy(skip_only_under_fp16=True, unscale=DIVIDE)
+# ZeRO 1-3: each rank holds a shard; the squared norms are all-reduced
+SHARDED = StepPolicy(skip_only_under_fp16=False, unscale=TIMES_INVERSE)
+# pipeline / tensor parallel: the whole world's norm decides; the strategy then steps unclipped
+MODEL_PARALLEL = StepPolicy(skip_only_under_fp16=False, unscale=CLIP_ONLY)
