@@ -92,7 +92,24 @@ NAMES: list[Name] = [
     # -- deepspeed.comm ---------------------------------------------------------------------------
     _missing("deepspeed.comm", API),
     # -- deepspeed.accelerator --------------------------------------------------------------------
-    _missing("deepspeed.accelerator", API),
+    _present("deepspeed.get_accelerator", "dslaunch.accelerator.real_accelerator:get_accelerator",
+             "the same function as deepspeed.accelerator.get_accelerator"),
+    _present("deepspeed.accelerator", "dslaunch.accelerator",
+             "CPU (gloo) and CUDA (NCCL) only; a real module that the engine uses too"),
+    _present("deepspeed.accelerator.get_accelerator",
+             "dslaunch.accelerator.real_accelerator:get_accelerator",
+             "chosen once per process: CUDA if available, else CPU; DSLAUNCH_ACCELERATOR (or "
+             "DS_ACCELERATOR) = cpu or cuda overrides. On CPU memory figures are the process's RSS "
+             "and its peak; get_op_builder knows dslaunch's ops (CPUAdam, CPUAdagrad, CPULion, "
+             "AsyncIO, FusedAdam builders) and answers None for the others"),
+    _present("deepspeed.accelerator.set_accelerator",
+             "dslaunch.accelerator.real_accelerator:set_accelerator",
+             "takes a dslaunch Accelerator (dslaunch.accelerator.Accelerator subclass)"),
+    _present("deepspeed.accelerator.real_accelerator", "dslaunch.accelerator.real_accelerator"),
+    _present("deepspeed.accelerator.real_accelerator.get_accelerator",
+             "dslaunch.accelerator.real_accelerator:get_accelerator"),
+    _present("deepspeed.accelerator.real_accelerator.set_accelerator",
+             "dslaunch.accelerator.real_accelerator:set_accelerator"),
     # -- deepspeed.ops ----------------------------------------------------------------------------
     _missing("deepspeed.ops", API),
     # -- deepspeed.utils, deepspeed.checkpoint ------------------------------------------------------

@@ -74,7 +74,9 @@ def env_layout(environ=None) -> tuple[int, int, int, str]:
 
 
 def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    from dslaunch.accelerator import get_accelerator
+
+    return get_accelerator().communication_backend_name()
 
 
 def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True,

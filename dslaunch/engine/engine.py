@@ -37,8 +37,9 @@ class DSLaunchEngine(torch.nn.Module):
         from .comm import local_rank
 
         self.local_rank = local_rank()
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if torch.cuda.is_available() else torch.device("cpu"))
+        from dslaunch.accelerator import get_accelerator
+
+        self.device = torch.device(get_accelerator().current_device_name())
         model.to(self.device)
 
         self._micro_batch = cfg.train_micro_batch_size_per_gpu
