@@ -37,7 +37,7 @@ from dslaunch.engine.zero.base import OptimizerStrategy
 from dslaunch.engine.zero.common import get_comm, offloads_optimizer, repoint_optimizer
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
-from dslaunch.engine.zero.nvme_param_store import nvme_param_store
+from dslaunch.engine.zero.nvme.param_store import nvme_param_store
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
 from dslaunch.engine.zero.stage3_units import plan_units
 from dslaunch.engine.zero.zero_init import materialize, register_strategy, shard_of

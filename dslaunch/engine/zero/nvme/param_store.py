@@ -47,7 +47,7 @@ def _round_up(n: int) -> int:
 def nvme_param_store(plan, dtype, device, comm, offload_param, aio, rank: int) -> "NVMeParamStore":
     """The store for ``offload_param: {device: nvme}``, from the typed ``offload_param`` and
     ``aio`` sections."""
-    from dslaunch.engine.zero.nvme_swap import aio_settings, make_swap_dir
+    from dslaunch.engine.zero.nvme.optimizer import aio_settings, make_swap_dir
 
     swap_dir = make_swap_dir(offload_param.nvme_path, rank, key=KEY)
     return NVMeParamStore(plan, dtype, device, comm, swap_dir,
@@ -286,7 +286,7 @@ class NVMeParamStore(ParamStore):
 
 
 def _close(io, swap_dir) -> None:
-    from dslaunch.engine.zero.nvme_swap import _remove_dir
+    from dslaunch.engine.zero.nvme.optimizer import _remove_dir
 
     try:
         io.wait()
