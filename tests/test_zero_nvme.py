@@ -234,7 +234,7 @@ def test_swap_files_removed_when_the_job_is_stopped(work):
 
 _HOLDER = """
 import os, sys, signal
-from dslaunch.engine.zero.nvme_swap import make_swap_dir
+from dslaunch.engine.zero.nvme.swap_dir import make_swap_dir
 d = make_swap_dir(sys.argv[1], 0)
 open(os.path.join(d, "optimizer_states.swp"), "w").write("x")
 print(d, flush=True)
@@ -257,13 +257,13 @@ def test_a_killed_rank_leaves_files_the_next_job_removes(work):
     dead_dir = Path(killed.stdout.readline().strip()).parent
     killed.wait()
     assert killed.returncode == -signal.SIGKILL and dead_dir.is_dir() and live_dir.is_dir()
-    from dslaunch.engine.zero.nvme_swap import _remove_dir, make_swap_dir
+    from dslaunch.engine.zero.nvme.swap_dir import make_swap_dir, remove_swap_dir
 
     mine = make_swap_dir(root, 3)
     assert not dead_dir.exists() and live_dir.is_dir()
     live.communicate("")  # the live one exits normally: atexit removes its directory
     assert not live_dir.exists()
-    _remove_dir(mine)
+    remove_swap_dir(mine)
     assert list(root.iterdir()) == []
 
 
@@ -272,7 +272,7 @@ def test_bad_nvme_path_is_a_clear_error(work):
     p = _launch(work, "bad_missing", _config(2, "nvme", missing), "--steps", "1", check=False)
     assert p.returncode != 0
     assert f"{KEY}: {missing} does not exist" in p.stdout + p.stderr
-    from dslaunch.engine.zero.nvme_swap import make_swap_dir
+    from dslaunch.engine.zero.nvme.swap_dir import make_swap_dir
 
     a_file = work / "a_file"
     a_file.write_text("x")
@@ -406,8 +406,8 @@ def test_param_store_round_trip_and_read_ahead(work):
     buffers filled by read_ahead; chunks over max_in_cpu are in the file, the rest in memory."""
     import torch
 
-    from dslaunch.engine.zero.nvme_param_store import NVMeParamStore
-    from dslaunch.engine.zero.nvme_swap import _remove_dir, make_swap_dir
+    from dslaunch.engine.zero.nvme.param_store import NVMeParamStore
+    from dslaunch.engine.zero.nvme.swap_dir import make_swap_dir, remove_swap_dir
     from dslaunch.engine.zero.stage3_fetch import RELEASED
 
     plan = _tiny_plan()
@@ -432,7 +432,7 @@ def test_param_store_round_trip_and_read_ahead(work):
     raw = np.fromfile(store.path, dtype=np.float32, count=store.numel[on_file[0]],
                       offset=store.offset[on_file[0]])
     assert (raw == 1).all()  # the chunk's bytes are in the file, where the layout says
-    _remove_dir(d)
+    remove_swap_dir(d)
     assert list((work / "swap_store").iterdir()) == []
 
 
@@ -440,8 +440,8 @@ def test_param_nvme_bad_settings_name_the_key(work):
     import torch
 
     from dslaunch.config import resolve_config
-    from dslaunch.engine.zero.nvme_param_store import NVMeParamStore, nvme_param_store
-    from dslaunch.engine.zero.nvme_swap import _remove_dir, make_swap_dir
+    from dslaunch.engine.zero.nvme.param_store import NVMeParamStore, nvme_param_store
+    from dslaunch.engine.zero.nvme.swap_dir import make_swap_dir, remove_swap_dir
 
     key = "zero_optimization.offload_param"
     missing = work / "no_such_param_dir"
@@ -456,7 +456,7 @@ def test_param_nvme_bad_settings_name_the_key(work):
                        buffer_size=10, max_in_cpu=0)
     with pytest.raises(ValueError, match=f"{key}.buffer_count: 0"):
         NVMeParamStore(_tiny_plan(), torch.float32, torch.device("cpu"), None, d, buffer_count=0)
-    _remove_dir(d)
+    remove_swap_dir(d)
 
 
 def _modify_and_step(work, stage, device):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dslaunch.config import onebit_problems
 
 from .base import OptimizerStrategy
-from .nvme_swap import with_nvme_swap
+from .nvme.strategy import with_nvme_swap
 from .stage0 import Stage0Strategy
 from .stage3 import Stage3Strategy
 from .stage12 import Stage1Strategy, Stage2Strategy

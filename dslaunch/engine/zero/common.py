@@ -11,7 +11,7 @@ import torch
 
 def offloads_optimizer(zero) -> bool:
     """The optimizer step runs on the CPU: ``offload_optimizer`` to cpu, or to nvme (which runs
-    the cpu path; ``nvme_swap.py`` then moves the optimizer states to files)."""
+    the cpu path; ``nvme/optimizer.py`` then moves the optimizer states to files)."""
     return zero.offload_optimizer.device in ("cpu", "nvme")
 
 

@@ -21,8 +21,8 @@ parameter shard the step updates (4Ψ/N). ``offload_param: cpu`` (stage 3 only) 
 shard to the host.
 
 NVMe (ZeRO-Infinity): ``offload_optimizer: nvme`` is CPU offload with the optimizer states
-(4·S/N) and the fp32 master shard (4/N) moved from the host to the drive (``nvme_swap.py`` swaps
-both in around the step); the fp32 gradient shard stays on the host.
+(4·S/N) and the fp32 master shard (4/N) moved from the host to the drive (``nvme/optimizer.py``
+swaps both in around the step); the fp32 gradient shard stays on the host.
 ``offload_param: nvme`` (stage 3) moves the parameter shard to the drive instead of the host, and
 always keeps an fp32 master (in fp32 without optimizer offload that is 4Ψ/N more on the device:
 the optimizer steps the master, not the shard). The swap buffers are working buffers. Working

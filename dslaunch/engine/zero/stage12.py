@@ -361,7 +361,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
 
     def _master_chunks(self):
         """(group index, bucket index, fp32 master chunk), in group and bucket order. When the
-        optimizer keeps the masters in its NVMe swap file (``nvme_swap.py``) and they are not
+        optimizer keeps the masters in its NVMe swap file (``nvme/masters.py``) and they are not
         swapped in, they are read from the file sub-group by sub-group (each chunk is valid until
         the next is taken)."""
         opt = self.optimizer

@@ -2,7 +2,7 @@
 
 Each rank keeps only its shard of the parameters (``stage3_fetch.ParamStore``: the one seam that
 says where the shard lives: on the device, on the CPU with ``offload_param: cpu``, or in a file
-with ``nvme``, ``nvme_param_store.py``, which also makes the rank keep fp32 masters), plus its fp32
+with ``nvme``, ``nvme/param_store.py``, which also makes the rank keep fp32 masters), plus its fp32
 master / optimizer / gradient shards as stage 2 does. Parameters are gathered per fetch unit (the
 parameters a module owns directly, ``stage3_units.py``):
 
@@ -35,9 +35,9 @@ import torch
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero.base import OptimizerStrategy
 from dslaunch.engine.zero.common import get_comm, offloads_optimizer, repoint_optimizer
+from dslaunch.engine.zero.nvme.param_store import nvme_param_store
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
-from dslaunch.engine.zero.nvme_param_store import nvme_param_store
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
 from dslaunch.engine.zero.stage3_units import plan_units
 from dslaunch.engine.zero.zero_init import materialize, register_strategy, shard_of

@@ -3,7 +3,7 @@
 ``ParamStore`` is the one place that knows where this rank's parameter shard lives: per optimizer
 group a flat ``local`` tensor (this rank's chunk of every bucket, concatenated, in the training
 dtype; on the CPU with ``offload_param: cpu``; in a file with ``offload_param: nvme``, see
-``nvme_param_store.py``), and per bucket a ``full`` buffer that the model's parameters are views
+``nvme/param_store.py``), and per bucket a ``full`` buffer that the model's parameters are views
 of. A bucket's full buffer has storage only while it is gathered (``untyped_storage().resize_(0)`` frees it: parameters and the tensors
 autograd saved stay valid views and are refilled in place by the next all-gather).
 
@@ -29,7 +29,7 @@ RELEASED, IN_FLIGHT, GATHERED = 0, 1, 2
 
 class ParamStore:
     """This rank's parameter shard, in memory (on the device, or on the CPU with
-    ``offload_param: cpu``). ``nvme_param_store.NVMeParamStore`` keeps it in a file instead; the
+    ``offload_param: cpu``). ``nvme.param_store.NVMeParamStore`` keeps it in a file instead; the
     strategy touches the shard only through the methods of "the seam" below."""
 
     read_ahead_depth = 0  # units whose shards ``read_ahead`` may load before they are gathered

@@ -1,10 +1,10 @@
 """ZeRO-Infinity parameter offload: stage 3's parameter shard lives in a file, not in memory.
 
 With ``offload_param: {device: nvme, nvme_path: DIR}`` this rank's chunk of every bucket (in the
-training dtype) is kept in ``DIR/dslaunch-<host>-<pid>/rank<r>/params.swp`` (the optimizer swap's
-directory scheme, ``nvme_swap.py``: removed at exit, on SIGTERM, or by the next job after a
+training dtype) is kept in ``DIR/dslaunch-<host>-<pid>/rank<r>/params.swp`` (the directory the
+optimizer swap uses too, ``swap_dir.py``: removed at exit, on SIGTERM, or by the next job after a
 SIGKILL), one 4 KiB-aligned range per bucket chunk, moved with one ``AsyncIOHandle`` built from the
-config's ``aio`` section.
+config's ``aio`` section (``swap_file.py``).
 
 - ``max_in_cpu``: up to this many shard elements stay in CPU memory instead (persistent buckets
   first, which are re-gathered after every step, then buckets in layout order); DeepSpeed's
@@ -36,19 +36,15 @@ import torch
 
 from dslaunch.engine.zero.stage3_fetch import RELEASED, ParamStore
 
+from .swap_dir import make_swap_dir, remove_swap_dir
+from .swap_file import aio_settings, open_aio_handle, round_up
+
 KEY = "zero_optimization.offload_param"
-ALIGN = 4096
-
-
-def _round_up(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def nvme_param_store(plan, dtype, device, comm, offload_param, aio, rank: int) -> "NVMeParamStore":
     """The store for ``offload_param: {device: nvme}``, from the typed ``offload_param`` and
     ``aio`` sections."""
-    from dslaunch.engine.zero.nvme_swap import aio_settings, make_swap_dir
-
     swap_dir = make_swap_dir(offload_param.nvme_path, rank, key=KEY)
     return NVMeParamStore(plan, dtype, device, comm, swap_dir,
                           buffer_count=offload_param.buffer_count,
@@ -59,20 +55,14 @@ def nvme_param_store(plan, dtype, device, comm, offload_param, aio, rank: int) -
 class NVMeParamStore(ParamStore):
     def __init__(self, plan, dtype, device, comm, swap_dir: str, *, buffer_count: int = 5,
                  buffer_size: int = int(1e8), max_in_cpu: int = int(1e9), aio: dict | None = None):
-        from dslaunch.nvme.aio import AioUnavailable, AsyncIOHandle
-
         if buffer_count < 1:
             raise ValueError(f"{KEY}.buffer_count: {buffer_count}; NVMe parameter offload needs "
                              "at least 1 buffer")
-        try:
-            self.io = AsyncIOHandle(**(aio or {}))
-        except AioUnavailable as exc:
-            raise RuntimeError(f"{KEY}.device: nvme offload needs the async_io op: {exc}") from None
-        except ValueError as exc:
-            raise ValueError(f"aio: {exc}") from None
+        self.io = open_aio_handle(aio, KEY)
         self.swap_dir = swap_dir
         self.path = os.path.join(swap_dir, "params.swp")
-        self.buffer_count, self.buffer_size, self.max_in_cpu = buffer_count, buffer_size, max_in_cpu
+        self.buffer_count, self.buffer_size = buffer_count, buffer_size
+        self.max_in_cpu = max_in_cpu
         self.stats = {"read_bytes": 0, "write_bytes": 0, "reads": 0, "read_ahead": 0,
                       "read_ahead_used": 0, "io_wait_seconds": 0.0}
         weakref.finalize(self, _close, self.io, swap_dir)
@@ -95,7 +85,7 @@ class NVMeParamStore(ParamStore):
                 kept += numel[k]
             else:
                 self.offset[k] = at
-                at += _round_up(numel[k] * self.elem)
+                at += round_up(numel[k] * self.elem)
         self.numel, self.file_bytes = numel, at
         biggest = max((numel[k] for k in self.offset), default=0)
         if biggest > self.buffer_size:
@@ -286,10 +276,8 @@ class NVMeParamStore(ParamStore):
 
 
 def _close(io, swap_dir) -> None:
-    from dslaunch.engine.zero.nvme_swap import _remove_dir
-
     try:
         io.wait()
     except OSError:
         pass
-    _remove_dir(swap_dir)
+    remove_swap_dir(swap_dir)
