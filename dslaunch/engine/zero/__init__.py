@@ -5,7 +5,7 @@ Stage 0 (plain data parallel) is ``stage0.py``, stages 1 and 2 ``stage12.py``, s
 ``stage3.py``; every one has the interface of ``base.OptimizerStrategy``. Two variations wrap
 that choice: the 1-bit optimizers run on ``engine/onebit/strategy.OneBitStrategy`` (stage 0
 only), and optimizer states on NVMe (``offload_optimizer.device: nvme``) add
-``nvme_swap.with_nvme_swap`` to the stage's class.
+``nvme.strategy.with_nvme_swap`` to the stage's class.
 """
 
 from __future__ import annotations
