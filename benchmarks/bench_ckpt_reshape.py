@@ -158,7 +158,7 @@ def main() -> None:
     _launch(2, "save", str(ck))
     tag = (ck / "latest").read_text().strip()
     ckpt_bytes = sum(f.stat().st_size for f in (ck / tag).iterdir())
-    imports = ("import torch, dslaunch.cli, dslaunch.engine.zero.consolidate as c")
+    imports = ("import torch, dslaunch.cli, dslaunch.engine.checkpoint.reshape as c")
     base = _measure(_py(imports))
     reshape = _measure(_py(imports + f"\nc.reshape({str(ck)!r}, {str(work / 'ck4')!r}, 4)"))
     to_fp32 = _measure(_py(imports + f"\nc.to_fp32({str(ck)!r}, {str(work / 'fp32.pt')!r})"))

@@ -16,9 +16,9 @@ def ckpt():
 @click.option("--tag", default=None, help="Checkpoint tag (default: the one in 'latest').")
 def to_fp32_cmd(ckpt_dir, out, tag):
     """Write one plain fp32 state_dict (torch.load(weights_only=True) + model.load_state_dict)."""
-    from dslaunch.engine.checkpoint import CheckpointError
-    from dslaunch.engine.pipe import consolidate as pipe
-    from dslaunch.engine.zero.consolidate import to_fp32
+    from dslaunch.engine.checkpoint.save_load import CheckpointError
+    from dslaunch.engine.checkpoint import consolidate as pipe
+    from dslaunch.engine.checkpoint.reshape import to_fp32
 
     try:
         if pipe.is_pipe_checkpoint(ckpt_dir, tag):
@@ -45,9 +45,9 @@ def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
     """Rewrite a ZeRO 0-3 checkpoint for another number of ranks (same losses on resume).
 
     Not needed to resume ZeRO 1-3 or stage 0 at another size: load_checkpoint reshards itself."""
-    from dslaunch.engine.checkpoint import CheckpointError
-    from dslaunch.engine.pipe.consolidate import is_pipe_checkpoint
-    from dslaunch.engine.zero.consolidate import reshape
+    from dslaunch.engine.checkpoint.save_load import CheckpointError
+    from dslaunch.engine.checkpoint.consolidate import is_pipe_checkpoint
+    from dslaunch.engine.checkpoint.reshape import reshape
 
     try:
         if is_pipe_checkpoint(ckpt_dir, tag):

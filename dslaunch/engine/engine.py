@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from . import checkpoint as ckpt
+from .checkpoint import save_load as ckpt
 from .monitor import Monitors, WallClock
 from .optim import build_optimizer
 from .optim.schedules import build_scheduler

@@ -16,10 +16,10 @@ import shutil
 
 import torch
 
-from dslaunch.engine.checkpoint import (CheckpointError, _atomic_text, model_file, rank_file,
-                                         resolve_tag)
+from dslaunch.engine.checkpoint.save_load import (CheckpointError, _atomic_text, model_file,
+                                                   rank_file, resolve_tag)
 from dslaunch.engine.zero.partition import Layout
-from dslaunch.engine.zero.reshape import ParamIndex, relayout, reshard
+from dslaunch.engine.checkpoint.shard_index import ParamIndex, relayout, reshard
 
 
 def _load(path: str):

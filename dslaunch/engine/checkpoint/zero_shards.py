@@ -123,9 +123,9 @@ def load_resharded(strategy, ckpt_path: str) -> None:
     import json
     import os
 
-    from dslaunch.engine.zero.consolidate import _RankFiles
+    from dslaunch.engine.checkpoint.reshape import _RankFiles
     from dslaunch.engine.zero.partition import Layout
-    from dslaunch.engine.zero.reshape import ParamIndex, reshard
+    from dslaunch.engine.checkpoint.shard_index import ParamIndex, reshard
 
     with open(os.path.join(ckpt_path, "metadata.json")) as f:
         meta = json.load(f)

@@ -23,8 +23,8 @@ import shutil
 
 import torch.distributed as dist
 
-from .. import checkpoint as ckpt
-from ..checkpoint import CheckpointError
+from . import save_load as ckpt
+from .save_load import CheckpointError
 
 FORMAT = "dslaunch-pipe-1"
 

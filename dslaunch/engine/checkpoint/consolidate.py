@@ -23,12 +23,12 @@ import os
 
 import torch
 
-from ..checkpoint import CheckpointError, resolve_tag
+from .save_load import CheckpointError, resolve_tag
 from ..topology import PipeModelDataParallelTopology
-from ..zero.consolidate import _load, _meta, _RankFiles
+from .reshape import _load, _meta, _RankFiles
 from ..zero.partition import Layout
-from ..zero.reshape import ParamIndex
-from .checkpoint import FORMAT, _layer_file
+from .shard_index import ParamIndex
+from .pipeline import FORMAT, _layer_file
 
 
 def is_pipe_checkpoint(ckpt_dir: str, tag=None) -> bool:

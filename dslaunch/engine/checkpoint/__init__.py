@@ -1,0 +1,1 @@
+"""Checkpoints: save/load, ZeRO shards, pipeline files, consolidation, reshaping."""
