@@ -1,11 +1,10 @@
-"""Checkpoint -> one plain fp32 ``state_dict`` (``dslaunch ckpt to-fp32``), and offline resharding
-of a checkpoint to another world size (``dslaunch ckpt reshape``).
+"""``dslaunch ckpt reshape``: a ZeRO 0-3 checkpoint rewritten offline for another world size.
 
-Both stream: rank files are opened with ``torch.load(mmap=True, weights_only=True)``, so only the
-pages of the tensors being copied are read, and the output is built one parameter at a time; the
-peak is about the output plus what the OS keeps cached of the shards, not several model copies.
-Stage 0 and stages 1-2 in fp32 keep exact fp32 weights in ``model_states.pt``; for ZeRO 1-3 the
-fp32 master shards (exact in bf16/fp16 too) are reassembled from the rank files.
+Not needed to resume: ``load_checkpoint`` reshards ZeRO 1-3 on load (``zero_shards.py``
+``load_resharded``) and a stage 0 job reads any rank's file. The new rank files are built one
+at a time from the old ones opened with mmap (``files.RankFiles``) with the range arithmetic of
+``shard_index.py``, so the peak is about one new rank's shard plus what the OS keeps cached.
+``model_states.pt`` is copied as it is; ``metadata.json`` records ``reshaped_from``.
 """
 
 from __future__ import annotations
@@ -16,89 +15,16 @@ import shutil
 
 import torch
 
-from dslaunch.engine.checkpoint.save_load import (CheckpointError, _atomic_text, model_file,
-                                                   rank_file, resolve_tag)
 from dslaunch.engine.zero.partition import Layout
-from dslaunch.engine.checkpoint.shard_index import ParamIndex, relayout, reshard
+
+from .files import (CheckpointError, RankFiles, atomic_text, model_file, rank_file, read_meta,
+                    resolve_tag)
+from .shard_index import ParamIndex, relayout, reshard
 
 
-def _load(path: str):
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: checkpoint file not found")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        raise CheckpointError(f"{path}: cannot read checkpoint file ({type(e).__name__})") from None
-
-
-def _meta(path: str) -> dict:
-    mp = os.path.join(path, "metadata.json")
-    try:
-        with open(mp) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{mp}: checkpoint metadata not found") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{mp}: cannot read checkpoint metadata ({e})") from None
-
-
-class _RankFiles:
-    """Lazily opened rank files of one checkpoint."""
-
-    def __init__(self, path: str, world: int):
-        self.path, self.world, self._open = path, world, {}
-
-    def zero(self, rank: int) -> dict | None:
-        if rank not in self._open:
-            sd = _load(rank_file(self.path, rank))
-            self._open[rank] = sd
-        strat = self._open[rank].get("strategy") or {}
-        return strat.get("zero") if isinstance(strat, dict) else None
-
-    def raw(self, rank: int) -> dict:
-        self.zero(rank)
-        return self._open[rank]
-
-
-def to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
-    """Write the consolidated fp32 state_dict of ``ckpt_dir`` (tag or ``latest``) to ``out``.
-    Returns {"tensors", "params_from_shards", "bytes"}."""
-    tag = resolve_tag(os.fspath(ckpt_dir), tag)
-    path = os.path.join(ckpt_dir, tag)
-    meta = _meta(path)
-    module = _load(model_file(path)).get("module")
-    if not isinstance(module, dict):
-        raise CheckpointError(f"{model_file(path)}: no 'module' weights")
-    files = _RankFiles(path, int(meta.get("world_size", 1)))
-    from_shards = {}
-    z0 = files.zero(0) if int(meta.get("zero_stage") or 0) in (1, 2, 3) else None
-    if z0 is not None:
-        for gi, g in enumerate(z0["groups"]):
-            idx = ParamIndex(Layout.from_meta(g["layout"]))
-            shards = lambda k, gi=gi: files.zero(k)["groups"][gi]["master"]  # noqa: E731
-            for name in idx.names():
-                shape = idx.where[name][1].shape
-                from_shards[name] = (idx, shards, shape)
-    result, nbytes = {}, 0
-    for name, t in module.items():
-        if name in from_shards:
-            idx, shards, shape = from_shards[name]
-            v = idx.gather(shards, name).to(torch.float32).clone().view(shape)
-            if tuple(v.shape) != tuple(t.shape):
-                raise CheckpointError(f"{path}: tensor {name!r} is {list(t.shape)} in the model "
-                                      f"file but {list(v.shape)} in the shards")
-        else:
-            v = t.to(torch.float32).clone() if t.is_floating_point() else t.clone()
-        result[name] = v
-        nbytes += v.numel() * v.element_size()
-    tmp = os.fspath(out) + ".part"
-    torch.save(result, tmp)
-    os.replace(tmp, out)
-    return {"tensors": len(result), "params_from_shards": len(from_shards), "bytes": nbytes}
-
-
-def _reshaped_rank(files: _RankFiles, stage: int, world_size: int, r: int) -> dict:
-    """Rank ``r``'s file content for ``world_size`` ranks, read piece by piece from the old files."""
+def _reshaped_rank(files: RankFiles, stage: int, world_size: int, r: int) -> dict:
+    """Rank ``r``'s file content for ``world_size`` ranks, read piece by piece from the old
+    files."""
     src = files.raw(r % files.world)
     if stage == 0:
         strategy = src["strategy"]  # stage 0: every rank holds the same optimizer state
@@ -127,11 +53,11 @@ def reshape(ckpt_dir: str, out_dir: str, world_size: int, tag=None) -> str:
     """Copy a ZeRO 0-3 checkpoint to ``out_dir`` laid out for ``world_size`` ranks."""
     tag = resolve_tag(os.fspath(ckpt_dir), tag)
     path = os.path.join(ckpt_dir, tag)
-    meta = _meta(path)
+    meta = read_meta(path)
     stage, old_world = int(meta.get("zero_stage") or 0), int(meta["world_size"])
     if stage not in (0, 1, 2, 3):
         raise CheckpointError(f"{path}: ZeRO stage {stage} is not a stage dslaunch writes")
-    files = _RankFiles(path, old_world)
+    files = RankFiles(path, old_world)
     dst = os.path.join(out_dir, tag)
     tmp = os.path.join(out_dir, "." + tag + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -149,5 +75,5 @@ def reshape(ckpt_dir: str, out_dir: str, world_size: int, tag=None) -> str:
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.replace(tmp, dst)
-    _atomic_text(os.path.join(out_dir, "latest"), tag)
+    atomic_text(os.path.join(out_dir, "latest"), tag)
     return dst

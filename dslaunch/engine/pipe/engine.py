@@ -123,7 +123,7 @@ class PipelineEngine(DSLaunchEngine):
         loss = self._aggregate(losses) if compute_loss else None
         return (loss, self._eval_outputs) if return_logits else loss
 
-    # -- checkpoints: one file per (stage, TP rank) + metadata (pipe/checkpoint.py) ------------
+    # -- checkpoints: one file per (stage, TP rank) + metadata (checkpoint/pipeline.py) -------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
         from ..checkpoint import pipeline as pipe_ckpt
         return pipe_ckpt.save(self, save_dir, tag=tag, client_state=client_state,
