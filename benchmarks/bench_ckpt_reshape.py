@@ -158,9 +158,10 @@ def main() -> None:
     _launch(2, "save", str(ck))
     tag = (ck / "latest").read_text().strip()
     ckpt_bytes = sum(f.stat().st_size for f in (ck / tag).iterdir())
-    imports = ("import torch, dslaunch.cli, dslaunch.engine.zero.consolidate as c")
+    imports = ("import torch, dslaunch.cli, dslaunch.engine.checkpoint.reshape as r, "
+               "dslaunch.engine.checkpoint.consolidate as c")
     base = _measure(_py(imports))
-    reshape = _measure(_py(imports + f"\nc.reshape({str(ck)!r}, {str(work / 'ck4')!r}, 4)"))
+    reshape = _measure(_py(imports + f"\nr.reshape({str(ck)!r}, {str(work / 'ck4')!r}, 4)"))
     to_fp32 = _measure(_py(imports + f"\nc.to_fp32({str(ck)!r}, {str(work / 'fp32.pt')!r})"))
     out = _launch(4, "load", str(ck))  # lines carry the launcher's [host:rank] prefix
     load = json.loads(next(ln for ln in out.splitlines() if "LOAD {" in ln).split("LOAD ", 1)[1])

@@ -3,7 +3,7 @@
 pipeline/TP checkpoint into an unpartitioned ``PipelineModule``)."""
 
 from dslaunch.engine.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401
-from dslaunch.engine.pipe.consolidate import load_consolidated  # noqa: F401
+from dslaunch.engine.checkpoint.consolidate import load_consolidated  # noqa: F401
 from dslaunch.engine.topology import (  # noqa: F401
     PipeDataParallelTopology,
     PipeModelDataParallelTopology,

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gpt import GPT, GPTConfig  # noqa: E402
 
 import dslaunch  # noqa: E402
-from dslaunch.engine.checkpoint import CheckpointError  # noqa: E402
+from dslaunch.engine.checkpoint.files import CheckpointError  # noqa: E402
 
 CFG = {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
 

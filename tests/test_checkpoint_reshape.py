@@ -115,7 +115,7 @@ def test_stage3_2_to_4_to_1_ranks_continues_with_the_same_losses(work):
     assert _max_rel(full, r4) <= 1e-5
     assert _max_rel(full, r1) <= 1e-5
     # the 1-rank checkpoint consolidates to the very weights of the 4-rank one it was made from
-    from dslaunch.engine.zero.consolidate import to_fp32
+    from dslaunch.engine.checkpoint.consolidate import to_fp32
 
     _ckpt("to-fp32", work / "ck_r1", work / "r1.pt")
     to_fp32(work / "ck_r4", work / "r4.pt")
@@ -135,12 +135,12 @@ def test_stage3_bf16_offload_checkpoint_continues_in_stage2_on_one_rank(work):
 def _optimizer_state(ckpt_dir: Path) -> dict:
     """Every parameter's fp32 master and optimizer states, and each group's scalars (step),
     reassembled from the rank files: {(group, key, name): tensor}."""
-    from dslaunch.engine.zero.consolidate import _RankFiles
+    from dslaunch.engine.checkpoint.files import RankFiles
+    from dslaunch.engine.checkpoint.shard_index import ParamIndex
     from dslaunch.engine.zero.partition import Layout
-    from dslaunch.engine.zero.reshape import ParamIndex
 
     path = str(ckpt_dir / (ckpt_dir / "latest").read_text().strip())
-    files = _RankFiles(path, _meta(ckpt_dir)["world_size"])
+    files = RankFiles(path, _meta(ckpt_dir)["world_size"])
     out = {}
     for gi, g in enumerate(files.zero(0)["groups"]):
         idx = ParamIndex(Layout.from_meta(g["layout"]))
@@ -166,7 +166,8 @@ def _assert_same_state(a: dict, b: dict):
 def test_reshape_moves_weights_and_optimizer_state_exactly(work, src, world):
     """What `dslaunch ckpt reshape` and `ckpt to-fp32` run (called here without a process each:
     the CLI itself is exercised above)."""
-    from dslaunch.engine.zero.consolidate import reshape, to_fp32
+    from dslaunch.engine.checkpoint.consolidate import to_fp32
+    from dslaunch.engine.checkpoint.reshape import reshape
 
     (run_a if src == "a" else run_b)(work)
     old, new = work / f"ck_{src}", work / f"ck_{src}_to{world}"
@@ -216,7 +217,7 @@ def test_load_reshards_exactly_from_stage3_to_stage2_and_back(work):
 
 
 def test_mismatched_stage3_checkpoint_names_the_tensor(work):
-    from dslaunch.engine.checkpoint import CheckpointError
+    from dslaunch.engine.checkpoint.files import CheckpointError
 
     run_a(work)
     with pytest.raises(CheckpointError, match=r"tensor 'tok_emb.weight' has shape \[256, 32\]"):

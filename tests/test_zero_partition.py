@@ -4,7 +4,7 @@ between world sizes, and dslaunch.zero.GatheredParameters on a one-rank strategy
 import torch
 
 from dslaunch.engine.zero.partition import Layout, build_layout, chunk_views, flatten_into
-from dslaunch.engine.zero.reshape import ParamIndex, relayout, reshard
+from dslaunch.engine.checkpoint.shard_index import ParamIndex, relayout, reshard
 
 
 def _params():

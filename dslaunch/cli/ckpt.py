@@ -1,4 +1,5 @@
-"""``dslaunch ckpt to-fp32 | reshape``: offline tools for checkpoints written by the engine."""
+"""``dslaunch ckpt to-fp32 | reshape``: offline tools for checkpoints written by the engine
+(the work is done in ``dslaunch/engine/checkpoint/``: ``consolidate.py``, ``reshape.py``)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ def ckpt():
 @click.option("--tag", default=None, help="Checkpoint tag (default: the one in 'latest').")
 def to_fp32_cmd(ckpt_dir, out, tag):
     """Write one plain fp32 state_dict (torch.load(weights_only=True) + model.load_state_dict)."""
-    from dslaunch.engine.checkpoint import CheckpointError
-    from dslaunch.engine.pipe import consolidate as pipe
-    from dslaunch.engine.zero.consolidate import to_fp32
+    from dslaunch.engine.checkpoint.consolidate import pipe_to_fp32, to_fp32
+    from dslaunch.engine.checkpoint.files import CheckpointError
+    from dslaunch.engine.checkpoint.pipeline import is_pipe_checkpoint
 
     try:
-        if pipe.is_pipe_checkpoint(ckpt_dir, tag):
-            info = pipe.to_fp32(ckpt_dir, out, tag)
+        if is_pipe_checkpoint(ckpt_dir, tag):
+            info = pipe_to_fp32(ckpt_dir, out, tag)
             click.echo(f"wrote {out}: {info['tensors']} tensors, {info['bytes']:,} bytes "
                        f"({info['tp_merged']} merged from tensor-parallel slices, "
                        f"{info['tied']} tied copies written once); names are PipelineModule's "
@@ -45,9 +46,9 @@ def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
     """Rewrite a ZeRO 0-3 checkpoint for another number of ranks (same losses on resume).
 
     Not needed to resume ZeRO 1-3 or stage 0 at another size: load_checkpoint reshards itself."""
-    from dslaunch.engine.checkpoint import CheckpointError
-    from dslaunch.engine.pipe.consolidate import is_pipe_checkpoint
-    from dslaunch.engine.zero.consolidate import reshape
+    from dslaunch.engine.checkpoint.files import CheckpointError
+    from dslaunch.engine.checkpoint.pipeline import is_pipe_checkpoint
+    from dslaunch.engine.checkpoint.reshape import reshape
 
     try:
         if is_pipe_checkpoint(ckpt_dir, tag):

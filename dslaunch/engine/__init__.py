@@ -4,5 +4,6 @@ api.py (initialize, init_distributed, add_config_arguments) · engine.py (the lo
 only) · comm.py (process groups, collective accounting) · precision.py (bf16/fp16, loss scale) ·
 zero/ (gradient reduction + optimizer step per ZeRO stage) · optim/ (optimizers, LR schedules) ·
 onebit/ (1-bit Adam, 0/1 Adam, 1-bit LAMB, their compressed all-reduce and strategy) ·
-checkpoint.py · monitor.py (CSV/TensorBoard, wall clock) · memory.py (bytes held per kind).
+checkpoint/ (save/load, consolidation, reshaping; map in its __init__) · monitor.py
+(CSV/TensorBoard, wall clock) · memory.py (bytes held per kind).
 """

@@ -3,7 +3,7 @@
 Everything with an idea of its own lives elsewhere: gradients, reduction, clipping and the
 optimizer step in the ZeRO strategy (``zero/``), precision and loss scaling in ``precision.py``,
 optimizers and schedules in ``optim/``, collectives in ``comm.py``, monitors and timers in
-``monitor.py``, checkpoint files in ``checkpoint.py``.
+``monitor.py``, checkpoint files in ``checkpoint/``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from . import checkpoint as ckpt
+from .checkpoint import save_load as ckpt
 from .monitor import Monitors, WallClock
 from .optim import build_optimizer
 from .optim.schedules import build_scheduler

@@ -23,7 +23,7 @@ identical gradient on every TP rank through ``copy_to_tp``'s backward all-reduce
 is reduced over the model group. Split parameters are marked (``mark_split``: Megatron's
 ``tensor_model_parallel`` flag plus the rows this rank holds), so the global gradient norm counts
 replicated ones once (``pipe/grad_norm.py``) and ``dslaunch ckpt to-fp32`` can put the slices back
-(``pipe/consolidate.py``).
+(``checkpoint/consolidate.py``).
 """
 
 from __future__ import annotations

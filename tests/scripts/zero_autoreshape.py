@@ -18,8 +18,8 @@ torch.manual_seed(0)
 model = GPT(GPTConfig(seq_len=32, n_layer=2, n_head=2, d_model=32))
 engine, *_ = dslaunch.initialize(model=model)
 path = os.path.join(sys.argv[1], open(os.path.join(sys.argv[1], "latest")).read().strip())
-from dslaunch.engine.checkpoint import _load, model_file
-st = _load(model_file(path))
+from dslaunch.engine.checkpoint.files import load_file, model_file
+st = load_file(model_file(path))
 engine.strategy.load_module_state_dict(st["module"]); engine.strategy.load_resharded(path)
 engine.global_steps = st["global_steps"]; engine.micro_steps = st["micro_steps"]; engine.strategy.zero_grad()
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -124,16 +124,16 @@ class PipelineEngine(DSLaunchEngine):
         loss = self._aggregate(losses) if compute_loss else None
         return (loss, self._eval_outputs) if return_logits else loss
 
-    # -- checkpoints: one file per (stage, TP rank) + metadata (pipe/checkpoint.py) ------------
+    # -- checkpoints: one file per (stage, TP rank) + metadata (checkpoint/pipeline.py) -------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
-        from . import checkpoint as pipe_ckpt
+        from ..checkpoint import pipeline as pipe_ckpt
         return pipe_ckpt.save(self, save_dir, tag=tag, client_state=client_state,
                               save_latest=save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
-        from . import checkpoint as pipe_ckpt
+        from ..checkpoint import pipeline as pipe_ckpt
         return pipe_ckpt.load(self, load_dir, tag=tag, strict=load_module_strict,
                               load_optimizer_states=load_optimizer_states,
                               load_lr_scheduler_states=load_lr_scheduler_states,

@@ -405,12 +405,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        from dslaunch.engine.zero.shard_checkpoint import shard_state_dict
+        from dslaunch.engine.checkpoint.zero_shards import shard_state_dict
 
         return shard_state_dict(self)
 
     def load_state_dict(self, sd, load_optimizer_states: bool = True) -> None:
-        from dslaunch.engine.zero.shard_checkpoint import load_shard_state_dict
+        from dslaunch.engine.checkpoint.zero_shards import load_shard_state_dict
 
         if load_optimizer_states:
             load_shard_state_dict(self, sd)
@@ -419,7 +419,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
 
     def load_resharded(self, ckpt_path: str) -> None:
         """Load a checkpoint written by a job with another world size (automatic reshape)."""
-        from dslaunch.engine.zero.shard_checkpoint import load_resharded
+        from dslaunch.engine.checkpoint.zero_shards import load_resharded
 
         load_resharded(self, ckpt_path)
 

@@ -24,8 +24,8 @@ next forward).
 
 Models built under ``dslaunch.zero.Init`` arrive partitioned per parameter; the constructor
 regroups them unit by unit (one bucket whole at a time), never the whole model. Checkpoints are
-the stage 1-2 format (``shard_checkpoint.py``): the layout metadata names which elements each rank
-holds, so ``dslaunch ckpt to-fp32|reshape`` read them unchanged.
+the stage 1-2 format (``checkpoint/zero_shards.py``): the layout metadata names which elements
+each rank holds, so ``dslaunch ckpt to-fp32|reshape`` read them unchanged.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ into buckets of their own that stay gathered on every rank (they are still parti
 optimizer, and re-gathered after each step).
 
 The result is an ordinary ``partition.Layout`` per group (the checkpoint format of stages 1-2:
-``consolidate.py``, ``reshape.py`` and ``shard_checkpoint.py`` read it unchanged); only the
-choice of which parameters share a bucket differs.
+``checkpoint/consolidate.py``, ``reshape.py`` and ``zero_shards.py`` read it unchanged); only
+the choice of which parameters share a bucket differs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Checkpoints of a pipeline / tensor-parallel layout, crash-safe like ``engine/checkpoint.py``.
+"""Checkpoints of a pipeline / tensor-parallel layout (``PipelineEngine``), crash-safe like
+``save_load.py``.
 
 Layout of ``<dir>/<tag>/``:
 - ``layer_stage{S:02d}_tp{T:02d}_model_states.pt``: the weights of pipeline stage S, TP rank T
@@ -23,14 +24,21 @@ import shutil
 
 import torch.distributed as dist
 
-from .. import checkpoint as ckpt
-from ..checkpoint import CheckpointError
+from .files import (CheckpointError, atomic_text, atomic_torch_save, dslaunch_version,
+                    load_file, rank_file, read_meta, resolve_tag, save_tag, start_save_dir)
+from .rng import rng_state, set_rng_state
+from .save_load import check_module
 
 FORMAT = "dslaunch-pipe-1"
 
 
-def _layer_file(d, stage, tp):
+def layer_file(d, stage, tp):
     return os.path.join(d, f"layer_stage{stage:02d}_tp{tp:02d}_model_states.pt")
+
+
+def is_pipe_checkpoint(ckpt_dir: str, tag=None) -> bool:
+    tag = resolve_tag(os.fspath(ckpt_dir), tag)
+    return read_meta(os.path.join(ckpt_dir, tag)).get("format") == FORMAT
 
 
 def _layout(engine) -> dict:
@@ -54,26 +62,18 @@ def _shard_info(engine):
 
 def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
     save_dir = os.fspath(save_dir)
-    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    if os.sep in tag or tag in ("", ".", "..") or tag.startswith("."):
-        raise CheckpointError(f"checkpoint tag {tag!r} is not a plain directory name")
+    tag = save_tag(engine, tag)
     rank, g = dist.get_rank(), engine.grid
-    final = os.path.join(save_dir, tag)
-    tmp = os.path.join(save_dir, "." + tag + ckpt.TMP_SUFFIX)
-    if rank == 0:
-        os.makedirs(save_dir, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+    final, tmp = start_save_dir(save_dir, tag, rank)
     dist.barrier()
     if g.dp_rank == 0:
-        ckpt._atomic_torch_save(engine.strategy.module_state_dict(),
-                                _layer_file(tmp, g.stage_id, g.tp_rank))
-    ckpt._atomic_torch_save({"strategy": engine.strategy.state_dict(), "rng": ckpt.rng_state(),
-                             "rank": rank, "world_size": dist.get_world_size()},
-                            ckpt.rank_file(tmp, rank))
+        atomic_torch_save(engine.strategy.module_state_dict(),
+                          layer_file(tmp, g.stage_id, g.tp_rank))
+    atomic_torch_save({"strategy": engine.strategy.state_dict(), "rng": rng_state(),
+                       "rank": rank, "world_size": dist.get_world_size()}, rank_file(tmp, rank))
     if rank == 0:
         sched = engine.lr_scheduler
-        ckpt._atomic_torch_save({
+        atomic_torch_save({
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
             "micro_steps": engine.micro_steps, "skipped_steps": engine.skipped_steps,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
@@ -84,19 +84,19 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> boo
     dist.barrier()
     if rank == 0:
         layout = _layout(engine)
-        files = ([os.path.basename(_layer_file(tmp, s, t)) for s in range(layout["pipe"])
+        files = ([os.path.basename(layer_file(tmp, s, t)) for s in range(layout["pipe"])
                   for t in range(layout["tp"])] + ["engine_states.pt"]
-                 + [os.path.basename(ckpt.rank_file(tmp, r)) for r in range(layout["world_size"])])
+                 + [os.path.basename(rank_file(tmp, r)) for r in range(layout["world_size"])])
         meta = {"format": FORMAT, "tag": tag, **layout, "zero_stage": engine.zero_stage,
                 "dtype": engine.precision.name, "global_steps": engine.global_steps,
-                "dslaunch_version": ckpt._version(), "files": files,
+                "dslaunch_version": dslaunch_version(), "files": files,
                 "shards": {f"{i['stage']}_{i['tp']}": i["info"] for i in shards if i}}
-        ckpt._atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
+        atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
         if save_latest:
-            ckpt._atomic_text(os.path.join(save_dir, "latest"), tag)
+            atomic_text(os.path.join(save_dir, "latest"), tag)
     dist.barrier()
     return True
 
@@ -104,7 +104,7 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> boo
 def load(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
          load_lr_scheduler_states=True, load_module_only=False):
     load_dir = os.fspath(load_dir)
-    tag = ckpt.resolve_tag(load_dir, tag)
+    tag = resolve_tag(load_dir, tag)
     path = os.path.join(load_dir, tag)
     meta_path = os.path.join(path, "metadata.json")
     try:
@@ -120,20 +120,20 @@ def load(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
     if diff:
         raise CheckpointError(f"{path}: saved with another layout: " + ", ".join(diff))
     g = engine.grid
-    layer_path = _layer_file(path, g.stage_id, g.tp_rank)
-    sd = ckpt._load(layer_path)
-    ckpt.check_module(sd, engine.module, layer_path, strict)
+    layer_path = layer_file(path, g.stage_id, g.tp_rank)
+    sd = load_file(layer_path)
+    check_module(sd, engine.module, layer_path, strict)
     engine.strategy.load_module_state_dict(sd, strict=strict)
     if load_module_only:
         engine.strategy.sync_from_model()
         return path, {}
-    states = ckpt._load(os.path.join(path, "engine_states.pt"))
-    rank_sd = ckpt._load(ckpt.rank_file(path, dist.get_rank()))
+    states = load_file(os.path.join(path, "engine_states.pt"))
+    rank_sd = load_file(rank_file(path, dist.get_rank()))
     engine.strategy.load_state_dict(rank_sd["strategy"], load_optimizer_states)
     for key in ("global_steps", "global_samples", "micro_steps", "skipped_steps"):
         setattr(engine, key, int(states[key]))
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states["lr_scheduler"]:
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
     engine.precision.scaler.load_state_dict(states["loss_scaler"])
-    ckpt.set_rng_state(rank_sd["rng"])
+    set_rng_state(rank_sd["rng"])
     return path, states.get("client_state") or {}

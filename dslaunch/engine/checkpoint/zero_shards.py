@@ -12,9 +12,15 @@ Per rank, under ``strategy`` in ``rank_{r}_optim_states.pt``::
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 from dslaunch.engine.zero import partition as P
+
+from .files import RankFiles
+from .shard_index import ParamIndex, reshard
 
 
 def _shard_values(strategy, g) -> torch.Tensor:
@@ -120,23 +126,16 @@ def load_resharded(strategy, ckpt_path: str) -> None:
     """Load a ZeRO 1-3 checkpoint laid out otherwise (another world size, stage or bucket size;
     shards are matched by parameter name): every rank reads the pieces of the old shards that
     fall in its new shard (files opened with mmap): memory of the order of its own shard."""
-    import json
-    import os
-
-    from dslaunch.engine.zero.consolidate import _RankFiles
-    from dslaunch.engine.zero.partition import Layout
-    from dslaunch.engine.zero.reshape import ParamIndex, reshard
-
     with open(os.path.join(ckpt_path, "metadata.json")) as f:
         meta = json.load(f)
-    files = _RankFiles(ckpt_path, int(meta["world_size"]))
+    files = RankFiles(ckpt_path, int(meta["world_size"]))
     z0 = files.zero(0)
     if z0 is None:
         raise ValueError("the checkpoint holds no ZeRO 1-3 shards (saved by stage 0?)")
     if len(z0["groups"]) != len(strategy.groups):
         raise ValueError(f"{len(z0['groups'])} optimizer groups saved, {len(strategy.groups)} now")
     for gi, (saved, g) in enumerate(zip(z0["groups"], strategy.groups)):
-        old = ParamIndex(Layout.from_meta(saved["layout"]))
+        old = ParamIndex(P.Layout.from_meta(saved["layout"]))
         for _, s, *_ in g.layout.shard_pieces(strategy.rank):
             if s.name not in old.where:
                 raise ValueError(f"model tensor {s.name!r} is not in the checkpoint")

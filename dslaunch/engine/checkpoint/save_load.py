@@ -1,4 +1,5 @@
-"""Checkpoint save and load, crash-safe.
+"""Save and load of the engine (``DSLaunchEngine``), crash-safe; DeepSpeed's
+``save_16bit_model``.
 
 Layout of ``<dir>/<tag>/`` (default tag ``global_step{N}``):
 - ``model_states.pt`` (rank 0): module weights, step counters, lr scheduler, loss scaler,
@@ -14,128 +15,39 @@ rewrites ``latest`` (temporary file + ``os.replace``). A process that dies befor
 leaves the previous checkpoint and ``latest`` untouched; a stale ``.tmp`` directory is removed
 by the next save. (Assumes ``<dir>`` is one shared filesystem for all ranks, as DeepSpeed does.)
 
-Files are read with ``torch.load(weights_only=True)``; anything unreadable is an error that names
-the file.
+Files are read with ``torch.load(weights_only=True)`` (``files.load_file``); anything unreadable
+is an error that names the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import sys
 
 import torch
 
-TMP_SUFFIX = ".tmp"
-CRASH_ENV = "DSLAUNCH_TEST_CRASH_IN_SAVE"  # tests: "after_files" exits mid-save (see _crash_point)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, unreadable or does not fit the model."""
-
-
-def _version() -> str:
-    try:
-        import dslaunch
-
-        return dslaunch.__version__
-    except Exception:  # pragma: no cover
-        return "unknown"
-
-
-def _atomic_torch_save(obj, path: str) -> None:
-    tmp = path + ".part"
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_text(path: str, text: str) -> None:
-    tmp = path + ".part"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _crash_point(name: str) -> None:
-    """Test hook: with DSLAUNCH_TEST_CRASH_IN_SAVE=<name> the process dies here (os._exit)."""
-    if os.environ.get(CRASH_ENV) == name:
-        os._exit(17)
-
-
-# -- RNG ---------------------------------------------------------------------------------------
-
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    if "numpy" in sys.modules:
-        kind, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
-        state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")),
-                          "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-
-        s = state["numpy"]
-        np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"],
-                             s["has_gauss"], s["cached"]))
+from .files import (CheckpointError, atomic_text, atomic_torch_save, crash_point,
+                    dslaunch_version, fsync_dir, load_file, model_file, rank_file, read_meta,
+                    resolve_tag, save_tag, start_save_dir)
+from .rng import rng_state, set_rng_state
 
 
 # -- save --------------------------------------------------------------------------------------
 
-def model_file(ckpt_dir: str) -> str:
-    return os.path.join(ckpt_dir, "model_states.pt")
-
-
-def rank_file(ckpt_dir: str, rank: int) -> str:
-    return os.path.join(ckpt_dir, f"rank_{rank}_optim_states.pt")
-
-
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
     save_dir = os.fspath(save_dir)
-    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    if os.sep in tag or tag in ("", ".", "..") or tag.startswith("."):
-        raise CheckpointError(f"checkpoint tag {tag!r} is not a plain directory name")
+    tag = save_tag(engine, tag)
     comm, rank = engine.comm, engine.global_rank
-    final = os.path.join(save_dir, tag)
-    tmp = os.path.join(save_dir, "." + tag + TMP_SUFFIX)
-    if rank == 0:
-        os.makedirs(save_dir, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed save's leftovers
-        os.makedirs(tmp)
+    final, tmp = start_save_dir(save_dir, tag, rank)
     comm.barrier()
 
     strategy = engine.strategy
     module_sd = strategy.module_state_dict()  # every rank calls it (stage 3 gathers)
     if rank == 0:
         sched = engine.lr_scheduler
-        _atomic_torch_save({
+        atomic_torch_save({
             "module": module_sd,
             "global_steps": engine.global_steps,
             "global_samples": engine.global_samples,
@@ -145,70 +57,40 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "loss_scaler": engine.precision.scaler.state_dict(),
             "client_state": dict(client_state or {}),
-            "dslaunch_version": _version(),
+            "dslaunch_version": dslaunch_version(),
         }, model_file(tmp))
-    _atomic_torch_save({"strategy": strategy.state_dict(), "rng": rng_state(),
-                        "rank": rank, "world_size": engine.world_size}, rank_file(tmp, rank))
-    _crash_point("after_files")
+    atomic_torch_save({"strategy": strategy.state_dict(), "rng": rng_state(),
+                       "rank": rank, "world_size": engine.world_size}, rank_file(tmp, rank))
+    crash_point("after_files")
     comm.barrier()
     if rank == 0:
         meta = {"format": "dslaunch-checkpoint/1", "tag": tag, "world_size": engine.world_size,
                 "dp_world_size": engine.dp_world_size, "zero_stage": engine.zero_stage,
                 "dtype": engine.precision.name, "global_steps": engine.global_steps,
-                "dslaunch_version": _version(),
+                "dslaunch_version": dslaunch_version(),
                 "files": ["model_states.pt"] + [os.path.basename(rank_file(tmp, r))
                                                 for r in range(engine.world_size)]}
-        _atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
-        _fsync_dir(tmp)
-        _crash_point("before_rename")
+        atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
+        fsync_dir(tmp)
+        crash_point("before_rename")
         old = None
         if os.path.exists(final):
             old = os.path.join(save_dir, "." + tag + ".old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         os.replace(tmp, final)
-        _fsync_dir(save_dir)
+        fsync_dir(save_dir)
         if old:
             shutil.rmtree(old, ignore_errors=True)
         if save_latest:
-            _crash_point("before_latest")
-            _atomic_text(os.path.join(save_dir, "latest"), tag)
-            _fsync_dir(save_dir)
+            crash_point("before_latest")
+            atomic_text(os.path.join(save_dir, "latest"), tag)
+            fsync_dir(save_dir)
     comm.barrier()
     return True
 
 
 # -- load --------------------------------------------------------------------------------------
-
-def _load(path: str, mmap: bool = False):
-    """``mmap``: map the file instead of reading it (pages are read as tensors are copied out and
-    stay in the shared page cache): for files whose tensors are only copied into place."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: checkpoint file not found")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as e:  # truncated, not a torch file, unsafe pickle...
-        raise CheckpointError(f"{path}: cannot read checkpoint file "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                              ) from None
-
-
-def resolve_tag(load_dir: str, tag=None) -> str:
-    if not os.path.isdir(load_dir):
-        raise CheckpointError(f"{load_dir}: checkpoint directory not found")
-    if tag is None:
-        latest = os.path.join(load_dir, "latest")
-        if not os.path.isfile(latest):
-            raise CheckpointError(f"{latest}: no 'latest' file; pass tag= to choose a checkpoint")
-        with open(latest) as f:
-            tag = f.read().strip()
-        if not tag:
-            raise CheckpointError(f"{latest}: empty 'latest' file")
-    path = os.path.join(load_dir, str(tag))
-    if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: checkpoint tag {tag!r} not found")
-    return str(tag)
-
 
 def check_module(sd: dict, model: torch.nn.Module, path: str, strict: bool) -> None:
     """Raise naming the first tensor whose name or shape does not match the model."""
@@ -235,17 +117,9 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
     load_dir = os.fspath(load_dir)
     tag = resolve_tag(load_dir, tag)
     path = os.path.join(load_dir, tag)
-    meta_path = os.path.join(path, "metadata.json")
-    try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{meta_path}: checkpoint metadata not found") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{meta_path}: cannot read checkpoint metadata ({e})") from None
-
+    meta = read_meta(path)
     mpath = model_file(path)
-    states = _load(mpath, mmap=True)  # only copied into the model: no second copy of it
+    states = load_file(mpath, mmap=True)  # only copied into the model: no second copy of it
     if not isinstance(states, dict) or "module" not in states:
         raise CheckpointError(f"{mpath}: not a dslaunch model checkpoint (no 'module')")
     check_module(states["module"], engine.module, mpath, strict)
@@ -264,7 +138,8 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
     engine.global_steps = int(states["global_steps"])
     engine.global_samples = int(states["global_samples"])
     engine.micro_steps = int(states["micro_steps"])
-    gas, saved_gas = engine.gradient_accumulation_steps(), states.get("gradient_accumulation_steps")
+    gas = engine.gradient_accumulation_steps()
+    saved_gas = states.get("gradient_accumulation_steps")
     # (older checkpoints lack it: a new world size is then the sign of another batch split)
     if (saved_gas != gas) if saved_gas is not None else not same_world:
         # the same global batch split otherwise: restart the accumulation window on a boundary
@@ -275,7 +150,7 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
     return path, states.get("client_state", {})
 
 
-ZERO_STAGES = (1, 2, 3)  # one shard format (shard_checkpoint.py): any of them reads any other
+ZERO_STAGES = (1, 2, 3)  # one shard format (zero_shards.py): any of them reads any other
 
 
 def _same_shard_layout(rstate, strategy) -> bool:
@@ -300,7 +175,7 @@ def _load_optimizer_states(engine, path: str, meta: dict) -> None:
     same_world = saved_world == engine.world_size
     if (saved_stage in ZERO_STAGES and engine.zero_stage in ZERO_STAGES
             and hasattr(strategy, "load_resharded")):
-        rstate = _load(rank_file(path, rank), mmap=True) if same_world else None
+        rstate = load_file(rank_file(path, rank), mmap=True) if same_world else None
         if rstate is None or not _same_shard_layout(rstate, strategy):
             try:
                 strategy.load_resharded(path)
@@ -311,7 +186,7 @@ def _load_optimizer_states(engine, path: str, meta: dict) -> None:
                 set_rng_state(rstate["rng"])
             return
     elif saved_stage == engine.zero_stage == 0 and _plain_stage0(strategy) and not same_world:
-        rstate = _load(rank_file(path, rank % int(saved_world)))
+        rstate = load_file(rank_file(path, rank % int(saved_world)))
         _strategy_load(strategy, rstate, rank_file(path, rank % int(saved_world)))
         return
     elif not (same_world and saved_stage == engine.zero_stage):
@@ -321,7 +196,7 @@ def _load_optimizer_states(engine, path: str, meta: dict) -> None:
             f"{engine.zero_stage}; only ZeRO stages 1-3 convert between each other; load with "
             "load_optimizer_states=False (weights only)")
     else:
-        rstate = _load(rank_file(path, rank))
+        rstate = load_file(rank_file(path, rank))
     # same world size and shard layout: this rank's own file, as saved
     _strategy_load(strategy, rstate, rank_file(path, rank))
     set_rng_state(rstate["rng"])
@@ -363,7 +238,7 @@ def save_16bit_model(engine, save_dir: str, save_filename: str = "pytorch_model.
             frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
         os.makedirs(save_dir, exist_ok=True)
-        _atomic_torch_save({k: v.detach().cpu().clone() for k, v in state.items()},
-                           os.path.join(save_dir, save_filename))
+        atomic_torch_save({k: v.detach().cpu().clone() for k, v in state.items()},
+                          os.path.join(save_dir, save_filename))
     engine.comm.barrier()
     return True

@@ -1,0 +1,43 @@
+"""Checkpoints: everything that writes, reads or rewrites checkpoint files, in one room.
+
+Modules (one idea each):
+- ``files.py``: the contract on disk, shared by all: file names, ``CheckpointError``, atomic
+  writes, ``torch.load(weights_only=True)`` reads, ``latest`` / tag resolution,
+  ``metadata.json``, lazily mmap'd rank files (``RankFiles``).
+- ``rng.py``: the RNG states a rank saves and restores.
+- ``save_load.py``: ``DSLaunchEngine.save_checkpoint`` / ``load_checkpoint`` (ZeRO 0-3, resharded
+  on load when the layout differs) and ``save_16bit_model``.
+- ``zero_shards.py``: what a ZeRO 1-3 strategy puts in its rank file and loads back, as saved or
+  resharded from another layout (``load_resharded``).
+- ``shard_index.py``: where each parameter's elements sit in N ranks' shards (``ParamIndex``):
+  the range arithmetic behind consolidation and reshaping.
+- ``pipeline.py``: ``PipelineEngine`` checkpoints, one weights file per (stage, TP rank).
+- ``consolidate.py``: ``dslaunch ckpt to-fp32``, either format -> one plain fp32 state_dict;
+  ``load_consolidated`` (``dslaunch.pipe``).
+- ``reshape.py``: ``dslaunch ckpt reshape``, a ZeRO 0-3 checkpoint rewritten offline for another
+  world size. (The CLI itself is ``dslaunch/cli/ckpt.py``.)
+
+Layout on disk, ``<dir>/<tag>/`` (tag default ``global_step{N}``; ``<dir>/latest`` names the
+newest):
+- ZeRO 0-3 (``save_load.py``): ``model_states.pt`` (rank 0: weights, counters, scheduler, loss
+  scaler, client_state), ``rank_{r}_optim_states.pt`` (every rank: strategy state, its ZeRO
+  shard with layout metadata under ``strategy["zero"]``, RNG), ``metadata.json``.
+- Pipeline / TP (``pipeline.py``, format ``dslaunch-pipe-1``): one
+  ``layer_stage{SS}_tp{TT}_model_states.pt`` per (stage, TP rank), ``rank_{r}_optim_states.pt``,
+  ``engine_states.pt`` (rank 0: counters, scheduler, loss scaler, client_state),
+  ``metadata.json`` (layout, and per (stage, TP rank) the TP splits and parameter names that
+  consolidation needs).
+
+Save: every rank writes into ``<dir>/.<tag>.tmp/``, each file under a temporary name then
+renamed; after a barrier rank 0 renames the directory to ``<tag>`` and rewrites ``latest`` last,
+so a crash leaves the previous checkpoint whole. Load: ``latest`` (or the tag) -> metadata ->
+weights checked against the model (the first mismatched tensor is named) -> optimizer state ->
+counters, scheduler, loss scaler, RNG. Every file that may come from someone else is read with
+``torch.load(weights_only=True)``.
+
+Another world size: ZeRO 1-3 rank files carry the layout of their shards, so a job laid out
+otherwise reads each of its new shards' pieces from the old files (``zero_shards.py``
+``load_resharded``, called by ``save_load.py``); ``reshape.py`` does the same offline, and
+``consolidate.py`` gathers whole parameters. Stage 0's optimizer state is the same on every rank:
+any rank's file serves. Pipeline checkpoints load only into the same layout; consolidate them.
+"""

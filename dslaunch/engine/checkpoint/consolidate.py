@@ -1,0 +1,207 @@
+"""``dslaunch ckpt to-fp32``: a checkpoint -> one plain fp32 ``state_dict``, for both formats
+(ZeRO 0-3 of ``save_load.py``, pipeline / tensor-parallel of ``pipeline.py``), and loading a
+pipeline one back into an unpartitioned model.
+
+Both stream: rank files are opened with ``torch.load(mmap=True, weights_only=True)``, so only the
+pages of the tensors being copied are read, and the output is built one parameter at a time; the
+peak is about the output plus what the OS keeps cached of the shards, not several model copies.
+In both, ZeRO 1-3 fp32 master shards are gathered by parameter name (``shard_index.py``).
+
+ZeRO 0-3: stage 0 and stages 1-2 in fp32 keep exact fp32 weights in ``model_states.pt``; for
+ZeRO 1-3 the fp32 master shards (exact in bf16/fp16 too) are reassembled from the rank files.
+
+Pipeline / TP, naming: the names a ``PipelineModule`` gives its own parameters (DeepSpeed's too):
+``N.<param>`` for the layer at index N of the layer list, ``tied_modules.<key>.<param>`` for a
+tied layer (written once, from its first owner stage). So the file loads with
+``load_state_dict`` into the same layer list built as ``PipelineModule(..., num_stages=1)``
+without TP, or, with ``load_consolidated``, into any stage of any pipeline of those layers.
+
+Tensor-parallel slices are put back from what the save recorded in ``metadata.json``
+(``shards["S_T"]["splits"]``: for each parameter marked ``tensor_model_parallel``, the dim, the
+full size and the row ranges TP rank T holds; e.g. a fused qkv keeps three ranges per rank).
+Unmarked tensors are replicated over TP ranks: TP rank 0's copy is taken. In bf16/fp16 the fp32
+masters are used (stage 0: ``fp32_masters`` in the rank files, listed by ``param_names``; ZeRO 1:
+the shards, gathered over the data-parallel ranks), so the result is the exact fp32 state the
+job trained. Layer files are opened memory-mapped too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from dslaunch.engine.topology import PipeModelDataParallelTopology
+from dslaunch.engine.zero.partition import Layout
+
+from .files import CheckpointError, RankFiles, load_file, model_file, read_meta, resolve_tag
+from .pipeline import FORMAT, layer_file
+from .shard_index import ParamIndex
+
+
+# -- shared by both formats --------------------------------------------------------------------
+
+def _load(path: str):
+    """A file of the checkpoint being read: mapped, so only the pages copied out are read."""
+    return load_file(path, mmap=True, detail=False)
+
+
+def _fp32(saved: torch.Tensor) -> torch.Tensor:
+    """A copy of a saved tensor, floating point ones in fp32 (integer buffers as they are)."""
+    return saved.to(torch.float32).clone() if saved.is_floating_point() else saved.clone()
+
+
+def _shard_index(z0: dict) -> dict:
+    """name -> (ParamIndex, group index) of every parameter in a ZeRO 1-3 rank file's groups."""
+    where = {}
+    for gi, g in enumerate(z0["groups"]):
+        idx = ParamIndex(Layout.from_meta(g["layout"]))
+        for name in idx.names():
+            where[name] = (idx, gi)
+    return where
+
+
+def _gather_master(files: RankFiles, where: dict, name: str, rank_of=lambda k: k):
+    """Parameter ``name``'s flat fp32 master, from the shards of data-parallel ranks 0..dp-1
+    (``rank_of(k)``: the global rank whose file holds data-parallel rank k's shard)."""
+    idx, gi = where[name]
+    return idx.gather(lambda k: files.zero(rank_of(k))["groups"][gi]["master"], name)
+
+
+def _save(result: dict, out) -> None:
+    tmp = os.fspath(out) + ".part"
+    torch.save(result, tmp)
+    os.replace(tmp, out)
+
+
+# -- ZeRO 0-3 checkpoints ----------------------------------------------------------------------
+
+def to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
+    """Write the consolidated fp32 state_dict of ``ckpt_dir`` (tag or ``latest``) to ``out``.
+    Returns {"tensors", "params_from_shards", "bytes"}."""
+    tag = resolve_tag(os.fspath(ckpt_dir), tag)
+    path = os.path.join(ckpt_dir, tag)
+    meta = read_meta(path)
+    module = _load(model_file(path)).get("module")
+    if not isinstance(module, dict):
+        raise CheckpointError(f"{model_file(path)}: no 'module' weights")
+    files = RankFiles(path, int(meta.get("world_size", 1)))
+    z0 = files.zero(0) if int(meta.get("zero_stage") or 0) in (1, 2, 3) else None
+    from_shards = _shard_index(z0) if z0 is not None else {}
+    result, nbytes = {}, 0
+    for name, t in module.items():
+        if name in from_shards:
+            shape = from_shards[name][0].where[name][1].shape
+            v = _gather_master(files, from_shards, name).to(torch.float32).clone().view(shape)
+            if tuple(v.shape) != tuple(t.shape):
+                raise CheckpointError(f"{path}: tensor {name!r} is {list(t.shape)} in the model "
+                                      f"file but {list(v.shape)} in the shards")
+        else:
+            v = _fp32(t)
+        result[name] = v
+        nbytes += v.numel() * v.element_size()
+    _save(result, out)
+    return {"tensors": len(result), "params_from_shards": len(from_shards), "bytes": nbytes}
+
+
+# -- pipeline / tensor-parallel checkpoints ----------------------------------------------------
+
+class _Masters:
+    """fp32 master values of one (stage, TP rank), or nothing when the weights are fp32."""
+
+    def __init__(self, meta, files: RankFiles, topo, stage: int, tp: int):
+        self.lookup = lambda name: None
+        if meta.get("dtype", "fp32") == "fp32":
+            return  # the layer files hold the exact fp32 weights
+        zero = int(meta.get("zero_stage") or 0)
+        rank0 = topo.get_rank(pipe=stage, data=0, model=tp)
+        if zero == 0:
+            names = meta["shards"][f"{stage}_{tp}"]["param_names"]
+            masters = files.raw(rank0)["strategy"].get("fp32_masters")
+            if masters is not None:
+                table = dict(zip(names, masters))
+                self.lookup = table.get
+            return
+        where = _shard_index(files.zero(rank0))
+
+        def lookup(name):
+            if name not in where:
+                return None
+            return _gather_master(files, where, name,
+                                  lambda k: topo.get_rank(pipe=stage, data=k, model=tp))
+        self.lookup = lookup
+
+    def value(self, name: str, saved: torch.Tensor) -> torch.Tensor:
+        m = self.lookup(name)
+        if m is None:
+            return _fp32(saved)
+        return m.to(torch.float32).reshape(saved.shape).clone()
+
+
+def _unsplit(name, split, pieces) -> torch.Tensor:
+    """The full tensor from each TP rank's slice (``pieces[t]``) and their row ranges."""
+    dim, full = split[0]["dim"], split[0]["full"]
+    shape = list(pieces[0].shape)
+    shape[dim] = full
+    out = torch.empty(shape, dtype=pieces[0].dtype)
+    filled = 0
+    for sp, piece in zip(split, pieces):
+        pos = 0
+        for a, b in sp["ranges"]:
+            out.narrow(dim, a, b - a).copy_(piece.narrow(dim, pos, b - a))
+            pos += b - a
+            filled += b - a
+        if pos != piece.shape[dim]:
+            raise CheckpointError(f"tensor {name!r}: TP slice of {piece.shape[dim]} rows along "
+                                  f"dim {dim} but its recorded ranges cover {pos}")
+    if filled != full:
+        raise CheckpointError(f"tensor {name!r}: TP slices cover {filled} of {full} rows")
+    return out
+
+
+def pipe_to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
+    """Write the consolidated fp32 state_dict of a pipeline/TP checkpoint to ``out``.
+    Returns {"tensors", "tp_merged", "tied", "bytes"}."""
+    tag = resolve_tag(os.fspath(ckpt_dir), tag)
+    path = os.path.join(ckpt_dir, tag)
+    meta = read_meta(path)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a pipeline/TP checkpoint")
+    pipe, tp, dp = int(meta["pipe"]), int(meta["tp"]), int(meta["dp"])
+    if "shards" not in meta and (tp > 1 or meta.get("dtype", "fp32") != "fp32"):
+        raise CheckpointError(f"{path}/metadata.json: no 'shards' (TP layout / parameter names): "
+                              "written by an older dslaunch; save it again to consolidate")
+    topo = PipeModelDataParallelTopology(num_pp=pipe, num_mp=tp, num_dp=dp)
+    files = RankFiles(path, int(meta["world_size"]))
+    result, merged, tied, nbytes = {}, 0, 0, 0
+    for s in range(pipe):
+        layers = [_load(layer_file(path, s, t)) for t in range(tp)]
+        masters = [_Masters(meta, files, topo, s, t) for t in range(tp)]
+        splits = [(meta.get("shards") or {}).get(f"{s}_{t}", {}).get("splits", {})
+                  for t in range(tp)]
+        for name, saved in layers[0].items():
+            if name in result:  # a tied layer held by several stages: its first owner's copy
+                tied += 1
+                continue
+            if name in splits[0]:
+                pieces = [masters[t].value(name, layers[t][name]) for t in range(tp)]
+                v = _unsplit(name, [splits[t][name] for t in range(tp)], pieces)
+                merged += 1
+            else:
+                v = masters[0].value(name, saved)
+            result[name] = v
+            nbytes += v.numel() * v.element_size()
+        del layers
+    _save(result, out)
+    return {"tensors": len(result), "tp_merged": merged, "tied": tied, "bytes": nbytes}
+
+
+def load_consolidated(module, state, strict: bool = True):
+    """Load a consolidated state_dict (a path or a dict) into ``module``: a ``PipelineModule``
+    built without TP from the same layer list, on one stage or on this rank's stage of a
+    pipeline (only the layers the stage holds are taken), or any module with the same names."""
+    if not isinstance(state, dict):
+        state = torch.load(state, map_location="cpu", weights_only=True)
+    local = module.state_dict()
+    mine = {k: v for k, v in state.items() if k in local}
+    return module.load_state_dict(mine, strict=strict)

@@ -1,0 +1,167 @@
+"""The checkpoint contract on disk, shared by every writer and reader in this package.
+
+Names: ``<dir>/<tag>/model_states.pt``, ``rank_{r}_optim_states.pt``, ``metadata.json``,
+``<dir>/latest``; a save in progress lives in ``<dir>/.<tag>.tmp/``.
+Writing (``atomic_torch_save``, ``atomic_text``): under a temporary name (``.part``), fsynced,
+then renamed, so a reader never sees half a file. Reading: ``torch.load(weights_only=True)``
+always, as a checkpoint may come from someone else; anything missing or unreadable is a
+``CheckpointError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+
+TMP_SUFFIX = ".tmp"
+CRASH_ENV = "DSLAUNCH_TEST_CRASH_IN_SAVE"  # tests: "after_files" exits mid-save (see crash_point)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, unreadable or does not fit the model."""
+
+
+def dslaunch_version() -> str:
+    try:
+        import dslaunch
+
+        return dslaunch.__version__
+    except Exception:  # pragma: no cover
+        return "unknown"
+
+
+def model_file(ckpt_dir: str) -> str:
+    return os.path.join(ckpt_dir, "model_states.pt")
+
+
+def rank_file(ckpt_dir: str, rank: int) -> str:
+    return os.path.join(ckpt_dir, f"rank_{rank}_optim_states.pt")
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+def atomic_torch_save(obj, path: str) -> None:
+    tmp = path + ".part"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_text(path: str, text: str) -> None:
+    tmp = path + ".part"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def crash_point(name: str) -> None:
+    """Test hook: with DSLAUNCH_TEST_CRASH_IN_SAVE=<name> the process dies here (os._exit)."""
+    if os.environ.get(CRASH_ENV) == name:
+        os._exit(17)
+
+
+def save_tag(engine, tag) -> str:
+    """The tag a save writes (default ``global_step{N}``); it must be a plain directory name."""
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    if os.sep in tag or tag in ("", ".", "..") or tag.startswith("."):
+        raise CheckpointError(f"checkpoint tag {tag!r} is not a plain directory name")
+    return tag
+
+
+def start_save_dir(save_dir: str, tag: str, rank: int) -> tuple[str, str]:
+    """``(final, tmp)`` directories of a save; rank 0 creates ``tmp`` afresh (a crashed save's
+    leftovers are removed). The caller barriers before any rank writes into it."""
+    final = os.path.join(save_dir, tag)
+    tmp = os.path.join(save_dir, "." + tag + TMP_SUFFIX)
+    if rank == 0:
+        os.makedirs(save_dir, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    return final, tmp
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def load_file(path: str, mmap: bool = False, detail: bool = True):
+    """``mmap``: map the file instead of reading it (pages are read as tensors are copied out and
+    stay in the shared page cache): for files whose tensors are only copied into place.
+    ``detail``: the error quotes the exception's first line (the offline tools name its type)."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: checkpoint file not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as e:  # truncated, not a torch file, unsafe pickle...
+        if not detail:
+            raise CheckpointError(f"{path}: cannot read checkpoint file ({type(e).__name__})"
+                                  ) from None
+        raise CheckpointError(f"{path}: cannot read checkpoint file "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                              ) from None
+
+
+def resolve_tag(load_dir: str, tag=None) -> str:
+    """``tag``, or the one ``<load_dir>/latest`` names; its directory must exist."""
+    if not os.path.isdir(load_dir):
+        raise CheckpointError(f"{load_dir}: checkpoint directory not found")
+    if tag is None:
+        latest = os.path.join(load_dir, "latest")
+        if not os.path.isfile(latest):
+            raise CheckpointError(f"{latest}: no 'latest' file; pass tag= to choose a checkpoint")
+        with open(latest) as f:
+            tag = f.read().strip()
+        if not tag:
+            raise CheckpointError(f"{latest}: empty 'latest' file")
+    path = os.path.join(load_dir, str(tag))
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: checkpoint tag {tag!r} not found")
+    return str(tag)
+
+
+def read_meta(path: str) -> dict:
+    """``<path>/metadata.json`` of a ZeRO 0-3 or pipeline checkpoint."""
+    mp = os.path.join(path, "metadata.json")
+    try:
+        with open(mp) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{mp}: checkpoint metadata not found") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{mp}: cannot read checkpoint metadata ({e})") from None
+
+
+class RankFiles:
+    """Lazily opened (mmap'd) rank files of one checkpoint: readers that take a few tensors from
+    every rank's file (consolidation, resharding) keep memory of the order of what they copy."""
+
+    def __init__(self, path: str, world: int):
+        self.path, self.world, self._open = path, world, {}
+
+    def zero(self, rank: int) -> dict | None:
+        """The rank's ZeRO 1-3 shard (``zero_shards.py``), or None (stage 0)."""
+        if rank not in self._open:
+            sd = load_file(rank_file(self.path, rank), mmap=True, detail=False)
+            self._open[rank] = sd
+        strat = self._open[rank].get("strategy") or {}
+        return strat.get("zero") if isinstance(strat, dict) else None
+
+    def raw(self, rank: int) -> dict:
+        self.zero(rank)
+        return self._open[rank]
