@@ -26,6 +26,3 @@ class LocalRunner(Runner):
             except (ProcessLookupError, PermissionError, ValueError):
                 pass
         super().kill(agent)
-
-
-RUNNER = LocalRunner

@@ -68,6 +68,3 @@ class PdshRunner(Runner):
         from dslaunch.launcher.preflight import run_preflight
 
         run_preflight(self.plan, self.options)
-
-
-RUNNER = PdshRunner

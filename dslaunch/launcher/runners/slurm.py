@@ -103,6 +103,3 @@ class SlurmRunner(Runner):
                     "--quiet", "--job-name", "dslaunch-preflight", "sh", "-c", command]
 
         run_preflight(self.plan, self.options, transport=transport)
-
-
-RUNNER = SlurmRunner

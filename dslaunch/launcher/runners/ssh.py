@@ -27,6 +27,3 @@ class SSHRunner(Runner):
         from dslaunch.launcher.preflight import run_preflight
 
         run_preflight(self.plan, self.options)
-
-
-RUNNER = SSHRunner

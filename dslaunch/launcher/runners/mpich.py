@@ -1,5 +1,0 @@
-"""``--launcher mpich``: see ``runners/mpi.py``."""
-
-from dslaunch.launcher.runners.mpi import MPICHRunner
-
-RUNNER = MPICHRunner
