@@ -111,7 +111,39 @@ NAMES: list[Name] = [
     _present("deepspeed.accelerator.real_accelerator.set_accelerator",
              "dslaunch.accelerator.real_accelerator:set_accelerator"),
     # -- deepspeed.ops ----------------------------------------------------------------------------
-    _missing("deepspeed.ops", API),
+    _present("deepspeed.ops", "dslaunch.ops",
+             "the optimizers only (adam, adagrad, lion, lamb); dslaunch's compiled ops are built "
+             "by dslaunch.kernels"),
+    _present("deepspeed.ops.adam", "dslaunch.ops.adam"),
+    _present("deepspeed.ops.adam.DeepSpeedCPUAdam", "dslaunch.engine.optim.cpu_adam:DSCPUAdam",
+             "DeepSpeed's signature; CPU parameters only (fp32 or bf16, fp32 states); when the "
+             "op cannot be built it warns once and runs the same formula in torch ops "
+             "(`.compiled` is False)"),
+    _present("deepspeed.ops.adam.FusedAdam", "dslaunch.engine.optim.fused:FusedAdam",
+             "CPU parameters: the compiled CPU Adam (as DeepSpeed's CPU accelerator does); "
+             "CUDA: torch's fused Adam/AdamW kernel, where bias_correction=False is an error"),
+    _present("deepspeed.ops.adagrad", "dslaunch.ops.adagrad"),
+    _present("deepspeed.ops.adagrad.DeepSpeedCPUAdagrad",
+             "dslaunch.engine.optim.cpu_adam:DSCPUAdagrad",
+             "DeepSpeed's signature plus torch's lr_decay and initial_accumulator_value "
+             "(keyword-only); CPU parameters only"),
+    _present("deepspeed.ops.lion", "dslaunch.ops.lion"),
+    _present("deepspeed.ops.lion.DeepSpeedCPULion", "dslaunch.engine.optim.cpu_adam:DSCPULion",
+             "DeepSpeed's signature; CPU parameters only"),
+    _present("deepspeed.ops.lion.FusedLion", "dslaunch.engine.optim.fused:FusedLion",
+             "CPU parameters: the compiled CPU Lion; CUDA: torch ops"),
+    _present("deepspeed.ops.lamb", "dslaunch.ops.lamb"),
+    _present("deepspeed.ops.lamb.FusedLamb", "dslaunch.engine.optim.lamb:Lamb",
+             "torch ops on any device (no compiled op); max_grad_norm is accepted and not "
+             "applied: clip with gradient_clipping"),
+    _missing("deepspeed.ops.op_builder",
+             "not provided as a module: get_accelerator().create_op_builder(\"CPUAdamBuilder\") "
+             "(or get_op_builder) builds and loads dslaunch's own ops"),
+    _missing("deepspeed.ops.sparse_attention",
+             "not planned: DeepSpeed's block-sparse attention kernels"),
+    _missing("deepspeed.ops.transformer",
+             "not planned: DeepSpeed's fused transformer-layer kernels "
+             "(DeepSpeedTransformerLayer)"),
     # -- deepspeed.utils, deepspeed.checkpoint ------------------------------------------------------
     _missing("deepspeed.utils", API),
     _missing("deepspeed.checkpoint", API),

@@ -1,15 +1,22 @@
-"""CPU optimizers backed by dslaunch's compiled ops (DeepSpeedCPUAdam-like), torch fallback.
+"""CPU optimizers backed by dslaunch's compiled ops, torch fallback. DeepSpeed's signatures
+(``dslaunch.ops`` hands them out as DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion):
 
-    DSCPUAdam(params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+    DSCPUAdam(model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
               weight_decay=0, amsgrad=False, adamw_mode=True, fp32_optimizer_states=True)
-    DSCPUAdagrad(params, lr=1e-2, eps=1e-10, weight_decay=0, lr_decay=0, fp32_optimizer_states=True)
-    DSCPULion(params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0, fp32_optimizer_states=True)
+    DSCPUAdagrad(model_params, lr=1e-2, eps=1e-10, weight_decay=0, amsgrad=False,
+                 fp32_optimizer_states=True, *, lr_decay=0, initial_accumulator_value=0)
+    DSCPULion(model_params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0, fp32_optimizer_states=True)
+
+(``lr_decay`` and ``initial_accumulator_value`` are torch.optim.Adagrad's, beyond DeepSpeed's.)
 
 Parameters live on the CPU, fp32 or bf16. With ``fp32_optimizer_states`` (the default) states are
 fp32 whatever the parameter dtype and the compiled op updates a bf16 parameter directly (rounding
 to nearest even once per step). When the op is unavailable (no compiler, odd CPU) the same
 formula runs with torch ops and ``self.compiled`` is False. fp32 results equal
 torch.optim.Adam / AdamW / Adagrad (and the reference Lion) to float rounding.
+
+Subclasses may step parameters that are not on the CPU another way (``_step_elsewhere``;
+``engine/optim/fused.py``: FusedAdam, FusedLion); here such a parameter is an error.
 
 For ZeRO-Offload's fused form (fp32 master + bf16 grad in, bf16 copy out, one pass) call
 :func:`dslaunch.kernels.cpu_optim.adam_step` with ``copy_out=``.
@@ -30,11 +37,26 @@ class _CPUOptimizer(torch.optim.Optimizer):
         self.fp32_optimizer_states = fp32_optimizer_states
         from dslaunch.kernels import load_op
 
-        self.compiled = load_op(self._op_name) is not None
+        self.compiled = self._needs_op() and load_op(self._op_name) is not None
+
+    def _needs_op(self) -> bool:
+        """Whether to load the compiled op now (subclasses whose parameters may all live
+        elsewhere load it only when one is on the CPU)."""
+        return True
+
+    def _for_op(self, p) -> bool:
+        """Whether the compiled CPU op (or its torch fallback) steps ``p``; else _step_elsewhere."""
+        return p.device.type == "cpu"
+
+    def _step_elsewhere(self, group, params: list) -> None:
+        """Step the parameters of ``group`` that are not for the CPU op."""
+        raise RuntimeError(f"{type(self).__name__} needs CPU parameters, got {params[0].device}")
+
+    def _state_dtype(self, p):
+        return torch.float32 if self.fp32_optimizer_states else p.dtype
 
     def _state_tensor(self, p):
-        dtype = torch.float32 if self.fp32_optimizer_states else p.dtype
-        return torch.zeros(p.numel(), dtype=dtype, device=p.device)
+        return torch.zeros(p.numel(), dtype=self._state_dtype(p), device=p.device)
 
     def _params_with_grad(self, group):
         for p in group["params"]:
@@ -42,8 +64,6 @@ class _CPUOptimizer(torch.optim.Optimizer):
                 continue
             if p.grad.is_sparse:
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            if p.device.type != "cpu":
-                raise RuntimeError(f"{type(self).__name__} needs CPU parameters, got {p.device}")
             yield p
 
     @staticmethod
@@ -66,7 +86,11 @@ class _CPUOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in self._params_with_grad(group):
+            params = list(self._params_with_grad(group))
+            here = [p for p in params if self._for_op(p)]
+            if len(here) < len(params):
+                self._step_elsewhere(group, [p for p in params if not self._for_op(p)])
+            for p in here:
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
@@ -107,8 +131,8 @@ class _CPUOptimizer(torch.optim.Optimizer):
         for pid, tensors in keep.items():
             p = id_map.get(pid)
             for key, value in tensors.items():
-                dtype = torch.float32 if self.fp32_optimizer_states else p.dtype
-                self.state[p][key] = value.detach().to(device=p.device, dtype=dtype).clone()
+                self.state[p][key] = value.detach().to(device=p.device,
+                                                       dtype=self._state_dtype(p)).clone()
 
     def state_steps(self) -> list[int]:
         return [s["step"] for s in self.state.values() if "step" in s]
@@ -118,14 +142,14 @@ class DSCPUAdam(_CPUOptimizer):
     _op_name = "cpu_adam"
     _state_names = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+    def __init__(self, model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
         if amsgrad:
             raise ValueError("DSCPUAdam does not support amsgrad (nor does DeepSpeedCPUAdam)")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction)
         self.adamw_mode = adamw_mode
-        super().__init__(params, defaults, fp32_optimizer_states)
+        super().__init__(model_params, defaults, fp32_optimizer_states)
 
     def _update(self, group, step, param, grad, m, v, use_compiled):
         beta1, beta2 = group["betas"]
@@ -139,13 +163,13 @@ class DSCPUAdagrad(_CPUOptimizer):
     _op_name = "cpu_adagrad"
     _state_names = ("sum",)
 
-    def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0, lr_decay=0.0,
-                 initial_accumulator_value=0.0, amsgrad=False, fp32_optimizer_states=True):
+    def __init__(self, model_params, lr=1e-2, eps=1e-10, weight_decay=0.0, amsgrad=False,
+                 fp32_optimizer_states=True, *, lr_decay=0.0, initial_accumulator_value=0.0):
         if amsgrad:
             raise ValueError("DSCPUAdagrad does not support amsgrad")
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, lr_decay=lr_decay,
                         initial_accumulator_value=initial_accumulator_value)
-        super().__init__(params, defaults, fp32_optimizer_states)
+        super().__init__(model_params, defaults, fp32_optimizer_states)
 
     def _initial_state(self, p, group, name):
         return self._state_tensor(p).fill_(group["initial_accumulator_value"])
@@ -160,10 +184,10 @@ class DSCPULion(_CPUOptimizer):
     _op_name = "cpu_lion"
     _state_names = ("exp_avg",)
 
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0,
+    def __init__(self, model_params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0,
                  fp32_optimizer_states=True):
         defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay)
-        super().__init__(params, defaults, fp32_optimizer_states)
+        super().__init__(model_params, defaults, fp32_optimizer_states)
 
     def _update(self, group, step, param, grad, m, use_compiled):
         beta1, beta2 = group["betas"]

@@ -1,6 +1,12 @@
 """LAMB (You et al., 2019) with DeepSpeed's knobs: Adam moments with bias correction, the update
-``m̂/(√v̂+eps) + weight_decay·p`` scaled per parameter tensor by the trust ratio
-``‖p‖/‖update‖`` clamped to [min_coeff, max_coeff] (1 when either norm is 0)."""
+``m̂/(√v̂+eps) + weight_decay·p`` (``m̂/√(v̂+eps) + ...`` with ``eps_inside_sqrt``) scaled per
+parameter tensor by the trust ratio ``‖p‖/‖update‖`` clamped to [min_coeff, max_coeff] (1 when
+either norm is 0). Torch ops, any device.
+
+The signature is DeepSpeed's FusedLamb's (``dslaunch.ops.lamb.FusedLamb`` is this class).
+``max_grad_norm`` is kept in the param groups and not applied (DeepSpeed's FusedLamb applies it
+only to gradient norms handed to ``step()``): clip with the config's ``gradient_clipping`` or
+``torch.nn.utils.clip_grad_norm_``."""
 
 from __future__ import annotations
 
@@ -8,12 +14,14 @@ import torch
 
 
 class Lamb(torch.optim.Optimizer):
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 bias_correction=True, max_coeff=10.0, min_coeff=0.01, amsgrad=False):
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+                 eps_inside_sqrt=False, weight_decay=0.0, max_grad_norm=0.0, max_coeff=10.0,
+                 min_coeff=0.01, amsgrad=False):
         if amsgrad:
             raise ValueError("optimizer.params.amsgrad: Lamb does not support amsgrad")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction, max_coeff=max_coeff, min_coeff=min_coeff)
+                        bias_correction=bias_correction, max_coeff=max_coeff, min_coeff=min_coeff,
+                        eps_inside_sqrt=eps_inside_sqrt, max_grad_norm=max_grad_norm)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -43,7 +51,10 @@ class Lamb(torch.optim.Optimizer):
                     v_hat = v / (1 - beta2 ** step)
                 else:
                     m_hat, v_hat = m, v
-                update = m_hat / (v_hat.sqrt() + group["eps"])
+                if group.get("eps_inside_sqrt", False):  # absent in older checkpoints
+                    update = m_hat / (v_hat + group["eps"]).sqrt()
+                else:
+                    update = m_hat / (v_hat.sqrt() + group["eps"])
                 if group["weight_decay"]:
                     update.add_(p, alpha=group["weight_decay"])
                 w_norm = torch.linalg.vector_norm(p).item()

@@ -1,8 +1,21 @@
-"""Lion (Chen et al., 2023): sign of an interpolated momentum, decoupled weight decay."""
+"""Lion (Chen et al., 2023): sign of an interpolated momentum, decoupled weight decay.
+
+``lion_update_`` is one step on one tensor in torch ops (any device); ``Lion`` (the config's
+``type: Lion``) and ``FusedLion`` off the CPU (``engine/optim/fused.py``) run it."""
 
 from __future__ import annotations
 
 import torch
+
+
+def lion_update_(p, grad, exp_avg, *, lr: float, beta1: float, beta2: float,
+                 weight_decay: float) -> None:
+    """p and exp_avg updated in place: p -= lr * (sign(beta1*m + (1-beta1)*g) + wd*p)."""
+    direction = (exp_avg * beta1).add_(grad, alpha=1 - beta1).sign_()
+    if weight_decay:
+        p.mul_(1 - lr * weight_decay)
+    p.add_(direction, alpha=-lr)
+    exp_avg.mul_(beta2).add_(grad, alpha=1 - beta2)
 
 
 class Lion(torch.optim.Optimizer):
@@ -23,10 +36,6 @@ class Lion(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["exp_avg"] = torch.zeros_like(p)
-                m = state["exp_avg"]
-                direction = (m * beta1).add_(p.grad, alpha=1 - beta1).sign_()
-                if group["weight_decay"]:
-                    p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(direction, alpha=-group["lr"])
-                m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+                lion_update_(p, p.grad, state["exp_avg"], lr=group["lr"], beta1=beta1,
+                             beta2=beta2, weight_decay=group["weight_decay"])
         return loss

@@ -1,0 +1,18 @@
+"""``dslaunch.ops``, as ``deepspeed.ops``: the optimizers under DeepSpeed's class names and
+signatures, usable as plain torch optimizers outside the engine (``adam``: DeepSpeedCPUAdam,
+FusedAdam; ``adagrad``: DeepSpeedCPUAdagrad; ``lion``: DeepSpeedCPULion, FusedLion; ``lamb``:
+FusedLamb).
+
+A face: the implementation is ``dslaunch/engine/optim/`` (``cpu_adam.py`` over the compiled ops
+of ``dslaunch/kernels``, ``fused.py``, ``lamb.py``).
+"""
+
+from dslaunch.ops import adagrad, adam, lamb, lion
+
+__all__ = ["adam", "adagrad", "lion", "lamb"]
+
+
+def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
+    from dslaunch.deepspeed_names import missing_attribute
+
+    raise missing_attribute(__name__, name)
