@@ -13,8 +13,10 @@ call until the result was ready (for an async call: until ``wait()`` returned).
 ``sent_bytes`` (beside ``bytes``) is what this rank sends to the other ranks: the bytes the
 collective must move across the network in total, divided by the ranks (what each rank sends with
 the ring / pairwise algorithms gloo and NCCL use), so that different collectives compare honestly:
-all_reduce ``2(N-1)/N x payload``, all_gather ``(N-1) x input``, reduce_scatter, all_to_all and
-broadcast ``(N-1)/N x input``; 0 with one rank and for object/barrier collectives.
+all_reduce ``2(N-1)/N x payload``, all_gather ``(N-1) x input``, reduce_scatter, all_to_all,
+broadcast, reduce, gather and scatter ``(N-1)/N x payload`` (for gather and scatter the payload is
+this rank's piece), send the payload (recv 0: its sender counts it); 0 with one rank and for
+object/barrier collectives.
 
 On gloo, ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` need not run as gloo's own
 collectives, which move each byte several times slower than its all_reduce over TCP
@@ -83,8 +85,10 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
                      distributed_port: int = 29500, verbose: bool = False,
                      timeout: datetime.timedelta = datetime.timedelta(minutes=30),
                      init_method: str | None = None, dist_init_required: bool | None = None,
-                     rank: int = -1, world_size: int = -1) -> None:
-    """Initialise torch.distributed once (DeepSpeed's signature). Does nothing if already done."""
+                     config=None, rank: int = -1, world_size: int = -1) -> None:
+    """Initialise torch.distributed once (DeepSpeed's signature). Does nothing if already done.
+    ``config`` (where DeepSpeed reads its comms-logger switches) is accepted and unused: the
+    accounting below is always on."""
     if dist.is_initialized():
         return
     if dist_init_required is False:
@@ -167,8 +171,10 @@ def sent_bytes(collective: str, payload: int, world: int) -> int:
         return 2 * (world - 1) * payload // world
     if collective.endswith("all_gather"):
         return (world - 1) * payload
-    if collective.endswith(("reduce_scatter", "all_to_all", "broadcast")):
+    if collective.endswith(("scatter", "all_to_all", "broadcast", "reduce", "gather")):
         return (world - 1) * payload // world
+    if collective.endswith("send"):
+        return payload
     return 0
 
 
@@ -232,7 +238,7 @@ class Comm:
         if then is not None:
             then()
         rec["seconds"] += time.perf_counter() - start
-        return None
+        return work  # what the call returns: None for a collective, the sender's rank for recv
 
     def stats(self) -> dict:
         """{collective: {"calls", "bytes", "sent_bytes", "seconds"}} since start (or the last

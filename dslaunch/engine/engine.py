@@ -13,6 +13,7 @@ import time
 import torch
 
 from .checkpoint import save_load as ckpt
+from .comm_api import record_comm
 from .monitor import Monitors, WallClock
 from .optim import build_optimizer
 from .optim.schedules import build_scheduler
@@ -31,6 +32,7 @@ class DSLaunchEngine(torch.nn.Module):
         self.module = model
         self.config = cfg  # the typed, frozen config (dslaunch.config.sections), resolved once
         self.comm = comm
+        record_comm(comm)  # the script's dslaunch.comm calls on this group book here too
         self.global_rank = comm.rank
         self.world_size = comm.world_size
         self.dp_world_size = comm.world_size
