@@ -56,6 +56,22 @@ AUTOTP = ("not planned yet: DeepSpeed's AutoTP rewrites HF models; use dslaunch'
 INFERENCE = "not planned: dslaunch is a training runtime (no inference engine)"
 DATA_EFFICIENCY = "not planned yet: DeepSpeed's data-efficiency library (curriculum, random-LTD)"
 API = "comes with issue 18 (DeepSpeed's public API), in progress"
+UCP = ("not planned: DeepSpeed's universal checkpoint format; dslaunch checkpoints load at "
+       "another world size as they are (resharded on load), `dslaunch ckpt reshape` rewrites "
+       "them")
+DS_FILES = ("not provided: it names DeepSpeed's checkpoint files, and dslaunch's differ "
+            "(`model_states.pt`, `rank_{r}_optim_states.pt`); use "
+            "get_fp32_state_dict_from_zero_checkpoint")
+COLLECTIVE = "collective under ZeRO 1-3: every data-parallel rank calls it, in the same order"
+LOCAL = ("this rank's elements of the parameter, 1-D, under ZeRO 1-3 (DeepSpeed: ZeRO-3 only); "
+         "None under stage 0")
+
+
+def _groups(axis: str, why: str = "") -> list:
+    """The three accessors DeepSpeed's ``utils.groups`` has per parallel axis."""
+    return [_present(f"deepspeed.utils.groups._get_{axis}_{what}",
+                     f"dslaunch.engine.parallel_groups:_get_{axis}_{what}", why)
+            for what in ("group", "world_size", "rank")]
 
 # Grouped by face; within a group, in the order of DeepSpeed's documentation.
 NAMES: list[Name] = [
@@ -201,9 +217,91 @@ NAMES: list[Name] = [
     _missing("deepspeed.ops.transformer",
              "not planned: DeepSpeed's fused transformer-layer kernels "
              "(DeepSpeedTransformerLayer)"),
-    # -- deepspeed.utils, deepspeed.checkpoint ------------------------------------------------------
-    _missing("deepspeed.utils", API),
-    _missing("deepspeed.checkpoint", API),
+    # -- deepspeed.utils -------------------------------------------------------------------------
+    _present("deepspeed.utils", "dslaunch.utils"),
+    _present("deepspeed.utils.logger", "dslaunch.engine.log:logger",
+             "one logging.Logger named 'dslaunch' (stdout, INFO, not propagated to the root "
+             "logger); setLevel works as on DeepSpeed's"),
+    _present("deepspeed.utils.log_dist", "dslaunch.engine.log:log_dist",
+             "DeepSpeed's rule: in a distributed job only the ranks listed log ([-1]: all; "
+             "None: none)"),
+    _present("deepspeed.utils.logging", "dslaunch.utils.logging"),
+    _present("deepspeed.utils.logging.logger", "dslaunch.engine.log:logger"),
+    _present("deepspeed.utils.logging.log_dist", "dslaunch.engine.log:log_dist"),
+    _present("deepspeed.utils.RepeatingLoader", "dslaunch.engine.dataloader:RepeatingLoader"),
+    _present("deepspeed.utils.set_z3_leaf_modules",
+             "dslaunch.engine.zero.leaf_modules:set_z3_leaf_modules",
+             "mark before dslaunch.initialize: ZeRO-3 then gathers a leaf module's whole subtree "
+             "as one unit"),
+    _present("deepspeed.utils.unset_z3_leaf_modules",
+             "dslaunch.engine.zero.leaf_modules:unset_z3_leaf_modules"),
+    _present("deepspeed.utils.z3_leaf_module", "dslaunch.engine.zero.leaf_modules:z3_leaf_module"),
+    _present("deepspeed.utils.get_z3_leaf_modules",
+             "dslaunch.engine.zero.leaf_modules:get_z3_leaf_modules"),
+    _present("deepspeed.utils.safe_get_full_fp32_param",
+             "dslaunch.engine.zero.param_access:safe_get_full_fp32_param", COLLECTIVE),
+    _present("deepspeed.utils.safe_set_full_fp32_param",
+             "dslaunch.engine.zero.param_access:safe_set_full_fp32_param",
+             "every rank passes the same value"),
+    _present("deepspeed.utils.safe_get_full_grad",
+             "dslaunch.engine.zero.param_access:safe_get_full_grad",
+             COLLECTIVE + "; the averaged gradient between a boundary's backward and step(), "
+             "fp16 loss scale divided out"),
+    _present("deepspeed.utils.safe_get_full_optimizer_state",
+             "dslaunch.engine.zero.param_access:safe_get_full_optimizer_state", COLLECTIVE),
+    _present("deepspeed.utils.safe_set_full_optimizer_state",
+             "dslaunch.engine.zero.param_access:safe_set_full_optimizer_state",
+             "every rank passes the same value; not with optimizer states on NVMe"),
+    _present("deepspeed.utils.safe_get_local_fp32_param",
+             "dslaunch.engine.zero.param_access:safe_get_local_fp32_param", LOCAL),
+    _present("deepspeed.utils.safe_get_local_grad",
+             "dslaunch.engine.zero.param_access:safe_get_local_grad", LOCAL),
+    _present("deepspeed.utils.safe_get_local_optimizer_state",
+             "dslaunch.engine.zero.param_access:safe_get_local_optimizer_state", LOCAL),
+    _missing("deepspeed.utils.timer", "not planned yet: DeepSpeed's (and Megatron-DeepSpeed's) "
+             "named timers; dslaunch's wall-clock breakdown is wall_clock_breakdown in the "
+             "config (engine.timers)"),
+    _missing("deepspeed.utils.is_initialized", "not in DeepSpeed either (Transformers calls it in "
+             "a dead branch); use dslaunch.comm.is_initialized"),
+    # -- deepspeed.utils.groups -------------------------------------------------------------------
+    _present("deepspeed.utils.groups", "dslaunch.utils.groups",
+             "answers for the layout of the last dslaunch.initialize (its PipelineModule's grid "
+             "or mpu): the world group for plain data parallelism, a one-rank group for an axis "
+             "the job does not have"),
+    *_groups("data_parallel"),
+    *_groups("model_parallel"),
+    *_groups("tensor_model_parallel"),
+    *_groups("pipe_parallel"),
+    *_groups("sequence_parallel", "no sequence parallelism before issue 21: world size 1, rank "
+             "0, a group of this rank alone (unless the mpu provides one)"),
+    *_groups("sequence_data_parallel", "the data-parallel group's while there is no sequence "
+             "parallelism (issue 21)"),
+    *[_missing(f"deepspeed.utils.groups._get_expert_{kind}_{what}", MOE)
+      for kind in ("parallel", "data_parallel") for what in ("group", "world_size", "rank")],
+    # -- deepspeed.utils.zero_to_fp32 -------------------------------------------------------------
+    _present("deepspeed.utils.zero_to_fp32", "dslaunch.utils.zero_to_fp32",
+             "reads dslaunch's checkpoints, both formats; `save_checkpoint` also writes a "
+             "zero_to_fp32.py that needs only torch beside them"),
+    _present("deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint",
+             "dslaunch.engine.checkpoint.fp32_state:get_fp32_state_dict_from_zero_checkpoint"),
+    _present("deepspeed.utils.zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict",
+             "dslaunch.engine.checkpoint.fp32_state:convert_zero_checkpoint_to_fp32_state_dict",
+             "writes one torch file (no sharding, no safetensors)"),
+    _present("deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint",
+             "dslaunch.engine.checkpoint.fp32_state:load_state_dict_from_zero_checkpoint"),
+    _missing("deepspeed.utils.zero_to_fp32.get_model_state_file", DS_FILES),
+    _missing("deepspeed.utils.zero_to_fp32.get_optim_files", DS_FILES),
+    # -- deepspeed.checkpoint ---------------------------------------------------------------------
+    _present("deepspeed.checkpoint", "dslaunch.checkpoint"),
+    _present("deepspeed.checkpoint.utils", "dslaunch.checkpoint.utils"),
+    _present("deepspeed.checkpoint.utils.clone_tensors_for_torch_save",
+             "dslaunch.engine.checkpoint.clone:clone_tensors_for_torch_save"),
+    *[_missing(f"deepspeed.checkpoint.{name}", UCP) for name in (
+        "ORIGINAL_VOCAB_SIZE", "PADDED_VOCAB_SIZE", "UNIVERSAL_CHECKPOINT_INFO",
+        "UNIVERSAL_CHECKPOINT_VERSION_KEY", "UNIVERSAL_CHECKPOINT_VERSION_VALUE",
+        "PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0", "PARAMETER_WITH_ROW_PARALLELISM_PATTERNS",
+        "PIPELINE_REPLICATED_PARAMETER_PATTERNS", "TP_REPLICATED_PARAMETER_PATTERNS",
+        "VOCABULARY_PARAMETER_PATTERNS")],
     # -- deepspeed.runtime --------------------------------------------------------------------------
     _missing("deepspeed.runtime", API),
     # -- subsystems of other issues -----------------------------------------------------------------

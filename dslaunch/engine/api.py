@@ -113,4 +113,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         from .engine import DSLaunchEngine
 
         engine = DSLaunchEngine(comm=Comm(), **common)
+    from .parallel_groups import set_layout
+
+    # dslaunch.utils.groups answers for the layout of the last engine built
+    set_layout(model.grid if isinstance(model, PipelineModule) else mpu)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -138,6 +138,14 @@ else:
     rec["local_params"] = sum(p.numel() for p in module.parameters())
     engine, _, _, _ = dslaunch.initialize(args=args, model=module)
 
+from dslaunch.utils import groups  # noqa: E402  (what DeepSpeed's groups accessors answer here)
+
+rec["groups"] = {axis: {"world_size": getattr(groups, f"_get_{axis}_world_size")(),
+                        "rank": getattr(groups, f"_get_{axis}_rank")(),
+                        "ranks": dist.get_process_group_ranks(getattr(groups,
+                                                                      f"_get_{axis}_group")())}
+                 for axis in ("data_parallel", "model_parallel", "pipe_parallel",
+                              "sequence_parallel")}
 mb, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
 batches = TextBatches(stdlib_bytes(1 << 20), seq_len=16, global_batch=engine.train_batch_size(),
                       seed=args.seed)

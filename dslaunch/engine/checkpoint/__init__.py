@@ -14,11 +14,16 @@ Modules (one idea each):
 - ``pipeline.py``: ``PipelineEngine`` checkpoints, one weights file per (stage, TP rank).
 - ``consolidate.py``: ``dslaunch ckpt to-fp32``, either format -> one plain fp32 state_dict;
   ``load_consolidated`` (``dslaunch.pipe``).
+- ``fp32_state.py``: DeepSpeed's ``zero_to_fp32`` calls over ``consolidate.py`` (public in
+  ``dslaunch.utils.zero_to_fp32``).
+- ``zero_to_fp32_script.py``: the template of ``<dir>/zero_to_fp32.py``, the same consolidation
+  with torch alone (no dslaunch import), written beside the checkpoints on every save.
 - ``reshape.py``: ``dslaunch ckpt reshape``, a ZeRO 0-3 checkpoint rewritten offline for another
   world size. (The CLI itself is ``dslaunch/cli/ckpt.py``.)
+- ``clone.py``: ``clone_tensors_for_torch_save`` (public in ``dslaunch.checkpoint.utils``).
 
 Layout on disk, ``<dir>/<tag>/`` (tag default ``global_step{N}``; ``<dir>/latest`` names the
-newest):
+newest; ``<dir>/zero_to_fp32.py`` consolidates with torch alone):
 - ZeRO 0-3 (``save_load.py``): ``model_states.pt`` (rank 0: weights, counters, scheduler, loss
   scaler, client_state), ``rank_{r}_optim_states.pt`` (every rank: strategy state, its ZeRO
   shard with layout metadata under ``strategy["zero"]``, RNG), ``metadata.json``.

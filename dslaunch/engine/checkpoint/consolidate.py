@@ -68,7 +68,8 @@ def _gather_master(files: RankFiles, where: dict, name: str, rank_of=lambda k: k
     return idx.gather(lambda k: files.zero(rank_of(k))["groups"][gi]["master"], name)
 
 
-def _save(result: dict, out) -> None:
+def save_state_file(result: dict, out) -> None:
+    """``torch.save`` under a temporary name, then renamed: never half a file at ``out``."""
     tmp = os.fspath(out) + ".part"
     torch.save(result, tmp)
     os.replace(tmp, out)
@@ -79,6 +80,13 @@ def _save(result: dict, out) -> None:
 def to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
     """Write the consolidated fp32 state_dict of ``ckpt_dir`` (tag or ``latest``) to ``out``.
     Returns {"tensors", "params_from_shards", "bytes"}."""
+    result, info = fp32_state_dict(ckpt_dir, tag)
+    save_state_file(result, out)
+    return info
+
+
+def fp32_state_dict(ckpt_dir: str, tag=None) -> tuple[dict, dict]:
+    """The consolidated fp32 state_dict of a ZeRO 0-3 checkpoint, and ``to_fp32``'s summary."""
     tag = resolve_tag(os.fspath(ckpt_dir), tag)
     path = os.path.join(ckpt_dir, tag)
     meta = read_meta(path)
@@ -100,8 +108,8 @@ def to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
             v = _fp32(t)
         result[name] = v
         nbytes += v.numel() * v.element_size()
-    _save(result, out)
-    return {"tensors": len(result), "params_from_shards": len(from_shards), "bytes": nbytes}
+    return result, {"tensors": len(result), "params_from_shards": len(from_shards),
+                    "bytes": nbytes}
 
 
 # -- pipeline / tensor-parallel checkpoints ----------------------------------------------------
@@ -162,6 +170,14 @@ def _unsplit(name, split, pieces) -> torch.Tensor:
 def pipe_to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
     """Write the consolidated fp32 state_dict of a pipeline/TP checkpoint to ``out``.
     Returns {"tensors", "tp_merged", "tied", "bytes"}."""
+    result, info = pipe_fp32_state_dict(ckpt_dir, tag)
+    save_state_file(result, out)
+    return info
+
+
+def pipe_fp32_state_dict(ckpt_dir: str, tag=None) -> tuple[dict, dict]:
+    """The consolidated fp32 state_dict of a pipeline/TP checkpoint, and ``pipe_to_fp32``'s
+    summary."""
     tag = resolve_tag(os.fspath(ckpt_dir), tag)
     path = os.path.join(ckpt_dir, tag)
     meta = read_meta(path)
@@ -192,8 +208,17 @@ def pipe_to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
             result[name] = v
             nbytes += v.numel() * v.element_size()
         del layers
-    _save(result, out)
-    return {"tensors": len(result), "tp_merged": merged, "tied": tied, "bytes": nbytes}
+    return result, {"tensors": len(result), "tp_merged": merged, "tied": tied, "bytes": nbytes}
+
+
+def frozen_names(ckpt_dir: str, tag=None) -> set:
+    """Names of the parameters the job did not train (``requires_grad=False``), as its
+    ``metadata.json`` records them (checkpoints written before dslaunch recorded them: none)."""
+    meta = read_meta(os.path.join(ckpt_dir, resolve_tag(os.fspath(ckpt_dir), tag)))
+    names = set(meta.get("frozen_params", []))
+    for shard in (meta.get("shards") or {}).values():
+        names.update(shard.get("frozen_params", []))
+    return names
 
 
 def load_consolidated(module, state, strict: bool = True):

@@ -1,7 +1,8 @@
 """The checkpoint contract on disk, shared by every writer and reader in this package.
 
 Names: ``<dir>/<tag>/model_states.pt``, ``rank_{r}_optim_states.pt``, ``metadata.json``,
-``<dir>/latest``; a save in progress lives in ``<dir>/.<tag>.tmp/``.
+``<dir>/latest``, ``<dir>/zero_to_fp32.py`` (``write_to_fp32_script``); a save in progress lives
+in ``<dir>/.<tag>.tmp/``.
 Writing (``atomic_torch_save``, ``atomic_text``): under a temporary name (``.part``), fsynced,
 then renamed, so a reader never sees half a file. Reading: ``torch.load(weights_only=True)``
 always, as a checkpoint may come from someone else; anything missing or unreadable is a
@@ -59,6 +60,23 @@ def atomic_text(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+TO_FP32_SCRIPT = "zero_to_fp32.py"
+
+
+def write_to_fp32_script(save_dir: str) -> None:
+    """Rank 0: ``<save_dir>/zero_to_fp32.py``, the consolidation script that needs only torch
+    (DeepSpeed writes its own beside its checkpoints): ``zero_to_fp32_script.py`` stamped with
+    this dslaunch's version, written atomically."""
+    template = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zero_to_fp32_script.py")
+    with open(template) as f:
+        text = f.read()
+    text = text.replace('WRITTEN_BY = "dslaunch (template)"',
+                        f'WRITTEN_BY = "dslaunch {dslaunch_version()}"', 1)
+    path = os.path.join(save_dir, TO_FP32_SCRIPT)
+    atomic_text(path, text)
+    os.chmod(path, 0o755)
 
 
 def fsync_dir(path: str) -> None:

@@ -8,9 +8,10 @@ Layout of ``<dir>/<tag>/``:
 - ``rank_{r}_optim_states.pt`` (every rank): strategy state (optimizer, masters) and RNG states;
 - ``engine_states.pt`` (rank 0): counters, LR scheduler, loss scaler, client_state;
 - ``metadata.json`` (rank 0): format, layout (pipe, tp, dp, world size, layer partition), files,
-  and ``shards["S_T"]``: ``splits`` (for each TP-split parameter: dim, full size, row ranges) and
-  ``param_names`` (trainable parameters in the strategy's order), which ``consolidate.py``
-  (``dslaunch ckpt to-fp32``) needs to rebuild one plain state_dict.
+  and ``shards["S_T"]``: ``splits`` (for each TP-split parameter: dim, full size, row ranges),
+  ``param_names`` (trainable parameters in the strategy's order) and ``frozen_params``, which
+  ``consolidate.py`` (``dslaunch ckpt to-fp32``) needs to rebuild one plain state_dict.
+``<dir>/zero_to_fp32.py`` (rank 0) consolidates with torch alone.
 Everything is written into ``<dir>/.<tag>.tmp/``, renamed after a world barrier, ``latest`` last.
 Loading needs the same layout (pipe, tp, dp and partition); anything else is a
 ``CheckpointError`` that says what differs.
@@ -25,7 +26,8 @@ import shutil
 import torch.distributed as dist
 
 from .files import (CheckpointError, atomic_text, atomic_torch_save, dslaunch_version,
-                    load_file, rank_file, read_meta, resolve_tag, save_tag, start_save_dir)
+                    load_file, rank_file, read_meta, resolve_tag, save_tag, start_save_dir,
+                    write_to_fp32_script)
 from .rng import rng_state, set_rng_state
 from .save_load import check_module
 
@@ -56,8 +58,9 @@ def _shard_info(engine):
               for n, p in engine.module.named_parameters()
               if getattr(p, "tensor_model_parallel", False) and hasattr(p, "tp_ranges")}
     names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
+    frozen = [n for n, p in engine.module.named_parameters() if not p.requires_grad]
     return {"stage": g.stage_id, "tp": g.tp_rank,
-            "info": {"splits": splits, "param_names": names}}
+            "info": {"splits": splits, "param_names": names, "frozen_params": frozen}}
 
 
 def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
@@ -95,6 +98,7 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> boo
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
+        write_to_fp32_script(save_dir)
         if save_latest:
             atomic_text(os.path.join(save_dir, "latest"), tag)
     dist.barrier()

@@ -6,8 +6,9 @@ Layout of ``<dir>/<tag>/`` (default tag ``global_step{N}``):
   client_state.
 - ``rank_{r}_optim_states.pt`` (every rank): that rank's strategy state (optimizer, fp32 masters,
   a ZeRO shard) and its RNG states (torch, CUDA, python ``random``, numpy when imported).
-- ``metadata.json`` (rank 0): world size, ZeRO stage, dtype, dslaunch version, file list.
-``<dir>/latest`` holds the newest tag.
+- ``metadata.json`` (rank 0): world size, ZeRO stage, dtype, dslaunch version, file list, the
+  frozen parameters' names.
+``<dir>/latest`` holds the newest tag; ``<dir>/zero_to_fp32.py`` consolidates with torch alone.
 
 Crash safety: every rank writes into ``<dir>/.<tag>.tmp/`` (each file written under a temporary
 name and renamed); after a barrier rank 0 renames the directory to ``<dir>/<tag>`` and only then
@@ -30,7 +31,7 @@ import torch
 
 from .files import (CheckpointError, atomic_text, atomic_torch_save, crash_point,
                     dslaunch_version, fsync_dir, load_file, model_file, rank_file, read_meta,
-                    resolve_tag, save_tag, start_save_dir)
+                    resolve_tag, save_tag, start_save_dir, write_to_fp32_script)
 from .rng import rng_state, set_rng_state
 
 
@@ -69,7 +70,10 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
                 "dtype": engine.precision.name, "global_steps": engine.global_steps,
                 "dslaunch_version": dslaunch_version(),
                 "files": ["model_states.pt"] + [os.path.basename(rank_file(tmp, r))
-                                                for r in range(engine.world_size)]}
+                                                for r in range(engine.world_size)],
+                # for zero_to_fp32's exclude_frozen_parameters
+                "frozen_params": [n for n, p in engine.module.named_parameters()
+                                  if not p.requires_grad]}
         atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
         fsync_dir(tmp)
         crash_point("before_rename")
@@ -82,6 +86,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         fsync_dir(save_dir)
         if old:
             shutil.rmtree(old, ignore_errors=True)
+        write_to_fp32_script(save_dir)
         if save_latest:
             crash_point("before_latest")
             atomic_text(os.path.join(save_dir, "latest"), tag)

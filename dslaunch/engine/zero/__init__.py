@@ -6,6 +6,11 @@ Stage 0 (plain data parallel) is ``stage0.py``, stages 1 and 2 ``stage12.py``, s
 that choice: the 1-bit optimizers run on ``engine/onebit/strategy.OneBitStrategy`` (stage 0
 only), and optimizer states on NVMe (``offload_optimizer.device: nvme``) add
 ``nvme.strategy.with_nvme_swap`` to the stage's class.
+
+Beside the strategies: ``zero_init.py`` (``dslaunch.zero``: Init, GatheredParameters, the
+registry of strategies by parameter), ``param_access.py`` (one parameter's whole fp32 value,
+gradient or optimizer state, whatever the stage: ``dslaunch.utils.safe_get_full_*``) and
+``leaf_modules.py`` (ZeRO-3 leaf modules, which ``stage3_units.py`` makes one unit).
 """
 
 from __future__ import annotations

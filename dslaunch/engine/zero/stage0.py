@@ -23,6 +23,7 @@ import torch
 from ..memory import breakdown, optimizer_state_tensors
 from ..step_policy import REPLICATED, GradNorm, loss_scale_of
 from .base import OptimizerStrategy, broadcast_model
+from .zero_init import register_strategy
 
 
 # With overlap, buckets are capped as DDP caps them (bucket_cap_mb=25, first bucket 1 MiB), even
@@ -96,6 +97,9 @@ class Stage0Strategy(OptimizerStrategy):
         self._sync_now = False
         self._next_launch = 0
         self._hooks = []
+        # GatheredParameters(modifier_rank=...) refreshes our masters; dslaunch.utils'
+        # safe_get_full_* find the strategy of a parameter there
+        register_strategy(self)
         if self.overlap and comm.world_size > 1:
             for p in params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
@@ -225,6 +229,9 @@ class Stage0Strategy(OptimizerStrategy):
                         p.data.copy_(m)
                 return
         self.sync_from_model()
+
+    def owns(self, param_ids) -> bool:
+        return any(id(p) in param_ids for p in self.params)
 
     def sync_from_model(self) -> None:
         if self.masters is not None:

@@ -8,7 +8,9 @@ unit is one ``all_gather_into_tensor`` per bucket and its gradients one ``reduce
 A parameter registered under two modules (tied weights) belongs to the first one in
 ``named_modules()`` order, but both modules fetch its bucket. A module that uses another module's
 parameter in its forward names it with ``dslaunch.zero.register_external_parameter(module, p)``
-(DeepSpeed's call): it is then fetched with that module too.
+(DeepSpeed's call): it is then fetched with that module too. A module marked a ZeRO-3 leaf
+(``leaf_modules.py``, ``dslaunch.utils.set_z3_leaf_modules``) is one unit with every parameter of
+its subtree, and the modules inside it get none of their own.
 
 Parameters smaller than ``stage3_param_persistence_threshold`` elements are *persistent*: packed
 into buckets of their own that stay gathered on every rank (they are still partitioned for the
@@ -25,6 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from dslaunch.engine.zero import partition as P
+from dslaunch.engine.zero.leaf_modules import z3_leaf_module
 
 
 @dataclass
@@ -71,12 +74,21 @@ def plan_units(model, named_groups, world: int, cap: int, persistence_threshold:
     """``named_groups``: [[(name, param)] per optimizer group] (``common.named_groups``)."""
     where = {id(p): (gi, n) for gi, g in enumerate(named_groups) for n, p in g}
     taken = set()
-    direct = {}  # module -> its trainable direct parameters (tied ones included)
+    direct = {}  # module -> the trainable parameters of its unit (tied ones included)
     owned = []  # (module, [[(name, p)] per group]) for the parameters it owns first
     persist = [[] for _ in named_groups]
+    inside_leaf = set()  # modules under a leaf: gathered with it, no unit of their own
     for _, m in model.named_modules():
-        extra = [p for p in getattr(m, "_dsl_external_params", ()) if p is not None]
-        ps = [p for p in list(m.parameters(recurse=False)) + extra if id(p) in where]
+        if m in inside_leaf:
+            continue
+        members = [m]
+        if z3_leaf_module(m):
+            members = list(m.modules())
+            inside_leaf.update(members[1:])
+        extra = [p for sub in members for p in getattr(sub, "_dsl_external_params", ())
+                 if p is not None]
+        params = [p for sub in members for p in sub.parameters(recurse=False)]
+        ps = [p for p in params + extra if id(p) in where]
         ps = list({id(p): p for p in ps}.values())
         if not ps:
             continue

@@ -43,8 +43,9 @@ _STRATEGIES: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def register_strategy(strategy) -> None:
-    """Strategies with fp32 masters or partitioned parameters register here so that
-    GatheredParameters can gather them and refresh their masters."""
+    """Every ZeRO strategy (stages 0-3) registers here: GatheredParameters gathers their
+    partitioned parameters and refreshes their masters, and ``param_access.py``
+    (``dslaunch.utils.safe_get_full_*``) finds the strategy that owns a parameter."""
     _STRATEGIES.add(strategy)
 
 

@@ -1,0 +1,43 @@
+"""``dslaunch.utils``, as ``deepspeed.utils``: the logger (``logger``, ``log_dist``), the parallel
+groups (``groups``), ``RepeatingLoader``, whole values of ZeRO-partitioned parameters
+(``safe_get_full_fp32_param`` and family), ZeRO-3 leaf modules (``set_z3_leaf_modules``), and
+``zero_to_fp32`` (a checkpoint as one fp32 state_dict).
+
+A face: the implementations are ``engine/log.py``, ``engine/parallel_groups.py``,
+``engine/dataloader.py``, ``engine/zero/param_access.py``, ``engine/zero/leaf_modules.py`` and
+``engine/checkpoint/fp32_state.py``.
+"""
+
+from dslaunch.engine.dataloader import RepeatingLoader
+from dslaunch.engine.log import log_dist, logger
+from dslaunch.engine.zero.leaf_modules import (
+    get_z3_leaf_modules,
+    set_z3_leaf_modules,
+    unset_z3_leaf_modules,
+    z3_leaf_module,
+)
+from dslaunch.engine.zero.param_access import (
+    safe_get_full_fp32_param,
+    safe_get_full_grad,
+    safe_get_full_optimizer_state,
+    safe_get_local_fp32_param,
+    safe_get_local_grad,
+    safe_get_local_optimizer_state,
+    safe_set_full_fp32_param,
+    safe_set_full_optimizer_state,
+)
+
+from . import groups, logging, zero_to_fp32  # noqa: E402  (DeepSpeed's submodules, imported)
+
+__all__ = ["logger", "log_dist", "groups", "logging", "zero_to_fp32", "RepeatingLoader",
+           "safe_get_full_fp32_param", "safe_set_full_fp32_param", "safe_get_full_grad",
+           "safe_get_full_optimizer_state", "safe_set_full_optimizer_state",
+           "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
+           "set_z3_leaf_modules", "unset_z3_leaf_modules", "z3_leaf_module",
+           "get_z3_leaf_modules"]
+
+
+def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
+    from dslaunch.deepspeed_names import missing_attribute
+
+    raise missing_attribute(__name__, name)
