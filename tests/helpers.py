@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"
 EXAMPLES = ROOT / "examples"
 _CONSOLE = Path(sys.executable).with_name("dslaunch")
-DSLAUNCH = ([str(_CONSOLE)] if _CONSOLE.exists()
-            else [sys.executable, "-c", "import sys; from dslaunch.cli import main; sys.exit(main())"])
+DSLAUNCH = ([str(_CONSOLE)] if _CONSOLE.exists() else
+            [sys.executable, "-c", "import sys; from dslaunch.cli import main; sys.exit(main())"])
 # what a plain single-process reference must not inherit from a launcher that started pytest
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "DSLAUNCH_CONFIG")
@@ -82,7 +82,10 @@ def run_argv(script, args, config_path=None, nproc: int = 2, grace_period=1,
 
 
 def rank_env(env: dict | None = None) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    """This environment, one OpenMP thread, unbuffered output, then ``env`` on top."""
+    full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full.update(env or {})
+    return full
 
 
 def launch(workdir, config: dict | None, script, args: list, nproc: int = 2,

@@ -76,8 +76,9 @@ def _swap_root(work, name):
 
 
 def _run(job_cache, work, name, stage, device, *, resume_from=None, **kw):
-    """The cached job ``name``: results (a fresh dict, losses by int step) and its checkpoint
-    (``ck``, saved at SAVE_AT unless it resumes from the Job ``resume_from``'s)."""
+    """The job ``name``, run once per session: ``.json()`` its results (losses by int step),
+    ``.dir / "ck"`` its checkpoint (saved at SAVE_AT, unless it resumes from the Job
+    ``resume_from``'s)."""
     swap = _swap_root(work, name) if device == "nvme" or kw.get("param") else None
     if kw.get("param", {}).get("device") == "nvme":
         kw["param"] = dict(kw["param"], nvme_path=str(swap))
@@ -103,7 +104,8 @@ BUFFERS = {2: 1, 3: 4}
 @pytest.mark.parametrize("stage", [3, 2])
 def test_nvme_losses_match_cpu_offload(job_cache, work, stage):
     cpu = _run(job_cache, work, f"cpu{stage}", stage, "cpu").json()
-    nvme = _run(job_cache, work, f"nvme{stage}", stage, "nvme", buffer_count=BUFFERS[stage]).json()
+    nvme = _run(job_cache, work, f"nvme{stage}", stage, "nvme",
+                buffer_count=BUFFERS[stage]).json()
     assert nvme["optimizer"] == "NVMeSwappedOptimizer" and cpu["optimizer"] == "DSCPUAdam"
     assert all(r["swap"]["buffers"] == BUFFERS[stage] for r in nvme["ranks"])
     assert len(nvme["losses"]) == STEPS
