@@ -5,9 +5,8 @@ reports what the executor measured."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_bench_pipe_smoke_schedule_part():

@@ -21,21 +21,17 @@ moments and step counts bit for bit, read back from the files.
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "zero_train.py"
-DSLAUNCH = Path(sys.executable).with_name("dslaunch")
+from helpers import ROOT, dslaunch
+
+SCRIPT = "zero_train.py"
 STEPS, SAVE_AT, RESAVE_AT = 12, 6, 9
 pytestmark = pytest.mark.slow
-
-_CACHE: dict = {}
 
 
 def _config(stage, precision="fp32", offload=False, persist=False):
@@ -56,40 +52,50 @@ def _config(stage, precision="fp32", offload=False, persist=False):
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
+    """This file's own scratch directory (reshaped and re-saved checkpoints): never a job's."""
     return tmp_path_factory.mktemp("reshape")
 
 
-def _launch(work: Path, name: str, nproc: int, config: dict, *args) -> dict:
-    if name in _CACHE:
-        return _CACHE[name]
-    cfg = work / f"{name}.json"
-    cfg.write_text(json.dumps(config))
-    out = work / f"{name}.out.json"
-    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", str(nproc), "--config", str(cfg),
-                        str(SCRIPT), "--steps", str(STEPS), "--out", str(out),
-                        *[str(a) for a in args]],
-                       capture_output=True, text=True, timeout=240, cwd=ROOT,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    res = json.loads(out.read_text())
-    _CACHE[name] = {int(k): v for k, v in res["losses"].items()}
-    return _CACHE[name]
+def _job(job_cache, name: str, nproc: int, config: dict, *args):
+    """A 12-step job of tests/scripts/zero_train.py, run once per session; ``{dir}`` in args is
+    the job's own directory (``{dir}/ck``: the checkpoint it saves)."""
+    return job_cache.run(name, SCRIPT, "--steps", STEPS, "--out", "{dir}/out.json", *args,
+                         config=config, nproc=nproc, timeout=240)
+
+
+def _launch(job_cache, name: str, nproc: int, config: dict, *args) -> dict:
+    return _job(job_cache, name, nproc, config, *args).json()["losses"]
 
 
 def _ckpt(*args) -> str:
-    p = subprocess.run([str(DSLAUNCH), "ckpt", *[str(a) for a in args]], capture_output=True,
-                       text=True, timeout=120, cwd=ROOT)
+    p = dslaunch("ckpt", *args)
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
 
 
-def run_a(work):
-    return _launch(work, "a", 2, _config(3), "--save", work / "ck_a", "--save-at", SAVE_AT)
+def _job_a(job_cache):  # stage 3, fp32, 2 ranks, saves at step 6 into {dir}/ck
+    return _job(job_cache, "a", 2, _config(3), "--save", "{dir}/ck", "--save-at", SAVE_AT)
 
 
-def run_b(work):
-    return _launch(work, "b", 2, _config(3, "bf16", offload=True),
-                   "--save", work / "ck_b", "--save-at", SAVE_AT)
+def _job_b(job_cache):  # stage 3, bf16, offload, 2 ranks, saves at step 6 into {dir}/ck
+    return _job(job_cache, "b", 2, _config(3, "bf16", offload=True),
+                "--save", "{dir}/ck", "--save-at", SAVE_AT)
+
+
+def run_a(job_cache):
+    return _job_a(job_cache).json()["losses"]
+
+
+def run_b(job_cache):
+    return _job_b(job_cache).json()["losses"]
+
+
+def ck_a(job_cache) -> Path:
+    return _job_a(job_cache).dir / "ck"
+
+
+def ck_b(job_cache) -> Path:
+    return _job_b(job_cache).dir / "ck"
 
 
 def _max_rel(ref, got):
@@ -102,15 +108,16 @@ def _meta(ckpt_dir: Path) -> dict:
     return json.loads((ckpt_dir / tag / "metadata.json").read_text())
 
 
-def test_stage3_2_to_4_to_1_ranks_continues_with_the_same_losses(work):
-    full = run_a(work)
+def test_stage3_2_to_4_to_1_ranks_continues_with_the_same_losses(job_cache, work):
+    full = run_a(job_cache)
     assert full[STEPS - 1] < full[0] - 0.3  # it trains
-    r4 = _launch(work, "r4", 4, _config(3, offload=True), "--load", work / "ck_a",
-                 "--save", work / "ck_r4", "--save-at", RESAVE_AT)
-    assert _meta(work / "ck_r4")["world_size"] == 4
-    _ckpt("reshape", work / "ck_r4", work / "ck_r1", "--world-size", 1)
+    job4 = _job(job_cache, "r4", 4, _config(3, offload=True), "--load", ck_a(job_cache),
+                "--save", "{dir}/ck", "--save-at", RESAVE_AT)
+    r4, ck_r4 = job4.json()["losses"], job4.dir / "ck"
+    assert _meta(ck_r4)["world_size"] == 4
+    _ckpt("reshape", ck_r4, work / "ck_r1", "--world-size", 1)
     assert _meta(work / "ck_r1")["world_size"] == 1
-    r1 = _launch(work, "r1", 1, _config(3), "--load", work / "ck_r1")
+    r1 = _launch(job_cache, "r1", 1, _config(3), "--load", work / "ck_r1")
     assert sorted(r4) == list(range(SAVE_AT, STEPS)) and sorted(r1) == list(range(RESAVE_AT, STEPS))
     assert _max_rel(full, r4) <= 1e-5
     assert _max_rel(full, r1) <= 1e-5
@@ -118,14 +125,14 @@ def test_stage3_2_to_4_to_1_ranks_continues_with_the_same_losses(work):
     from dslaunch.engine.checkpoint.consolidate import to_fp32
 
     _ckpt("to-fp32", work / "ck_r1", work / "r1.pt")
-    to_fp32(work / "ck_r4", work / "r4.pt")
+    to_fp32(ck_r4, work / "r4.pt")
     a, b = (torch.load(work / f, weights_only=True) for f in ("r4.pt", "r1.pt"))
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_stage3_bf16_offload_checkpoint_continues_in_stage2_on_one_rank(work):
-    full = run_b(work)
-    rb = _launch(work, "rb", 1, _config(2, "bf16"), "--load", work / "ck_b")
+def test_stage3_bf16_offload_checkpoint_continues_in_stage2_on_one_rank(job_cache):
+    full = run_b(job_cache)
+    rb = _launch(job_cache, "rb", 1, _config(2, "bf16"), "--load", ck_b(job_cache))
     assert sorted(rb) == list(range(SAVE_AT, STEPS))
     assert _max_rel(full, rb) <= 2e-3
 
@@ -163,14 +170,13 @@ def _assert_same_state(a: dict, b: dict):
 
 
 @pytest.mark.parametrize("src,world", [("a", 3), ("b", 4)])
-def test_reshape_moves_weights_and_optimizer_state_exactly(work, src, world):
+def test_reshape_moves_weights_and_optimizer_state_exactly(job_cache, work, src, world):
     """What `dslaunch ckpt reshape` and `ckpt to-fp32` run (called here without a process each:
     the CLI itself is exercised above)."""
     from dslaunch.engine.checkpoint.consolidate import to_fp32
     from dslaunch.engine.checkpoint.reshape import reshape
 
-    (run_a if src == "a" else run_b)(work)
-    old, new = work / f"ck_{src}", work / f"ck_{src}_to{world}"
+    old, new = (ck_a if src == "a" else ck_b)(job_cache), work / f"ck_{src}_to{world}"
     reshape(old, new, world)
     assert _meta(new)["world_size"] == world and _meta(new)["zero_stage"] == 3
     _assert_same_state(_optimizer_state(old), _optimizer_state(new))
@@ -194,31 +200,32 @@ def _engine(config, d_model=32):
     return engine
 
 
-def test_load_reshards_exactly_from_stage3_to_stage2_and_back(work):
+def test_load_reshards_exactly_from_stage3_to_stage2_and_back(job_cache, work):
     """2-rank stage 3 -> 1-rank stage 2 -> 1-rank stage 3 with offload and persistent (always
     gathered) parameters, each loaded by load_checkpoint and saved again: the optimizer state and
     the weights never change by a bit."""
-    run_a(work)
+    ck = ck_a(job_cache)
     e2 = _engine(_config(2))
-    e2.load_checkpoint(work / "ck_a")
+    e2.load_checkpoint(ck)
     assert e2.global_steps == SAVE_AT
     e2.save_checkpoint(work / "ck_a_s2")
     e3 = _engine(_config(3, offload=True, persist=True))
     e3.load_checkpoint(work / "ck_a_s2")
     e3.save_checkpoint(work / "ck_a_s3")
     assert _meta(work / "ck_a_s2")["zero_stage"] == 2 and _meta(work / "ck_a_s3")["zero_stage"] == 3
-    ref = _optimizer_state(work / "ck_a")
+    ref = _optimizer_state(ck)
     _assert_same_state(ref, _optimizer_state(work / "ck_a_s2"))
     _assert_same_state(ref, _optimizer_state(work / "ck_a_s3"))
-    weights = [torch.load(work / d / f"global_step{SAVE_AT}" / "model_states.pt",
-                          weights_only=True)["module"] for d in ("ck_a", "ck_a_s2", "ck_a_s3")]
+    weights = [torch.load(d / f"global_step{SAVE_AT}" / "model_states.pt",
+                          weights_only=True)["module"]
+               for d in (ck, work / "ck_a_s2", work / "ck_a_s3")]
     assert all(sorted(w) == sorted(weights[0]) for w in weights)
     assert all(torch.equal(w[k], weights[0][k]) for w in weights[1:] for k in w)
 
 
-def test_mismatched_stage3_checkpoint_names_the_tensor(work):
+def test_mismatched_stage3_checkpoint_names_the_tensor(job_cache):
     from dslaunch.engine.checkpoint.files import CheckpointError
 
-    run_a(work)
+    ck = ck_a(job_cache)
     with pytest.raises(CheckpointError, match=r"tensor 'tok_emb.weight' has shape \[256, 32\]"):
-        _engine(_config(3), d_model=48).load_checkpoint(work / "ck_a")
+        _engine(_config(3), d_model=48).load_checkpoint(ck)

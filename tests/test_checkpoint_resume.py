@@ -9,11 +9,8 @@ micro-batch gradients in another order than two; observed ~1e-7), the same learn
 """
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from engine_launch import launch, results  # noqa: E402
+from helpers import launch, results
 
 CFG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
        "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01}},

@@ -4,18 +4,13 @@ job's real layout, and every refusal of an impossible combination made in one pl
 
 import dataclasses
 import json
-import sys
-from pathlib import Path
+import subprocess
 
 import pytest
+from helpers import DSLAUNCH, ROOT, launch
 
 from dslaunch.config import ConfigError, resolve_config, to_dict
 from dslaunch.config.schema import TOP, Section
-
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from engine_launch import DSLAUNCH, ROOT, launch  # noqa: E402
-
-import subprocess  # noqa: E402
 
 
 def _typed(extra=None, **kw):

@@ -1,14 +1,12 @@
 """Data-parallel engine (ZeRO stage 0), end to end: real 2-rank gloo jobs started by `dslaunch run`
 against a plain single-process PyTorch reference on the same global batches."""
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from engine_launch import launch, results, run_python  # noqa: E402
+from helpers import launch, results, run_python
 
 STEPS = 4
 N_PARAMS, N_TENSORS = 29664, 17  # the tiny GPT of scripts/engine_train.py

@@ -16,14 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-SCRIPTS = Path(__file__).parent / "scripts"
-DSLAUNCH = [sys.executable, "-c", "import sys; from dslaunch.cli import main; sys.exit(main())"]
-TIMEOUT = 60
-
-
-def dslaunch(*args, cwd=None, env=None, timeout=TIMEOUT) -> subprocess.CompletedProcess:
-    return subprocess.run([*DSLAUNCH, *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+from helpers import SCRIPTS, dslaunch
 
 
 def marker_env() -> tuple:

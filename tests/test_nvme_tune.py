@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,13 +17,13 @@ import pytest
 
 from dslaunch.config import resolve_config
 from dslaunch.nvme import tune
+from helpers import DSLAUNCH
 
-DSLAUNCH = str(Path(sys.executable).with_name("dslaunch"))
 KEYS = ["block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events"]
 
 
 def run_tune(*args, timeout=240):
-    return subprocess.run([DSLAUNCH, "nvme-tune", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([*DSLAUNCH, "nvme-tune", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -151,7 +150,7 @@ def test_interrupted_sweep_removes_its_files(tmp_path, sig, code):
     sweep.write_text(json.dumps({"block_size": ["64K", "128K", "256K", "512K"],
                                  "queue_depth": [1, 2, 4, 8], "io_parallel": [1, 2],
                                  "single_submit": [True, False], "overlap_events": [True, False]}))
-    proc = subprocess.Popen([DSLAUNCH, "nvme-tune", "--nvme-dir", str(target), "--io-size", "32M",
+    proc = subprocess.Popen([*DSLAUNCH, "nvme-tune", "--nvme-dir", str(target), "--io-size", "32M",
                              "--sweep-config", str(sweep), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

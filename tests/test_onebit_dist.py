@@ -6,31 +6,23 @@ checkpoint resume."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "tests" / "scripts"
-DSLAUNCH = [sys.executable, "-c", "import sys; from dslaunch.cli import main; sys.exit(main())"]
+from helpers import ROOT, launch, results
+
 STEPS, FREEZE = 60, 20
 
 
 def run_job(out: Path, script: str, *args, nproc=2, config=None, timeout=300):
-    cmd = [*DSLAUNCH, "run", "--nproc-per-node", str(nproc), str(SCRIPTS / script),
-           "--out", str(out), *map(str, args)]
-    if config is not None:
-        cfg_path = out.parent / f"{out.name}.json"
-        cfg_path.write_text(json.dumps(config))
-        cmd += ["--deepspeed_config", str(cfg_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)]
+    """The rank script under `dslaunch run`, the config given to the script itself
+    (``--deepspeed_config``, as a DeepSpeed script takes it); each rank's record."""
+    out.mkdir(parents=True, exist_ok=True)
+    launch(out, config, script, ["--out", out, *args], nproc=nproc, timeout=timeout,
+           config_flag="--deepspeed_config")
+    return results(out, nproc)
 
 
 def shipped(name: str, **params) -> dict:

@@ -4,13 +4,8 @@ PyTorch run of the same layers (same per-layer seeds, same batches, AdamW) withi
 """
 
 import json
-import sys
-from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from engine_launch import launch, results, run_python  # noqa: E402
+from helpers import launch, results
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}
 STEPS = 3
@@ -21,11 +16,12 @@ def _cfg(micro, gas, **extra):
             "optimizer": ADAMW, **extra}
 
 
-def _reference(tmp_path, batch, *flags):
-    out = tmp_path / "ref"
-    run_python("pipe_train.py", ["--reference", "--out", out, "--batch", batch,
-                                 "--steps", STEPS, *flags])
-    return json.loads((out / "ref.json").read_text())["losses"]
+def _reference(job_cache, batch, *flags):
+    """The plain single-process run (pipe_train.py --reference), once per session: tests here and
+    in the other pipe/TP files that ask for the same reference share it."""
+    job = job_cache.python("pipe_ref", "pipe_train.py", "--reference", "--out", "{dir}",
+                           "--batch", batch, "--steps", STEPS, *flags)
+    return job.json("ref.json")["losses"]
 
 
 def _run(tmp_path, cfg, nproc, *flags):
@@ -44,10 +40,10 @@ def _assert_equal_losses(ranks, ref):
     assert len({tuple(r["losses"]) for r in ranks}) == 1  # the same loss on every stage
 
 
-def test_pipe2_1f1b_equals_single_process(tmp_path):
+def test_pipe2_1f1b_equals_single_process(job_cache, tmp_path):
     """2 stages, 1F1B, 4 micro-batches of 2 == one process on batch 8. Stage 0 holds at most 2
     micro-batches of activations (P - s), the last stage 1; shapes travel once per direction."""
-    ref = _reference(tmp_path, 8)
+    ref = _reference(job_cache, 8)
     ranks = _run(tmp_path, _cfg(2, 4), 2, "--pp", 2)
     _assert_equal_losses(ranks, ref)
     s0, s1 = ranks
@@ -65,13 +61,13 @@ def test_pipe2_1f1b_equals_single_process(tmp_path):
     assert s0["eval_loss"] == s1["eval_loss"] and 4 < s0["eval_loss"] < 7
 
 
-def test_pipe2_gpipe_tied_checkpointing_varying_shapes(tmp_path):
+def test_pipe2_gpipe_tied_checkpointing_varying_shapes(job_cache, tmp_path):
     """GPipe; the embedding tied to the output head across the two stages (gradients summed
     between the owners); activation checkpointing every layer; 3 micro-batches of 2; the sequence
     length changes from step to step (16, 12, 8), so new shapes are sent when they change;
     uniform partitioning of 6 layers."""
     flags = ["--tied", "--varying-seq", "--blocks", 3]
-    ref = _reference(tmp_path, 6, *flags)
+    ref = _reference(job_cache, 6, *flags)
     cfg = _cfg(2, 3, dslaunch={"pipe_schedule": "gpipe"})
     ranks = _run(tmp_path, cfg, 2, "--pp", 2, "--ckpt-interval", 1, "--partition", "uniform",
                  *flags)
@@ -88,10 +84,10 @@ def test_pipe2_gpipe_tied_checkpointing_varying_shapes(tmp_path):
         assert r["p2p"]["transfers"] == r["p2p"]["messages"] + 1 + 2 * 2
 
 
-def test_pipe2_x_dp2_four_ranks(tmp_path):
+def test_pipe2_x_dp2_four_ranks(job_cache, tmp_path):
     """pipe 2 x data 2: each data replica takes its rows, gradients averaged over the data
     group by the stage-0 strategy, loss averaged over it."""
-    ref = _reference(tmp_path, 8)
+    ref = _reference(job_cache, 8)
     ranks = _run(tmp_path, _cfg(2, 2), 4, "--pp", 2)
     _assert_equal_losses(ranks, ref)
     assert [(r["stage"], r["dp_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -99,10 +95,10 @@ def test_pipe2_x_dp2_four_ranks(tmp_path):
         assert r["comm"]["all_reduce"]["calls"] == STEPS
 
 
-def test_pipe2_x_tp2_four_ranks_vocab_parallel(tmp_path):
+def test_pipe2_x_tp2_four_ranks_vocab_parallel(job_cache, tmp_path):
     """pipe 2 x tensor parallel 2: Blocks split over the model group, the head's vocabulary
     split with the vocab-parallel cross-entropy on the last stage."""
-    ref = _reference(tmp_path, 4)
+    ref = _reference(job_cache, 4)
     ranks = _run(tmp_path, _cfg(2, 2), 4, "--pp", 2, "--tp", 2, "--vocab-parallel")
     _assert_equal_losses(ranks, ref)
     assert [(r["stage"], r["tp_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]

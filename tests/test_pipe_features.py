@@ -16,10 +16,8 @@ seeds, same batches, AdamW; tests/scripts/pipe_train.py --reference):
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
-from engine_launch import DSLAUNCH, ROOT, SCRIPTS, launch, results, run_python  # noqa: E402
+from helpers import ROOT, SCRIPTS, dslaunch, launch, results
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}
 STEPS = 3
@@ -31,11 +29,12 @@ def _cfg(micro, gas, **extra):
             "optimizer": ADAMW, **extra}
 
 
-def _reference(tmp_path, batch, *flags):
-    out = tmp_path / "ref"
-    run_python("pipe_train.py", ["--reference", "--out", out, "--batch", batch,
-                                 "--steps", STEPS, *flags])
-    return json.loads((out / "ref.json").read_text())
+def _reference(job_cache, batch, *flags):
+    """The plain single-process run (pipe_train.py --reference), once per session: tests here and
+    in the other pipe/TP files that ask for the same reference share it."""
+    job = job_cache.python("pipe_ref", "pipe_train.py", "--reference", "--out", "{dir}",
+                           "--batch", batch, "--steps", STEPS, *flags)
+    return job.json("ref.json")
 
 
 def _run(tmp_path, cfg, nproc, *flags):
@@ -54,8 +53,7 @@ def _close(got, want, rel):
 
 def _consolidated_loss(tmp_path, ckpt, *flags):
     out = tmp_path / "fp32.pt"
-    proc = subprocess.run(DSLAUNCH + ["ckpt", "to-fp32", str(ckpt), str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = dslaunch("ckpt", "to-fp32", ckpt, out)
     assert proc.returncode == 0, proc.stderr
     check = subprocess.run([sys.executable, str(SCRIPTS / "pipe_consolidated.py"), "--file",
                             str(out), "--ranks", str(tmp_path / "o"), *map(str, flags)],
@@ -64,12 +62,12 @@ def _consolidated_loss(tmp_path, ckpt, *flags):
     return proc.stdout, json.loads(check.stdout)
 
 
-def test_pipe2_x_tp2_clip_tied_then_to_fp32(tmp_path):
+def test_pipe2_x_tp2_clip_tied_then_to_fp32(job_cache, tmp_path):
     """pipe 2 x TP 2 with the embedding tied to the head across the stages and every step
     clipped: losses and the global norm equal the single process's; the checkpoint of the last
     step, consolidated, gives the job's eval loss in one plain process."""
     flags = ["--tied"]
-    ref = _reference(tmp_path, 4, "--clip", CLIP, *flags)
+    ref = _reference(job_cache, 4, "--clip", CLIP, *flags)
     assert min(ref["norms"]) > 10 * CLIP  # clipping bites
     ck = tmp_path / "ck"
     ranks = _run(tmp_path, _cfg(2, 2, gradient_clipping=CLIP), 4, "--pp", 2, "--tp", 2,
@@ -87,10 +85,10 @@ def test_pipe2_x_tp2_clip_tied_then_to_fp32(tmp_path):
     assert abs(got["loss"] - want) <= 1e-6 * abs(want), (got["loss"], want)
 
 
-def test_pipe2_x_dp2_zero1_tied_clip(tmp_path):
+def test_pipe2_x_dp2_zero1_tied_clip(job_cache, tmp_path):
     """ZeRO stage 1 over each stage's data group (pipe 2 x data 2), tied weights summed before
     the boundary reduce-scatter, clipped with the global norm of the shards."""
-    ref = _reference(tmp_path, 8, "--clip", CLIP, "--tied")
+    ref = _reference(job_cache, 8, "--clip", CLIP, "--tied")
     ranks = _run(tmp_path, _cfg(2, 2, gradient_clipping=CLIP, zero_optimization={"stage": 1}),
                  4, "--pp", 2, "--tied")
     for r in ranks:
@@ -99,10 +97,10 @@ def test_pipe2_x_dp2_zero1_tied_clip(tmp_path):
         assert r["comm"]["reduce_scatter"]["calls"] == STEPS  # ZeRO 1: once per step
 
 
-def test_tp2_x_dp2_zero1_clip(tmp_path):
+def test_tp2_x_dp2_zero1_clip(job_cache, tmp_path):
     """examples/gpt.py's GPT with TP 2 (vocab-parallel embedding and head) x data 2, ZeRO 1,
     clipped: the vocab-split weights count on every TP rank, the replicated ones once."""
-    ref = _reference(tmp_path, 8, "--model", "gpt", "--clip", CLIP)
+    ref = _reference(job_cache, 8, "--model", "gpt", "--clip", CLIP)
     ranks = _run(tmp_path, _cfg(2, 2, gradient_clipping=CLIP, zero_optimization={"stage": 1}),
                  4, "--model", "gpt", "--tp", 2)
     for r in ranks:
@@ -110,7 +108,7 @@ def test_tp2_x_dp2_zero1_clip(tmp_path):
         _close(r["norms"], ref["norms"], 1e-5)
 
 
-def test_pipe2_bf16_then_to_fp32_masters(tmp_path):
+def test_pipe2_bf16_then_to_fp32_masters(job_cache, tmp_path):
     """bf16 weights, fp32 masters, 4 micro-batches on 2 stages against a single process doing
     the same (bf16 weights, fp32 masters, one backward over the whole batch): equal within 5e-4
     relative. Not 1e-5: the pipeline rounds each micro-batch's gradient to bf16 and sums in fp32,
@@ -118,8 +116,8 @@ def test_pipe2_bf16_then_to_fp32_masters(tmp_path):
     3.9e-3), and the differing rounding moves Adam's updates slightly (measured ~7e-5). The
     consolidated file holds the fp32 masters (not bf16 values): rounded to bf16 they give the
     job's eval loss within 1e-6."""
-    ref = _reference(tmp_path, 8, "--dtype", "bf16")
-    ref32 = _reference(tmp_path / "fp32", 8)
+    ref = _reference(job_cache, 8, "--dtype", "bf16")
+    ref32 = _reference(job_cache, 8)
     ck = tmp_path / "ck"
     ranks = _run(tmp_path, _cfg(2, 4, bf16={"enabled": True}), 2, "--pp", 2,
                  "--save-dir", ck, "--save-at", STEPS)
@@ -134,12 +132,12 @@ def test_pipe2_bf16_then_to_fp32_masters(tmp_path):
     assert abs(got["loss"] - want) <= 1e-6 * abs(want), (got["loss"], want)
 
 
-def test_pipe2_fp16_clip_and_overflow_skips_on_every_stage(tmp_path):
+def test_pipe2_fp16_clip_and_overflow_skips_on_every_stage(job_cache, tmp_path):
     """fp16 with the dynamic loss scale and clipping equals the fp32 single process within
     1e-4 (fp16 keeps 11 bits; the gradients are unscaled and clipped in fp32). Started at a
     scale of 2^40 every step overflows: every stage skips it (same skipped count, same scale)
     and no weight moves (the last step's loss equals the eval loss on the same batch)."""
-    ref = _reference(tmp_path, 8, "--clip", CLIP)
+    ref = _reference(job_cache, 8, "--clip", CLIP)
     ranks = _run(tmp_path / "a", _cfg(2, 4, gradient_clipping=CLIP, fp16={"enabled": True}), 2,
                  "--pp", 2)
     for r in ranks:

@@ -3,15 +3,13 @@
 split, vocab-parallel embedding, column-parallel head) trained through
 dslaunch.initialize(mpu=grid), compared with the plain single-process GPT within 1e-5 relative."""
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import launch, results
 
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
-from engine_launch import launch, results, run_python  # noqa: E402
 from gpt import GPT, GPTConfig  # noqa: E402
 from gpt_tp import BLOCK_TP_PLAN, GPT_TP_PLAN  # noqa: E402
 
@@ -47,11 +45,11 @@ def test_plan_only_checked_on_one_rank():
         apply_tp_plan(model, {"head": "diagonal"}, None)
 
 
-def _reference(tmp_path, batch):
-    out = tmp_path / "ref"
-    run_python("pipe_train.py", ["--reference", "--model", "gpt", "--out", out, "--batch", batch,
-                                 "--steps", STEPS])
-    return json.loads((out / "ref.json").read_text())["losses"]
+def _reference(job_cache, batch):
+    """The plain single-process GPT (pipe_train.py --reference --model gpt), once per session."""
+    job = job_cache.python("tp_ref", "pipe_train.py", "--reference", "--model", "gpt", "--out",
+                           "{dir}", "--batch", batch, "--steps", STEPS)
+    return job.json("ref.json")["losses"]
 
 
 def _check(ranks, ref):
@@ -60,10 +58,10 @@ def _check(ranks, ref):
             assert abs(got - want) <= 1e-5 * abs(want), (r["rank"], r["losses"], ref)
 
 
-def test_tp2_gpt_equals_single_process(tmp_path):
+def test_tp2_gpt_equals_single_process(job_cache, tmp_path):
     """TP 2, micro 4 x accumulation 2 == one process on batch 8; no gradient all-reduce over
     the (size 1) data group: the replicated parameters get full gradients from the TP regions."""
-    ref = _reference(tmp_path, 8)
+    ref = _reference(job_cache, 8)
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
            "optimizer": ADAMW}
     launch(tmp_path, cfg, "pipe_train.py", ["--out", tmp_path / "o", "--model", "gpt", "--tp", 2,
@@ -74,8 +72,8 @@ def test_tp2_gpt_equals_single_process(tmp_path):
     assert "all_reduce" not in ranks[0]["comm"]
 
 
-def test_tp2_x_dp2_gpt_four_ranks(tmp_path):
-    ref = _reference(tmp_path, 8)
+def test_tp2_x_dp2_gpt_four_ranks(job_cache, tmp_path):
+    ref = _reference(job_cache, 8)
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
            "optimizer": ADAMW}
     launch(tmp_path, cfg, "pipe_train.py", ["--out", tmp_path / "o", "--model", "gpt", "--tp", 2,

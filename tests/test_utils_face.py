@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from engine_launch import DSLAUNCH, ROOT, launch, results  # noqa: E402
+from helpers import DSLAUNCH, ROOT, launch, results  # noqa: E402
 from gpt import GPT, Block, GPTConfig  # noqa: E402
 
 import dslaunch  # noqa: E402

@@ -18,15 +18,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "nvme_train.py"
-DSLAUNCH = Path(sys.executable).with_name("dslaunch")
+from helpers import EXAMPLES, ROOT, dslaunch, launch, rank_env, run_argv
+
+SCRIPT = "nvme_train.py"
 STEPS = 6
 SAVE_AT = 3
 pytestmark = pytest.mark.slow
 KEY = "zero_optimization.offload_optimizer.nvme_path"
-
-_CACHE: dict = {}
 
 
 def _config(stage, device, nvme_path=None, buffer_count=4, sub_group=3000, bucket=8000,
@@ -52,16 +50,13 @@ def _config(stage, device, nvme_path=None, buffer_count=4, sub_group=3000, bucke
 
 
 def _launch(workdir: Path, name: str, config: dict, *args, check=True, env=None):
-    cfg = workdir / f"{name}.json"
-    cfg.write_text(json.dumps(config))
+    """A one-off 2-rank job of tests/scripts/nvme_train.py (not cached): its results, or with
+    check=False the CompletedProcess. The launcher's default grace period, as a user gets it."""
     out = workdir / f"{name}.out.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", "2", "--config", str(cfg),
-                        str(SCRIPT), "--out", str(out), *args],
-                       capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    p = launch(workdir, config, SCRIPT, ["--out", out, *args], env=env, check=check,
+               timeout=300, grace_period=None)
     if not check:
         return p
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads(out.read_text())
     res["losses"] = {int(k): v for k, v in res["losses"].items()}
     return res
@@ -69,13 +64,9 @@ def _launch(workdir: Path, name: str, config: dict, *args, check=True, env=None)
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
+    """This file's scratch directory: the swap directories (which the tests check are emptied)
+    and one-off jobs."""
     return tmp_path_factory.mktemp("nvme")
-
-
-def job(work, name, config, *args):
-    if name not in _CACHE:
-        _CACHE[name] = _launch(work, name, config, *args)
-    return _CACHE[name]
 
 
 def _swap_root(work, name):
@@ -84,16 +75,20 @@ def _swap_root(work, name):
     return d
 
 
-def _run(work, name, stage, device, *, resume_from=None, **kw):
+def _run(job_cache, work, name, stage, device, *, resume_from=None, **kw):
+    """The job ``name``, run once per session: ``.json()`` its results (losses by int step),
+    ``.dir / "ck"`` its checkpoint (saved at SAVE_AT, unless it resumes from the Job
+    ``resume_from``'s)."""
     swap = _swap_root(work, name) if device == "nvme" or kw.get("param") else None
     if kw.get("param", {}).get("device") == "nvme":
         kw["param"] = dict(kw["param"], nvme_path=str(swap))
     args = ["--steps", str(STEPS)]
     if resume_from:
-        args += ["--load", str(work / f"ck_{resume_from}")]
+        args += ["--load", str(resume_from.dir / "ck")]
     else:
-        args += ["--save", str(work / f"ck_{name}"), "--save-at", str(SAVE_AT)]
-    return job(work, name, _config(stage, device, swap, **kw), *args)
+        args += ["--save", "{dir}/ck", "--save-at", str(SAVE_AT)]
+    return job_cache.run(name, SCRIPT, "--out", "{dir}/out.json", *args,
+                         config=_config(stage, device, swap, **kw), timeout=300)
 
 
 def _max_rel(ref, other):
@@ -107,9 +102,10 @@ BUFFERS = {2: 1, 3: 4}
 
 
 @pytest.mark.parametrize("stage", [3, 2])
-def test_nvme_losses_match_cpu_offload(work, stage):
-    cpu = _run(work, f"cpu{stage}", stage, "cpu")
-    nvme = _run(work, f"nvme{stage}", stage, "nvme", buffer_count=BUFFERS[stage])
+def test_nvme_losses_match_cpu_offload(job_cache, work, stage):
+    cpu = _run(job_cache, work, f"cpu{stage}", stage, "cpu").json()
+    nvme = _run(job_cache, work, f"nvme{stage}", stage, "nvme",
+                buffer_count=BUFFERS[stage]).json()
     assert nvme["optimizer"] == "NVMeSwappedOptimizer" and cpu["optimizer"] == "DSCPUAdam"
     assert all(r["swap"]["buffers"] == BUFFERS[stage] for r in nvme["ranks"])
     assert len(nvme["losses"]) == STEPS
@@ -125,12 +121,8 @@ def test_stage1_with_torch_sgd_lamb_adagrad_and_bf16_adam(work):
     trained in one job."""
     root = _swap_root(work, "optimizers")
     out = work / "optimizers.out.json"
-    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", "2",
-                        str(ROOT / "tests" / "scripts" / "nvme_optimizers.py"),
-                        "--nvme-path", str(root), "--out", str(out), "--stage", "1"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    launch(work, None, "nvme_optimizers.py", ["--nvme-path", root, "--out", out, "--stage", 1],
+           timeout=300, grace_period=None)
     res = json.loads(out.read_text())
     expect = {"SGD": ["momentum_buffer"], "Lamb": ["exp_avg", "exp_avg_sq"], "Adagrad": ["sum"],
               "AdamW": ["exp_avg", "exp_avg_sq"]}
@@ -142,8 +134,8 @@ def test_stage1_with_torch_sgd_lamb_adagrad_and_bf16_adam(work):
     assert list(root.iterdir()) == []
 
 
-def test_states_live_in_swap_files_and_are_removed(work):
-    nvme = _run(work, "nvme3", 3, "nvme")
+def test_states_live_in_swap_files_and_are_removed(job_cache, work):
+    nvme = _run(job_cache, work, "nvme3", 3, "nvme").json()
     for r in nvme["ranks"]:
         swap = r["swap"]
         # during training each rank had its own files holding all its states and its fp32
@@ -164,8 +156,9 @@ def test_states_live_in_swap_files_and_are_removed(work):
     assert list((work / "swap_nvme3").iterdir()) == []  # removed at exit
 
 
-def test_memory_breakdown_reports_states_on_nvme(work):
-    cpu, nvme = _run(work, "cpu3", 3, "cpu"), _run(work, "nvme3", 3, "nvme")
+def test_memory_breakdown_reports_states_on_nvme(job_cache, work):
+    cpu = _run(job_cache, work, "cpu3", 3, "cpu").json()
+    nvme = _run(job_cache, work, "nvme3", 3, "nvme").json()
     for rc, rn in zip(cpu["ranks"], nvme["ranks"]):
         # CPU offload: fp32 master + Adam's two states (3 x the shard); NVMe: only the buffers
         # (states' and masters'), the master and the states are in the files
@@ -183,13 +176,16 @@ def test_memory_breakdown_reports_states_on_nvme(work):
         assert rn["memory"]["grads"] == rc["memory"]["grads"]
 
 
-def test_resume_is_exact_and_checkpoints_are_portable(work):
+def test_resume_is_exact_and_checkpoints_are_portable(job_cache, work):
     """An NVMe checkpoint resumes exactly, and cpu <-> nvme checkpoints load into each other."""
-    nvme, cpu = _run(work, "nvme3", 3, "nvme"), _run(work, "cpu3", 3, "cpu")
+    nvme_job = _run(job_cache, work, "nvme3", 3, "nvme")
+    cpu_job = _run(job_cache, work, "cpu3", 3, "cpu")
+    nvme, cpu = nvme_job.json(), cpu_job.json()
     later = {k: v for k, v in nvme["losses"].items() if k >= SAVE_AT}
-    for name, device, source in (("resume_nvme", "nvme", "nvme3"), ("cpu_from_nvme", "cpu", "nvme3"),
-                                 ("nvme_from_cpu", "nvme", "cpu3")):
-        res = _run(work, name, 3, device, resume_from=source, buffer_count=2)
+    for name, device, source in (("resume_nvme", "nvme", nvme_job),
+                                 ("cpu_from_nvme", "cpu", nvme_job),
+                                 ("nvme_from_cpu", "nvme", cpu_job)):
+        res = _run(job_cache, work, name, 3, device, resume_from=source, buffer_count=2).json()
         if device == "nvme":
             assert all(r["swap"]["buffers"] == 2 for r in res["ranks"])
         assert sorted(res["losses"]) == list(range(SAVE_AT, STEPS)), name
@@ -213,10 +209,9 @@ def test_swap_files_removed_when_the_job_is_stopped(work):
     root = _swap_root(work, "sigterm")
     cfg = work / "sigterm.json"
     cfg.write_text(json.dumps(_config(2, "nvme", root)))
-    p = subprocess.Popen([str(DSLAUNCH), "run", "--nproc-per-node", "2", "--config", str(cfg),
-                          str(SCRIPT), "--out", str(work / "sigterm.out.json"), "--steps", "100000"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    p = subprocess.Popen(run_argv(SCRIPT, ["--out", work / "sigterm.out.json", "--steps", 100000],
+                                  cfg, grace_period=None),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=rank_env())
     try:
         deadline = time.monotonic() + 120
         while len(list(root.glob("*/rank*/optimizer_states.swp"))) < 2:
@@ -289,17 +284,17 @@ def test_config_errors(work):
     del c["zero_optimization"]["offload_optimizer"]["nvme_path"]
     cfg = work / "nopath.json"
     cfg.write_text(json.dumps(c))
-    p = subprocess.run([str(DSLAUNCH), "config", "validate", str(cfg)], capture_output=True, text=True)
+    p = dslaunch("config", "validate", cfg)
     assert p.returncode != 0 and f"{KEY}: missing" in p.stdout + p.stderr
     c = _config(3, "nvme", work)
     c["zero_optimization"]["offload_param"] = {"device": "nvme"}
     cfg.write_text(json.dumps(c))
-    p = subprocess.run([str(DSLAUNCH), "config", "validate", str(cfg)], capture_output=True, text=True)
+    p = dslaunch("config", "validate", cfg)
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "zero_optimization.offload_param.nvme_path: missing" in out
     c["zero_optimization"]["offload_param"]["nvme_path"] = str(work)
     cfg.write_text(json.dumps(c))
-    p = subprocess.run([str(DSLAUNCH), "config", "validate", str(cfg)], capture_output=True, text=True)
+    p = dslaunch("config", "validate", cfg)
     assert p.returncode == 0, p.stdout + p.stderr  # parameter offload to NVMe is supported
     from dslaunch.config import ConfigError, resolve_config
 
@@ -344,23 +339,24 @@ PARAM_RUNS = {  # name: (optimizer offload, offload_param, bf16)
 }
 
 
-def _param_run(work, name, resume_from=None):
+def _param_run(job_cache, work, name, resume_from=None):
     opt, param, bf16 = PARAM_RUNS[name.replace("resume_", "")]
-    return _run(work, name, 3, opt, param=param, bf16=bf16, resume_from=resume_from)
+    return _run(job_cache, work, name, 3, opt, param=param, bf16=bf16, resume_from=resume_from)
 
 
 @pytest.mark.parametrize("ref,name", [("pcpu3", "pnvme3"), ("pcpu3_bf16", "pnvme3_bf16")])
-def test_param_nvme_losses_match_param_cpu(work, ref, name):
+def test_param_nvme_losses_match_param_cpu(job_cache, work, ref, name):
     """Parameters (and, fp32, optimizer states) on NVMe train exactly like offload_param cpu."""
-    cpu, nvme = _param_run(work, ref), _param_run(work, name)
+    cpu, nvme = _param_run(job_cache, work, ref).json(), _param_run(job_cache, work, name).json()
     assert len(nvme["losses"]) == STEPS
     assert _max_rel(cpu["losses"], nvme["losses"]) <= 1e-5
     assert nvme["losses"] == cpu["losses"]  # the same arithmetic: bit-identical in practice
     assert nvme["losses"][STEPS - 1] < nvme["losses"][0]
 
 
-def test_param_shards_live_in_files_not_in_memory(work):
-    cpu, nvme = _param_run(work, "pcpu3"), _param_run(work, "pnvme3")
+def test_param_shards_live_in_files_not_in_memory(job_cache, work):
+    cpu = _param_run(job_cache, work, "pcpu3").json()
+    nvme = _param_run(job_cache, work, "pnvme3").json()
     for rc, rn in zip(cpu["ranks"], nvme["ranks"]):
         ps = rn["param_swap"]
         shard_bytes = rn["memory"]["grads"]["cpu"]  # the fp32 gradient shard: as many elements
@@ -377,15 +373,16 @@ def test_param_shards_live_in_files_not_in_memory(work):
         # every step wrote the shard back; the gathers read it, mostly from reads started ahead
         assert ps["write_bytes"] >= STEPS * shard_bytes
         assert ps["read_bytes"] > ps["write_bytes"] and 0 < ps["read_ahead_used"] <= ps["reads"]
-    part = _param_run(work, "pnvme3_bf16")["ranks"][0]["param_swap"]
+    part = _param_run(job_cache, work, "pnvme3_bf16").json()["ranks"][0]["param_swap"]
     assert 0 < part["in_cpu_numel"] <= 4000 and part["on_nvme_numel"] > 0
     assert list((work / "swap_pnvme3").iterdir()) == []  # removed at exit
     assert list((work / "swap_pnvme3_bf16").iterdir()) == []
 
 
-def test_param_nvme_resume_is_exact(work):
-    nvme = _param_run(work, "pnvme3")
-    res = _param_run(work, "resume_pnvme3", resume_from="pnvme3")
+def test_param_nvme_resume_is_exact(job_cache, work):
+    source = _param_run(job_cache, work, "pnvme3")
+    nvme = source.json()
+    res = _param_run(job_cache, work, "resume_pnvme3", resume_from=source).json()
     assert res["losses"] == {k: v for k, v in nvme["losses"].items() if k >= SAVE_AT}
 
 
@@ -465,7 +462,7 @@ def _modify_and_step(work, stage, device):
     final weights and the swap statistics."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "examples"))
+    sys.path.insert(0, str(EXAMPLES))
     import dslaunch
     from dslaunch.zero import GatheredParameters
     from gpt import GPT, GPTConfig

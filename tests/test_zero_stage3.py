@@ -8,22 +8,16 @@ accumulates in fp32; one bf16 rounding is 2^-9 relative).
 """
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "zero3_train.py"
-DSLAUNCH = Path(sys.executable).with_name("dslaunch")
+from helpers import dslaunch, launch
+
+SCRIPT = "zero3_train.py"
 STEPS = 12
 LR = 3e-3
 pytestmark = pytest.mark.slow
-
-_CACHE: dict = {}
 
 # knobs that make per-module gathering visible on the tiny model (42,880 parameters; the biggest
 # unit is the token embedding, 8,192): at most ~10k gathered elements, 5k prefetched
@@ -54,7 +48,7 @@ RUNS = {  # name: (ranks, config, extra script args)
                            stage3_max_live_parameters=12000), ()),
     "tight_4": (4, _config(3, **TIGHT), ()),
     # + engine.save_16bit_model at the end without stage3_gather_16bit_weights_on_model_save
-    "b3": (2, _config(3, "bf16", **TIGHT), ("--save16", "{work}/m16_b3")),
+    "b3": (2, _config(3, "bf16", **TIGHT), ("--save16", "{dir}/m16")),
     "b3_off": (2, _config(3, "bf16", offload_optimizer={"device": "cpu"},
                           stage3_param_persistence_threshold=1000), ()),
     "init": (2, _config(3, **TIGHT), ("--init",)),
@@ -65,30 +59,18 @@ RUNS = {  # name: (ranks, config, extra script args)
 }
 
 
-def run(work, name):
-    if name not in _CACHE:
-        nproc, config, args = RUNS[name]
-        cfg = work / f"{name}.json"
-        cfg.write_text(json.dumps(config))
-        out = work / f"{name}.out.json"
-        p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", str(nproc), "--config",
-                            str(cfg), str(SCRIPT), "--steps", str(STEPS), "--out", str(out),
-                            *[a.format(work=work) for a in args]],
-                           capture_output=True, text=True, timeout=240, cwd=ROOT,
-                           env=dict(os.environ, OMP_NUM_THREADS="1",
-                                    # the RSS runs return freed memory to the OS (see memory.py)
-                                    DSLAUNCH_MALLOC_TUNE="1" if name.startswith("rss") else "0"))
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        res = json.loads(out.read_text())
-        res["losses"] = {int(k): v for k, v in res["losses"].items()}
-        res["log"] = p.stdout + p.stderr
-        _CACHE[name] = res
-    return _CACHE[name]
+def _job(job_cache, name):
+    nproc, config, args = RUNS[name]
+    return job_cache.run(name, SCRIPT, "--steps", STEPS, "--out", "{dir}/out.json", *args,
+                         config=config, nproc=nproc, timeout=240,
+                         # the RSS runs return freed memory to the OS (see memory.py)
+                         env={"DSLAUNCH_MALLOC_TUNE": "1" if name.startswith("rss") else "0"})
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    return tmp_path_factory.mktemp("zero3")
+def run(job_cache, name):
+    """The named run's results (a fresh dict, run once per session), with its output as "log"."""
+    job = _job(job_cache, name)
+    return dict(job.json(), log=job.log)
 
 
 def _max_rel(ref, got, steps=None):
@@ -99,41 +81,41 @@ def _max_rel(ref, got, steps=None):
 
 @pytest.mark.parametrize("name,ref", [("tight", "s0"), ("persist", "s0"), ("offload", "s0"),
                                       ("tight_4", "s0_4")])
-def test_fp32_per_module_gathering_trains_like_stage0(work, name, ref):
-    r, got = run(work, ref)["losses"], run(work, name)["losses"]
+def test_fp32_per_module_gathering_trains_like_stage0(job_cache, name, ref):
+    r, got = run(job_cache, ref)["losses"], run(job_cache, name)["losses"]
     assert len(got) == STEPS and r[STEPS - 1] < r[0] - 0.5  # it trains
     assert _max_rel(r, got) <= 1e-5
 
 
 @pytest.mark.parametrize("name", ["b3", "b3_off"])
-def test_bf16_per_module_gathering_close_to_stage0(work, name):
-    r, got = run(work, "b0")["losses"], run(work, name)["losses"]
+def test_bf16_per_module_gathering_close_to_stage0(job_cache, name):
+    r, got = run(job_cache, "b0")["losses"], run(job_cache, name)["losses"]
     assert r[STEPS - 1] < r[0] - 0.5
     assert _max_rel(r, got) <= 2e-3
 
 
 @pytest.mark.parametrize("name", ["tight", "tight_4", "b3"])
-def test_only_a_few_modules_are_whole_at_once(work, name):
+def test_only_a_few_modules_are_whole_at_once(job_cache, name):
     """Seen from forward hooks on every module: the parameter elements with storage at that
     moment. With max_live 10k the runtime's own count stays near it (the current unit is always
     gathered, so one unit may go past it), and far below the model."""
-    res = run(work, name)
+    res = run(job_cache, name)
     assert res["max_whole_numel"] < 0.3 * res["numel"]
     assert res["max_live"] < 0.3 * res["numel"]
 
 
-def test_persistence_and_reuse_keep_more_gathered(work):
+def test_persistence_and_reuse_keep_more_gathered(job_cache):
     # with the defaults for reuse distance and prefetch, forward keeps units for backward
-    res = run(work, "persist")
-    assert res["max_whole_numel"] > run(work, "tight")["max_whole_numel"]
+    res = run(job_cache, "persist")
+    assert res["max_whole_numel"] > run(job_cache, "tight")["max_whole_numel"]
 
 
 @pytest.mark.parametrize("name", ["tight", "b3", "offload"])
-def test_state_bytes_are_16_over_n(work, name):
+def test_state_bytes_are_16_over_n(job_cache, name):
     """At rest a rank holds its shards only: 16Ψ/N (mixed precision and fp32 alike; the offload
     run also keeps the fp32 master and its fp32 gradient shard on the host: 20Ψ/N), plus the
     persistent parameters whole where there are any."""
-    res = run(work, name)
+    res = run(job_cache, name)
     psi, n = res["numel"], res["world"]
     total = sum(res["memory"]["total"].values())
     expected = (20 if name == "offload" else 16) * psi / n
@@ -142,8 +124,8 @@ def test_state_bytes_are_16_over_n(work, name):
     assert abs(total - expected) <= 0.05 * expected
 
 
-def test_zero_init_partitions_at_construction_and_trains_the_same(work):
-    res, plain = run(work, "init"), run(work, "tight")
+def test_zero_init_partitions_at_construction_and_trains_the_same(job_cache):
+    res, plain = run(job_cache, "init"), run(job_cache, "tight")
     info = res["init"]
     assert info["whole_params"] == 0  # no parameter has storage after construction
     # per-rank parameter storage is 1/N of the model (fp32), up to per-parameter padding
@@ -155,25 +137,25 @@ def test_zero_init_partitions_at_construction_and_trains_the_same(work):
 
 
 @pytest.mark.parametrize("name", ["modify", "init_modify"])
-def test_gathered_parameters_modification_survives_a_step(work, name):
+def test_gathered_parameters_modification_survives_a_step(job_cache, name):
     """Step 4: rank 0 zeroes head.weight[0] inside GatheredParameters(modifier_rank=0) (rank 1
     writes 123 there, which must be dropped). Right after, the row reads 0 on every rank; after
     one optimizer step it has moved by about one Adam step (~lr), not back to its old values."""
-    res = run(work, name)
+    res = run(job_cache, name)
     mod = res["modified"]
     assert mod["right_after"] == 0.0
     assert mod["after_step"] <= 3 * LR
     assert mod["other_rows"] > 10 * LR
-    ref = run(work, "tight")["losses"]
+    ref = run(job_cache, "tight")["losses"]
     assert _max_rel(ref, res["losses"], steps=range(4)) <= 1e-5  # identical before the change
     assert res["losses"][5] != ref[5]  # and the change took effect
 
 
-def test_external_parameter_is_gathered_with_the_module_that_uses_it(work):
+def test_external_parameter_is_gathered_with_the_module_that_uses_it(job_cache):
     """The head reads the token embedding's weight (tied) without owning it: registered with
     zero.register_external_parameter, stage 3 gathers it for the head too and trains like stage 0
     (the tied weight's gradient sums both uses before it is reduce-scattered)."""
-    r, got = run(work, "ext0")["losses"], run(work, "ext3")["losses"]
+    r, got = run(job_cache, "ext0")["losses"], run(job_cache, "ext3")["losses"]
     assert r[STEPS - 1] < r[0] - 0.5
     assert _max_rel(r, got) <= 1e-5
 
@@ -187,24 +169,25 @@ RUNS.update({"rss0": (2, _config(0), RSS_MODEL), "rss2": (2, _config(2), RSS_MOD
              "rss3": (2, _config(3, **RSS_TIGHT), RSS_MODEL)})
 
 
-def test_peak_rss_falls_with_the_stage(work):
+def test_peak_rss_falls_with_the_stage(job_cache):
     """ru_maxrss per rank, all runs the same model and data. The model states a rank holds go
     from 16Ψ (stage 0) to 4Ψ + 12Ψ/N (stage 2) and 16Ψ/N (stage 3) bytes; the process around them
     (torch, gloo, activations) is the same, so the peaks must fall by a good part of those
     differences (here 77 MB and 103 MB; observed about 65 and 85 MB). A relative check in one
     test, no absolute threshold."""
-    rss = {n: max(run(work, n)["peak_rss_mb"]) for n in ("rss0", "rss2", "rss3")}
-    psi = run(work, "rss0")["numel"]
+    rss = {n: max(run(job_cache, n)["peak_rss_mb"]) for n in ("rss0", "rss2", "rss3")}
+    psi = run(job_cache, "rss0")["numel"]
     mb = psi / 2**20
     assert rss["rss2"] < rss["rss0"] - 0.4 * (16 - 10) * mb, rss
     assert rss["rss3"] < rss["rss0"] - 0.4 * (16 - 8) * mb, rss
 
 
-def test_save_16bit_model_without_gather_writes_nothing(work):
+def test_save_16bit_model_without_gather_writes_nothing(job_cache):
     """engine.save_16bit_model under stage 3 without stage3_gather_16bit_weights_on_model_save
     writes nothing and returns False, as DeepSpeed does, and says why (the "b3" run)."""
-    res = run(work, "b3")
-    assert res["saved16"] is False and not (work / "m16_b3" / "pytorch_model.bin").exists()
+    job = _job(job_cache, "b3")
+    res = run(job_cache, "b3")
+    assert res["saved16"] is False and not (job.dir / "m16" / "pytorch_model.bin").exists()
     assert "stage3_gather_16bit_weights_on_model_save" in res["log"]
 
 
@@ -213,19 +196,13 @@ def test_save_16bit_model(tmp_path):
     rank 0 writes the whole model in bf16, equal to the consolidated fp32 masters rounded to bf16
     (the model's weights are exactly that after a step)."""
     cfg = _config(3, "bf16", **TIGHT, stage3_gather_16bit_weights_on_model_save=True)
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
     out, ck, m16 = tmp_path / "o.json", tmp_path / "ck", tmp_path / "m16"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", "2", "--config",
-                        str(tmp_path / "c.json"), str(SCRIPT), "--steps", "3", "--out", str(out),
-                        "--save", str(ck), "--save16", str(m16)],
-                       capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    launch(tmp_path, cfg, SCRIPT, ["--steps", 3, "--out", out, "--save", ck, "--save16", m16],
+           timeout=240)
     res = json.loads(out.read_text())
     assert res["saved16"] is True
     fp32 = tmp_path / "fp32.pt"
-    c = subprocess.run([str(DSLAUNCH), "ckpt", "to-fp32", str(ck), str(fp32)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    c = dslaunch("ckpt", "to-fp32", ck, fp32)
     assert c.returncode == 0, c.stdout + c.stderr
     got = torch.load(m16 / "pytorch_model.bin", weights_only=True)
     ref = torch.load(fp32, weights_only=True)

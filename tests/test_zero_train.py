@@ -10,21 +10,16 @@ by about one bf16 ulp of a gradient, not more (observed ~5e-5 over 20 steps).
 """
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "zero_train.py"
-DSLAUNCH = Path(sys.executable).with_name("dslaunch")
+from helpers import ROOT, dslaunch, launch
+
+SCRIPT = "zero_train.py"
 STEPS = 20
 pytestmark = pytest.mark.slow
-
-_CACHE: dict = {}
 
 
 def _config(stage, precision="fp32", offload=False, bucket=20000, offload_param=False):
@@ -45,31 +40,17 @@ def _config(stage, precision="fp32", offload=False, bucket=20000, offload_param=
     return c
 
 
-def _launch(workdir: Path, name: str, nproc: int, config: dict, *args, check=True):
-    cfg = workdir / f"{name}.json"
-    cfg.write_text(json.dumps(config))
-    out = workdir / f"{name}.out.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", str(nproc), "--config", str(cfg),
-                        str(SCRIPT), "--steps", str(STEPS), "--out", str(out), *args],
-                       capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
-    if not check:
-        return p
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    res = json.loads(out.read_text())
-    res["losses"] = {int(k): v for k, v in res["losses"].items()}
-    return res
+def job(job_cache, name, nproc, config, *args, check=True):
+    """A 20-step job of tests/scripts/zero_train.py, run once per session (``job_cache``);
+    ``{dir}`` in args is the job's own directory."""
+    return job_cache.run(name, SCRIPT, "--steps", STEPS, "--out", "{dir}/out.json", *args,
+                         config=config, nproc=nproc, timeout=180, check=check)
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
+    """This file's own scratch directory (reshaped checkpoints, exports): never a job's."""
     return tmp_path_factory.mktemp("zero")
-
-
-def job(work, name, nproc, config, *args):
-    if name not in _CACHE:
-        _CACHE[name] = _launch(work, name, nproc, config, *args)
-    return _CACHE[name]
 
 
 def _max_rel(ref, other):
@@ -79,12 +60,12 @@ def _max_rel(ref, other):
 
 RUNS = {  # name: (ranks, config, extra args)
     "s0": (2, _config(0), ()),
-    "s1": (2, _config(1), ("--save", "{work}/ck_s1", "--save-at", "10")),
-    "s2": (2, _config(2), ("--save", "{work}/ck_s2", "--save-at", "10")),
+    "s1": (2, _config(1), ("--save", "{dir}/ck", "--save-at", "10")),
+    "s2": (2, _config(2), ("--save", "{dir}/ck", "--save-at", "10")),
     "s1_off": (2, _config(1, offload=True), ()),
-    "s2_off": (2, _config(2, offload=True), ("--save", "{work}/ck_s2_off", "--save-at", "10")),
+    "s2_off": (2, _config(2, offload=True), ("--save", "{dir}/ck", "--save-at", "10")),
     "s2_4ranks": (4, _config(2, bucket=3000), ()),
-    "s3": (2, _config(3), ("--save", "{work}/ck_s3", "--save-at", "10")),
+    "s3": (2, _config(3), ("--save", "{dir}/ck", "--save-at", "10")),
     "s3_off": (2, _config(3, offload=True, offload_param=True), ()),
     "s1_4ranks": (4, _config(1, bucket=3000), ()),
     "s3_4ranks": (4, _config(3, bucket=3000), ()),
@@ -94,32 +75,39 @@ RUNS = {  # name: (ranks, config, extra args)
     "h2": (2, _config(2, "fp16"), ()),
     "b3": (2, _config(3, "bf16"), ()),
     "b1": (2, _config(1, "bf16"), ()),
-    "b2": (2, _config(2, "bf16"), ("--save", "{work}/ck_b2", "--save-at", "10")),
+    "b2": (2, _config(2, "bf16"), ("--save", "{dir}/ck", "--save-at", "10")),
     "b2_off": (2, _config(2, "bf16", offload=True), ()),
     "b3_off": (2, _config(3, "bf16", offload=True, offload_param=True), ()),
     "b2_4ranks": (4, _config(2, "bf16", bucket=3000), ()),
 }
 
 
-def run(work, name):
+def run(job_cache, name):
+    """The named run's results (a fresh dict)."""
     nproc, cfg, args = RUNS[name]
-    return job(work, name, nproc, cfg, *[a.format(work=work) for a in args])
+    return job(job_cache, name, nproc, cfg, *args).json()
+
+
+def ckpt(job_cache, name):
+    """The checkpoint directory the named run saved (at step 10)."""
+    nproc, cfg, args = RUNS[name]
+    return job(job_cache, name, nproc, cfg, *args).dir / "ck"
 
 
 @pytest.mark.parametrize("name", ["s1", "s2", "s1_off", "s2_off", "s2_4ranks", "s3", "s3_off",
                                   "s1_4ranks", "s3_4ranks", "s3_off_4ranks"])
-def test_fp32_loss_trajectory_equals_stage0(work, name):
-    ref = run(work, "s0")["losses"]
-    got = run(work, name)["losses"]
+def test_fp32_loss_trajectory_equals_stage0(job_cache, name):
+    ref = run(job_cache, "s0")["losses"]
+    got = run(job_cache, name)["losses"]
     assert len(got) == STEPS
     assert ref[STEPS - 1] < ref[0] - 0.5  # it trains
     assert _max_rel(ref, got) <= 1e-5
 
 
 @pytest.mark.parametrize("name", ["b1", "b2", "b2_off", "b3", "b3_off", "b2_4ranks"])
-def test_bf16_loss_trajectory_close_to_stage0(work, name):
-    ref = run(work, "b0")["losses"]
-    got = run(work, name)["losses"]
+def test_bf16_loss_trajectory_close_to_stage0(job_cache, name):
+    ref = run(job_cache, "b0")["losses"]
+    got = run(job_cache, name)["losses"]
     assert ref[STEPS - 1] < ref[0] - 0.5
     assert _max_rel(ref, got) <= 2e-3
 
@@ -142,8 +130,8 @@ def _total(mem):
     # + offload_param: the parameter shard sits on the host too (fp32: plus the master shard)
     ("s3_off", lambda P, N: 20 * P / N),
 ])
-def test_model_state_bytes_match_the_paper(work, name, formula):
-    res = run(work, name)
+def test_model_state_bytes_match_the_paper(job_cache, name, formula):
+    res = run(job_cache, name)
     psi, n = res["numel"], res["world"]
     assert abs(_total(res["memory"]) - formula(psi, n)) <= 0.05 * formula(psi, n)
     from dslaunch.engine.zero.memory_estimate import estimate
@@ -155,8 +143,8 @@ def test_model_state_bytes_match_the_paper(work, name, formula):
     assert abs(_total(res["memory"]) - (e.device + e.cpu)) <= 0.05 * (e.device + e.cpu)
 
 
-def test_stage2_moves_gradients_by_reduce_scatter(work):
-    comm = run(work, "s2")["comm"]
+def test_stage2_moves_gradients_by_reduce_scatter(job_cache):
+    comm = run(job_cache, "s2")["comm"]
     assert comm["reduce_scatter"]["calls"] > 0 and comm["all_gather"]["calls"] > 0
     assert "all_reduce" not in comm or comm["all_reduce"]["bytes"] < 1000  # norms only
     # on gloo both run as pairwise send/recv by default (engine/comm.py), booked under their own
@@ -167,23 +155,23 @@ def test_stage2_moves_gradients_by_reduce_scatter(work):
 
 
 @pytest.mark.parametrize("name", ["s1", "s2", "s3", "s2_off"])
-def test_resume_is_bit_identical(work, name):
-    full = run(work, name)["losses"]
-    res = job(work, f"resume_{name}", 2, RUNS[name][1], "--load", str(work / f"ck_{name}"))
+def test_resume_is_bit_identical(job_cache, name):
+    full = run(job_cache, name)["losses"]
+    res = job(job_cache, f"resume_{name}", 2, RUNS[name][1], "--load", ckpt(job_cache, name)).json()
     assert sorted(res["losses"]) == list(range(10, STEPS))
     assert all(res["losses"][k] == full[k] for k in res["losses"])
 
 
-def test_reshape_2_to_4_to_1_continues_with_the_same_losses(work):
-    full = run(work, "s2")["losses"]
-    cli = [str(DSLAUNCH), "ckpt", "reshape"]
-    subprocess.run(cli + [str(work / "ck_s2"), str(work / "ck4"), "--world-size", "4"],
-                   check=True, capture_output=True, timeout=120)
-    r4 = _launch(work, "r4", 4, _config(2), "--load", str(work / "ck4"), "--save",
-                 str(work / "ck4b"), "--save-at", "15")
-    subprocess.run(cli + [str(work / "ck4b"), str(work / "ck1"), "--world-size", "1"],
-                   check=True, capture_output=True, timeout=120)
-    r1 = _launch(work, "r1", 1, _config(2), "--load", str(work / "ck1"))
+def test_reshape_2_to_4_to_1_continues_with_the_same_losses(job_cache, work):
+    full = run(job_cache, "s2")["losses"]
+    p = dslaunch("ckpt", "reshape", ckpt(job_cache, "s2"), work / "ck4", "--world-size", "4")
+    assert p.returncode == 0, p.stdout + p.stderr
+    r4 = job(job_cache, "r4", 4, _config(2), "--load", work / "ck4", "--save", "{dir}/ck",
+             "--save-at", "15")
+    p = dslaunch("ckpt", "reshape", r4.dir / "ck", work / "ck1", "--world-size", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    r4 = r4.json()
+    r1 = job(job_cache, "r1", 1, _config(2), "--load", work / "ck1").json()
     assert sorted(r1["losses"]) == list(range(15, STEPS))
     assert _max_rel(full, r4["losses"]) <= 1e-5 and _max_rel(full, r1["losses"]) <= 1e-5
 
@@ -196,29 +184,28 @@ def _gpt():
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_to_fp32_fp32_checkpoint_equals_the_model_weights(work, stage):
-    run(work, f"s{stage}")
+def test_to_fp32_fp32_checkpoint_equals_the_model_weights(job_cache, work, stage):
+    ck = ckpt(job_cache, f"s{stage}")
     out = work / f"s{stage}_fp32.pt"
-    p = subprocess.run([str(DSLAUNCH), "ckpt", "to-fp32", str(work / f"ck_s{stage}"), str(out)],
-                       capture_output=True, text=True, timeout=120)
+    p = dslaunch("ckpt", "to-fp32", ck, out)
     assert p.returncode == 0, p.stderr
     sd = torch.load(out, weights_only=True)
     model = _gpt()
     model.load_state_dict(sd)  # strict: every name and shape
-    module = torch.load(work / f"ck_s{stage}" / "global_step10" / "model_states.pt",
+    module = torch.load(ck / "global_step10" / "model_states.pt",
                         weights_only=True)["module"]
     assert all(torch.equal(sd[k], module[k]) for k in module)
     assert "rebuilt from ZeRO shards" in p.stdout
 
 
-def test_to_fp32_bf16_checkpoint_takes_the_fp32_masters(work):
-    run(work, "b2")
+def test_to_fp32_bf16_checkpoint_takes_the_fp32_masters(job_cache, work):
+    ck = ckpt(job_cache, "b2")
     out = work / "b2_fp32.pt"
-    subprocess.run([str(DSLAUNCH), "ckpt", "to-fp32", str(work / "ck_b2"), str(out)],
-                   check=True, capture_output=True, timeout=120)
+    p = dslaunch("ckpt", "to-fp32", ck, out)
+    assert p.returncode == 0, p.stdout + p.stderr
     sd = torch.load(out, weights_only=True)
     _gpt().load_state_dict(sd)
-    module = torch.load(work / "ck_b2" / "global_step10" / "model_states.pt",
+    module = torch.load(ck / "global_step10" / "model_states.pt",
                         weights_only=True)["module"]
     assert all(v.dtype == torch.float32 for v in sd.values())
     # the bf16 model weights are the masters rounded; the masters carry more bits
@@ -226,43 +213,37 @@ def test_to_fp32_bf16_checkpoint_takes_the_fp32_masters(work):
     assert any(not torch.equal(sd[k], module[k].float()) for k in module)
 
 
-def test_checkpoint_that_does_not_fit_the_model_names_the_tensor(work):
-    run(work, "s2")
-    p = _launch(work, "bad", 2, _config(2), "--load", str(work / "ck_s2"), "--d-model", "48",
-                check=False)
+def test_checkpoint_that_does_not_fit_the_model_names_the_tensor(job_cache):
+    p = job(job_cache, "bad", 2, _config(2), "--load", ckpt(job_cache, "s2"), "--d-model", "48",
+            check=False).proc
     assert p.returncode != 0
     assert "tok_emb.weight" in p.stdout + p.stderr
 
 
-def test_resharding_on_load_2_to_4_ranks(work):
-    full = run(work, "s2")["losses"]
-    cfg = work / "auto.json"
-    cfg.write_text(json.dumps(_config(2)))
-    p = subprocess.run([str(DSLAUNCH), "run", "--nproc-per-node", "4", "--config", str(cfg),
-                        str(ROOT / "tests/scripts/zero_autoreshape.py"), str(work / "ck_s2")],
-                       capture_output=True, text=True, timeout=180,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+def test_resharding_on_load_2_to_4_ranks(job_cache, work):
+    full = run(job_cache, "s2")["losses"]
+    p = launch(work, _config(2), "zero_autoreshape.py", [ckpt(job_cache, "s2")], nproc=4,
+               timeout=180)
     line = next(ln for ln in p.stdout.splitlines() if "LOSSES" in ln)
     got = {int(k): v for k, v in json.loads(line.split("LOSSES", 1)[1]).items()}
     assert sorted(got) == list(range(10, STEPS))
     assert _max_rel(full, got) <= 1e-5
 
 
-def test_offload_steps_with_the_compiled_cpu_adam_when_built(work):
+def test_offload_steps_with_the_compiled_cpu_adam_when_built(job_cache):
     from dslaunch.kernels import load_op
 
-    names = {n: run(work, n)["optimizer"] for n in ("s2", "s2_off", "b2_off")}
+    names = {n: run(job_cache, n)["optimizer"] for n in ("s2", "s2_off", "b2_off")}
     assert names["s2"] == "AdamW"
     expected = "DSCPUAdam" if load_op("cpu_adam") is not None else "AdamW"
     assert names["s2_off"] == expected and names["b2_off"] == expected
 
 
-def test_fp16_overflow_skips_the_same_steps_and_trains(work):
+def test_fp16_overflow_skips_the_same_steps_and_trains(job_cache):
     """fp16 gradients are kept and reduced in fp16 here (fp32 in stage 0), so the trajectories
     are not expected to match to bf16's bound; the overflow handling must: the first steps
     overflow (loss scale 2^32) on every rank and are skipped, the scale comes down, it trains."""
-    ref, got = run(work, "h0")["losses"], run(work, "h2")["losses"]
+    ref, got = run(job_cache, "h0")["losses"], run(job_cache, "h2")["losses"]
     first = [ref[k] for k in range(4)]
     assert max(first) - min(first) < 0.05  # weights unchanged while steps are skipped
     assert all(got[k] == ref[k] for k in range(4))

@@ -1,0 +1,257 @@
+"""Shared test helpers: the repository paths, the `dslaunch` CLI as a subprocess, and the cache of
+expensive multi-process jobs that tests/conftest.py hands out as the ``job_cache`` fixture.
+
+Import what you need in a test module (tests/ is on sys.path while pytest runs):
+
+    from helpers import ROOT, SCRIPTS, dslaunch, launch, results, run_python
+
+Why a module and not only conftest.py: tests/multihost/ has a conftest.py of its own, and pytest
+loads both under the one module name ``conftest``, so ``from conftest import ...`` would pick up
+whichever was loaded last. tests/conftest.py holds the fixtures (``job_cache``), which need no
+import; this module holds what a test module imports.
+
+API (everything a newcomer needs to start a real job):
+
+- ``ROOT``, ``SCRIPTS`` (tests/scripts), ``EXAMPLES``; ``DSLAUNCH``: the argv prefix of the CLI
+  (the venv's console script, or ``python -c`` where there is none).
+- ``dslaunch(*args, cwd=ROOT, env=None, timeout=120)``: run any sub-command, return the
+  CompletedProcess (never raises on a non-zero exit: assert on it).
+- ``launch(workdir, config, script, args, nproc=2, env=None, check=True, timeout=120,
+  grace_period=1, config_flag="--config")``: ``dslaunch run`` of a rank script (a name under
+  tests/scripts, or a path) with a config dict written to workdir; raises with the output tails
+  when ``check`` and it fails.
+- ``run_python(script, args)``: the plain single-process run (the reference), launcher variables
+  removed.
+- ``results(out_dir, nproc)``: the ``rank_<r>.json`` files a rank script wrote.
+- ``JobCache`` / the ``job_cache`` fixture: ``job_cache.run(name, script, *args, config=, nproc=,
+  env=)`` and ``job_cache.python(name, script, *args)`` start a job once per pytest session and
+  return the same ``Job`` to every test (in any file) that asks for the same job; see the class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "scripts"
+EXAMPLES = ROOT / "examples"
+_CONSOLE = Path(sys.executable).with_name("dslaunch")
+DSLAUNCH = ([str(_CONSOLE)] if _CONSOLE.exists() else
+            [sys.executable, "-c", "import sys; from dslaunch.cli import main; sys.exit(main())"])
+# what a plain single-process reference must not inherit from a launcher that started pytest
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "DSLAUNCH_CONFIG")
+
+
+def _script(script) -> Path:
+    p = Path(script)
+    return p if p.is_absolute() else SCRIPTS / p
+
+
+def _tails(cmd, proc) -> str:
+    return (f"{' '.join(map(str, cmd))} exited {proc.returncode}\n--- stdout\n"
+            f"{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+
+
+def dslaunch(*args, cwd=ROOT, env=None, timeout=120) -> subprocess.CompletedProcess:
+    """``dslaunch ARGS...`` as a user types it; the caller asserts on returncode/stdout/stderr.
+    ``env`` replaces the environment when given (pass ``dict(os.environ, ...)`` to extend it)."""
+    return subprocess.run([*DSLAUNCH, *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_argv(script, args, config_path=None, nproc: int = 2, grace_period=1,
+             config_flag: str = "--config") -> list:
+    """The argv of ``dslaunch run`` for a rank script (one thread per rank)."""
+    cmd = [*DSLAUNCH, "run", "--nproc-per-node", str(nproc), "--omp-threads", "1"]
+    if grace_period is not None:
+        cmd += ["--grace-period", str(grace_period)]
+    if config_path is not None and config_flag == "--config":
+        cmd += ["--config", str(config_path)]
+    cmd += [str(_script(script)), *map(str, args)]
+    if config_path is not None and config_flag != "--config":  # a script argument instead
+        cmd += [config_flag, str(config_path)]
+    return cmd
+
+
+def rank_env(env: dict | None = None) -> dict:
+    """This environment, one OpenMP thread, unbuffered output, then ``env`` on top."""
+    full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full.update(env or {})
+    return full
+
+
+def launch(workdir, config: dict | None, script, args: list, nproc: int = 2,
+           env: dict | None = None, check: bool = True, timeout: int = 120, grace_period=1,
+           config_flag: str = "--config") -> subprocess.CompletedProcess:
+    """``dslaunch run --nproc-per-node N --omp-threads 1 [--config <workdir>/config_<hash>.json]
+    script args...`` from ROOT. ``config_flag``: "--config" gives the file to the launcher; any
+    other flag (e.g. "--deepspeed_config") passes it to the script instead, after its args."""
+    cfg = None
+    if config is not None:
+        text = json.dumps(config, sort_keys=True)
+        cfg = Path(workdir) / f"config_{hashlib.sha1(text.encode()).hexdigest()[:12]}.json"
+        cfg.write_text(text)
+    cmd = run_argv(script, args, cfg, nproc, grace_period, config_flag)
+    proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(env), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(_tails(cmd, proc))
+    return proc
+
+
+def run_python(script, args: list, timeout: int = 120) -> subprocess.CompletedProcess:
+    """A plain single-process run (the reference), no launcher; raises if it fails."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for k in LAUNCHER_VARS:
+        env.pop(k, None)
+    cmd = [sys.executable, str(_script(script)), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AssertionError(_tails(cmd, proc))
+    return proc
+
+
+def results(out_dir, nproc: int = 2) -> list:
+    return [json.loads((Path(out_dir) / f"rank_{r}.json").read_text()) for r in range(nproc)]
+
+
+# -- the session's cache of expensive jobs ---------------------------------------------------------
+
+@dataclass
+class Job:
+    """One finished job. ``dir`` is its own directory (its config, and whatever its arguments
+    wrote there through ``{dir}``): other tests may share the job, so treat ``dir`` as read-only
+    and write derived files (reshaped checkpoints, exports) under your own tmp_path."""
+
+    name: str
+    key: str
+    dir: Path
+    argv: list
+    proc: subprocess.CompletedProcess
+    seconds: float
+    _json: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.proc.returncode == 0
+
+    @property
+    def log(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+    def json(self, name: str = "out.json") -> dict:
+        """``dir/name`` parsed, a fresh copy per call (callers may change it); a ``losses`` dict
+        gets its step keys back as ints (JSON made them strings)."""
+        if name not in self._json:
+            self._json[name] = (self.dir / name).read_text()
+        res = json.loads(self._json[name])
+        if isinstance(res, dict) and isinstance(res.get("losses"), dict):
+            res["losses"] = {int(k): v for k, v in res["losses"].items()}
+        return res
+
+    def results(self, nproc: int | None = None, sub: str = "") -> list:
+        """The ``rank_<r>.json`` files under ``dir/sub`` (a rank script's --out directory)."""
+        return results(self.dir / sub, nproc if nproc is not None else self.nproc)
+
+    @property
+    def nproc(self) -> int:
+        i = self.argv.index("--nproc-per-node") if "--nproc-per-node" in self.argv else -1
+        return int(self.argv[i + 1]) if i >= 0 else 1
+
+
+def _fill(value, d: str):
+    """``{dir}`` -> the job's directory, in strings, lists and dicts (arguments and configs)."""
+    if isinstance(value, str):
+        return value.replace("{dir}", d)
+    if isinstance(value, dict):
+        return {k: _fill(v, d) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_fill(v, d) for v in value]
+    return value
+
+
+class JobCache:
+    """Expensive jobs, each started at most once per pytest session (tests/conftest.py makes one,
+    the session-scoped ``job_cache`` fixture).
+
+    ``run(name, script, *args, config=None, nproc=2, env=None, timeout=300, grace_period=None,
+    config_flag="--config")`` -> Job: ``dslaunch run --nproc-per-node N --omp-threads 1
+    [--config <dir>/config.json] <script> args...`` from ROOT (script: a name under tests/scripts
+    or a path). ``python(name, script, *args, timeout=120)`` -> Job: the plain single-process
+    run of ``run_python``. In ``args`` and in the config's strings ``{dir}`` stands for the job's
+    own directory (``"--out", "{dir}/out.json"``, ``"--save", "{dir}/ck"``).
+
+    The key is what the job does, not what it is called: kind, script, nproc, the config, the
+    args (before ``{dir}`` is filled in), env and the launcher flags. Two tests, in one file or
+    two, that describe the same job get the same Job, whatever name each gives it; the name only
+    labels the directory (``<cache>/<name>-<key>``) and the summary. A job that failed is kept
+    too: the next test asking for it fails at once with the same output instead of running it
+    again (``check=False`` hands back the failed Job instead).
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.jobs: dict[str, Job] = {}
+        self.hits = 0
+
+    @staticmethod
+    def key_of(**what) -> str:
+        text = json.dumps(what, sort_keys=True, default=str)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def _get(self, name, key, argv_of, env, timeout, check) -> Job:
+        job = self.jobs.get(key)
+        if job is None:
+            d = self.root / f"{name}-{key}"
+            d.mkdir(parents=True, exist_ok=True)
+            argv = argv_of(str(d))
+            t0 = time.perf_counter()
+            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+            job = Job(name, key, d, argv, proc, time.perf_counter() - t0)
+            self.jobs[key] = job
+        else:
+            self.hits += 1
+        if check and not job.ok:
+            raise AssertionError(f"job {job.name!r} failed (cached)\n" + _tails(job.argv, job.proc))
+        return job
+
+    def run(self, name: str, script, *args, config: dict | None = None, nproc: int = 2,
+            env: dict | None = None, timeout: int = 300, grace_period=None,
+            config_flag: str = "--config", check: bool = True) -> Job:
+        args = [str(a) for a in args]
+        key = self.key_of(kind="run", script=str(_script(script)), args=args, config=config,
+                          nproc=nproc, env=env, grace=grace_period, flag=config_flag)
+
+        def argv_of(d):
+            cfg = None
+            if config is not None:
+                cfg = Path(d) / "config.json"
+                cfg.write_text(json.dumps(_fill(config, d)))
+            return run_argv(script, _fill(args, d), cfg, nproc, grace_period, config_flag)
+
+        return self._get(name, key, argv_of, rank_env(env), timeout, check)
+
+    def python(self, name: str, script, *args, timeout: int = 120, check: bool = True) -> Job:
+        args = [str(a) for a in args]
+        key = self.key_of(kind="python", script=str(_script(script)), args=args)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        for k in LAUNCHER_VARS:
+            env.pop(k, None)
+        return self._get(name, key,
+                         lambda d: [sys.executable, str(_script(script)), *_fill(args, d)],
+                         env, timeout, check)
+
+    def summary(self) -> str:
+        secs = sum(j.seconds for j in self.jobs.values())
+        failed = [j.name for j in self.jobs.values() if not j.ok]
+        return (f"job_cache: {len(self.jobs)} jobs run ({secs:.0f}s), {self.hits} reuses"
+                + (f", failed: {', '.join(failed)}" if failed else ""))
