@@ -31,6 +31,7 @@ test-fast:
 	$(BIN)/python -m pytest -q -m "not slow and not multihost" tests
 
 lint:
+	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q -x '/\.peer-venv/' dslaunch tests benchmarks examples
 
 bench:

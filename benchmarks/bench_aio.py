@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peer_scripts"))
 
-import benchutil as bu  # noqa: E402
+import benchutil as bu
 
 TUNE_SWEEP = {"block_size": ["256K", "1M"], "queue_depth": [8, 32], "intra_op_parallelism": [1, 2],
               "single_submit": [False], "overlap_events": [True]}

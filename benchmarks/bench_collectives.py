@@ -38,8 +38,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dslaunch.engine import comm_pairwise as pairwise  # noqa: E402
-from dslaunch.engine.comm import all_gather_single, reduce_scatter_single  # noqa: E402
+from dslaunch.engine import comm_pairwise as pairwise
+from dslaunch.engine.comm import all_gather_single, reduce_scatter_single
 
 VARIANTS = ("all_reduce", "reduce_scatter", "rs_via_all_reduce", "rs_pairwise", "all_gather",
             "ag_via_all_reduce", "ag_pairwise")

@@ -304,7 +304,7 @@ def main(argv=None) -> int:
     # it writes it has just read), so the like-for-like traffic figure for triad is 16 B/elem
     tri["GBps_with_write_allocate_16B"] = triad * 16 / 12
     adam_ceiling = results["bandwidth"]["bw_adam_traffic"]["GBps"]
-    for n, entry in results["sizes"].items():
+    for entry in results["sizes"].values():
         gbps = entry["dslaunch"]["effective_GBps_28B"]
         entry["dslaunch_fraction_of_triad"] = gbps / triad
         entry["dslaunch_fraction_of_triad_16B"] = gbps / tri["GBps_with_write_allocate_16B"]

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peer_scripts"))
 
-import benchutil as bu  # noqa: E402
+import benchutil as bu
 
 TRIVIAL = bu.PEER_SCRIPTS / "trivial_dist.py"
 LAUNCHERS = ("dslaunch", "torchrun", "deepspeed")

@@ -253,7 +253,7 @@ def main(argv=None):
             walls = [r["wall_s"] for r in rs if r["ok"]]
             result["launch"][name] = {"median_wall_s": bu.median(walls), "runs": rs}
         base = result["launch"].get("torchrun-static", {}).get("median_wall_s")
-        for name, v in result["launch"].items():
+        for v in result["launch"].values():
             v["ratio_vs_torchrun_static"] = bu.ratio(v["median_wall_s"], base)
         for name in [x for x in args.fail_launchers.split(",") if x in launchers]:
             bu.log(f"fail-fast {name}")

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peer_scripts"))
 
-import benchutil as bu  # noqa: E402
+import benchutil as bu
 
 SCRIPT = bu.REPO / "tests" / "scripts" / "nvme_train.py"
 DSLAUNCH = Path(sys.executable).with_name("dslaunch")

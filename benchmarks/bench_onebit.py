@@ -259,7 +259,7 @@ def run_slow(name, opt, args, workdir: Path, port: int) -> dict:
     warm_comm = [s for s, c in zip(comm_s, comp) if not c]
     compr_comm = [s for s, c in zip(comm_s, comp) if c]
     sent = sum(sum(b.values()) for b in rec["step_sent"])
-    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    med = lambda xs: statistics.median(xs) if xs else None
     return {"step_s_warmup_median": med(warm),
             "step_s_compression_median": med(compr),
             "comm_s_warmup_median": med(warm_comm),
@@ -284,7 +284,7 @@ def slow_link(args, result: dict) -> None:
                     runs[name].append(run_slow(name, opt, args, Path(tmp), 29400 + 2 * i + j))
     finally:
         link_down()
-    med = lambda xs: statistics.median(xs) if xs and None not in xs else None  # noqa: E731
+    med = lambda xs: statistics.median(xs) if xs and None not in xs else None
     summary = {}
     for name, rs in runs.items():
         summary[name] = {

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peer_scripts"))
 
-import benchutil as bu  # noqa: E402
+import benchutil as bu
 
 RANK_SCRIPT = Path(__file__).resolve().parent / "pipe_bench_rank.py"
 PARTS = ("peer", "schedule", "layouts")
@@ -190,7 +190,7 @@ def part_layouts(args) -> dict:
         dp = 4 // (pp * tp)
         out[f"dslaunch_{name}"] = run_config(args, "dslaunch", 4, pp, tp, micro=1, gas=seqs // dp)
     if not args.no_peer:
-        for name, pp, tp in layouts[:2]:
+        for name, pp, _tp in layouts[:2]:
             dp = 4 // pp
             out[f"deepspeed_{name}"] = run_config(args, "deepspeed", 4, pp, 1, micro=1,
                                                   gas=seqs // dp)

@@ -40,8 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peer_scripts"))
 
-import benchutil as bu  # noqa: E402
-from zero_config import train_config  # noqa: E402
+import benchutil as bu
+from zero_config import train_config
 
 RUNTIMES = ("dslaunch", "ddp", "fsdp2", "deepspeed")
 STAGED = ("dslaunch", "deepspeed")
@@ -139,7 +139,7 @@ def config_name(c) -> str:
 
 def dslaunch_precheck(c, args) -> str | None:
     """The config error's text if dslaunch's config layer calls this configuration unsupported."""
-    from dslaunch.config import ConfigError, resolve_config  # noqa: PLC0415
+    from dslaunch.config import ConfigError, resolve_config
 
     cfg = train_config(c["stage"], c["precision"], c["offload"], args.micro_batch, args.lr)
     try:
@@ -147,7 +147,7 @@ def dslaunch_precheck(c, args) -> str | None:
     except ConfigError as exc:
         text = str(exc)
         return text if "not supported" in text else None
-    except Exception:  # noqa: BLE001 - the run is the judge
+    except Exception:
         return None
     return None
 
@@ -174,7 +174,8 @@ def command(c, args, out_dir: Path, peer_py: str | None, smoke_warmup: bool = Fa
     peer_bin = Path(peer_py).parent
     script = str(bu.PEER_SCRIPTS / "deepspeed_train.py")
     if args.ds_launcher == "deepspeed":
-        return [str(peer_bin / "deepspeed"), "--num_gpus", n, "--master_port", str(bu.free_port()), script] + script_args
+        return [str(peer_bin / "deepspeed"), "--num_gpus", n, "--master_port", str(bu.free_port()),
+                script] + script_args
     return [str(peer_bin / "torchrun"), "--standalone", "--nproc-per-node", n, script] + script_args
 
 
@@ -235,7 +236,7 @@ def one_run(c, args, work: Path, rep: int, peer_py, smoke_warmup=False) -> dict:
 
 
 def _kill_group(proc):
-    import signal  # noqa: PLC0415
+    import signal
 
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
         try:

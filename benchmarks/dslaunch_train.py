@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_scripts"))
 
-import common  # noqa: E402
-from zero_config import train_config  # noqa: E402
+import common
+from zero_config import train_config
 
 UNSUPPORTED_EXIT = 3
 
@@ -55,7 +55,7 @@ def main():
     extra = {"stage": args.stage, "offload": args.offload, "dslaunch": dslaunch.__version__}
     try:
         extra["memory_breakdown"] = engine.memory_breakdown()
-    except Exception as exc:  # noqa: BLE001 - a measurement, not the run
+    except Exception as exc:
         extra["memory_breakdown"] = f"unavailable: {exc}"
     try:
         json.dumps(extra["memory_breakdown"])

@@ -38,7 +38,7 @@ def torch_spec() -> str:
     if spec:
         return spec
     try:
-        import torch  # noqa: PLC0415
+        import torch
 
         return "torch==" + torch.__version__.split("+")[0]
     except ImportError:

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import Block, GPTConfig, TextBatches, bench_config, stdlib_bytes  # noqa: E402
+from gpt import Block, GPTConfig, TextBatches, bench_config, stdlib_bytes
 
 p = argparse.ArgumentParser()
 p.add_argument("--runtime", choices=["dslaunch", "deepspeed"], required=True)

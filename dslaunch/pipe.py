@@ -2,9 +2,9 @@
 ``TiedLayerSpec``, the topologies) and ``load_consolidated`` (a ``dslaunch ckpt to-fp32`` file of a
 pipeline/TP checkpoint into an unpartitioned ``PipelineModule``)."""
 
-from dslaunch.engine.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401
-from dslaunch.engine.checkpoint.consolidate import load_consolidated  # noqa: F401
-from dslaunch.engine.topology import (  # noqa: F401
+from dslaunch.engine.checkpoint.consolidate import load_consolidated
+from dslaunch.engine.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec
+from dslaunch.engine.topology import (
     PipeDataParallelTopology,
     PipeModelDataParallelTopology,
     ProcessTopology,

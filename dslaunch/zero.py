@@ -5,8 +5,12 @@ reads but does not own (``register_external_parameter``).
 A face: the implementation is ``dslaunch/engine/zero/zero_init.py``.
 """
 
-from dslaunch.engine.zero.zero_init import (GatheredParameters, Init, register_external_parameter,
-                                            unregister_external_parameter)
+from dslaunch.engine.zero.zero_init import (
+    GatheredParameters,
+    Init,
+    register_external_parameter,
+    unregister_external_parameter,
+)
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter",
            "unregister_external_parameter"]

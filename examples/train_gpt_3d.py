@@ -30,8 +30,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import dslaunch
-from dslaunch.engine.tensor_parallel import (ColumnParallelLinear, VocabParallelEmbedding,
-                                             tp_manual_seed, vocab_parallel_cross_entropy)
+from dslaunch.engine.tensor_parallel import (
+    ColumnParallelLinear,
+    VocabParallelEmbedding,
+    tp_manual_seed,
+    vocab_parallel_cross_entropy,
+)
 from dslaunch.engine.topology import get_grid
 from dslaunch.engine.tp_plan import apply_tp_plan
 from dslaunch.pipe import LayerSpec, PipelineModule, PipeModelDataParallelTopology

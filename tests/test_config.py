@@ -150,7 +150,8 @@ def test_deprecated_zero_spellings():
     ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2, (16, 4, 2), {"train_batch_size"}),
     ({"train_batch_size": 12}, 3, (12, 4, 1), {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}),
     ({"train_micro_batch_size_per_gpu": 4}, 3, (12, 4, 1), {"train_batch_size", "gradient_accumulation_steps"}),
-    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2, (16, 4, 2), set()),
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
+     2, (16, 4, 2), set()),
 ])
 def test_triad_infers_the_missing_value(given, world, expected, inferred):
     cfg = resolve_config(given, world_size=world)
@@ -300,7 +301,8 @@ def test_missing_empty_and_non_mapping_files(tmp_path):
             path.write_text(text)
         with pytest.raises(ConfigError) as info:
             load_config(str(path))
-        assert info.value.problems == [f"{path}: {expected}"] or info.value.problems[0].startswith(f"{path}: {expected}")
+        assert info.value.problems == [f"{path}: {expected}"] or \
+            info.value.problems[0].startswith(f"{path}: {expected}")
 
 
 def test_dict_and_json_string_sources():

@@ -39,8 +39,8 @@ def test_validate_reports_every_problem_and_exits_1(tmp_path):
     lines = out.stderr.splitlines()
     assert f"{path}: zero_optimisation: unknown key; did you mean zero_optimization?" in lines
     assert f'{path}: fp16.initial_scale_power: "x" is not allowed; expected an integer in [0, 64]' in lines
-    assert any("train_batch_size=32" in l and "gradient_accumulation_steps=2" in l and "world size 2" in l
-               for l in lines)
+    assert any("train_batch_size=32" in line and "gradient_accumulation_steps=2" in line
+               and "world size 2" in line for line in lines)
     assert lines[-1] == f"{path}: 3 problems"
 
 

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import GPT, GPTConfig  # noqa: E402
-
-import dslaunch  # noqa: E402
+import dslaunch
+from gpt import GPT, GPTConfig
 
 
 def _engine(**extra):

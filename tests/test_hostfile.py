@@ -13,7 +13,8 @@ def write(tmp_path, text):
 
 
 def test_order_comments_blank_lines(tmp_path):
-    p = write(tmp_path, "# cluster\n\nworker-2 slots=4   # fat node\n  worker-1 slots=2\n\t\nw3.example.com slots = 1\n")
+    p = write(tmp_path, "# cluster\n\nworker-2 slots=4   # fat node\n  worker-1 slots=2\n\t\n"
+                        "w3.example.com slots = 1\n")
     hosts = parse_hostfile(p)
     assert list(hosts.items()) == [("worker-2", 4), ("worker-1", 2), ("w3.example.com", 1)]
 

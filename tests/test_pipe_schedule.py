@@ -5,8 +5,15 @@ backward after its forward, and 1F1B holds at most ``stages - s`` micro-batches 
 
 import pytest
 
-from dslaunch.engine.pipe.schedule import (DeadlockError, Instr, get_schedule, gpipe, inference,
-                                           one_f_one_b, simulate)
+from dslaunch.engine.pipe.schedule import (
+    DeadlockError,
+    Instr,
+    get_schedule,
+    gpipe,
+    inference,
+    one_f_one_b,
+    simulate,
+)
 
 SHAPES = [(1, 1), (1, 4), (2, 1), (2, 2), (2, 4), (2, 7), (3, 2), (3, 5), (4, 1), (4, 3), (4, 4),
           (4, 8), (5, 9), (8, 8), (8, 16)]

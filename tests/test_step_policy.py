@@ -7,8 +7,15 @@ import math
 import torch
 
 from dslaunch.engine.precision import DynamicLossScaler, LossScaler
-from dslaunch.engine.step_policy import (MODEL_PARALLEL, REPLICATED, SHARDED, GradNorm,
-                                         all_reduce_sq_norm, clip_coefficient, sum_of_squares)
+from dslaunch.engine.step_policy import (
+    MODEL_PARALLEL,
+    REPLICATED,
+    SHARDED,
+    GradNorm,
+    all_reduce_sq_norm,
+    clip_coefficient,
+    sum_of_squares,
+)
 
 
 def test_clip_coefficient_is_torchs_rule():

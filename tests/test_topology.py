@@ -5,8 +5,13 @@ tests (tests/test_pipe.py, tests/test_tensor_parallel.py)."""
 import pytest
 
 from dslaunch.engine.pipe.module import partition_balanced
-from dslaunch.engine.topology import (PipeDataParallelTopology, PipeModelDataParallelTopology,
-                                      ProcessTopology, TopologyError, make_topology)
+from dslaunch.engine.topology import (
+    PipeDataParallelTopology,
+    PipeModelDataParallelTopology,
+    ProcessTopology,
+    TopologyError,
+    make_topology,
+)
 
 
 def test_deepspeed_order_model_fastest():

@@ -33,7 +33,7 @@ def peer_python(create: bool) -> str | None:
     """The DeepSpeed peer venv's python (benchmarks/peers.py), or None when absent."""
     sys.path.insert(0, str(HERE))
     try:
-        import peers  # noqa: PLC0415
+        import peers
     except ImportError:
         venv = HERE / ".peer-venv" / "bin" / "python"
         return str(venv) if venv.exists() else None
@@ -128,7 +128,7 @@ def log(msg: str) -> None:
 
 
 def free_port() -> int:
-    import socket  # noqa: PLC0415
+    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,8 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # noqa: E402
-from zero_config import train_config  # noqa: E402
+import common
+from zero_config import train_config
 
 
 def ds_config(args) -> dict:

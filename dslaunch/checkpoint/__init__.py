@@ -4,7 +4,7 @@ DeepSpeed's universal-checkpoint names are not provided (see docs/porting.md).
 A face: the checkpoint room is ``dslaunch/engine/checkpoint/`` (its ``__init__`` maps it).
 """
 
-from . import utils  # noqa: F401  (DeepSpeed's submodule, imported)
+from . import utils
 
 __all__ = ["utils"]
 

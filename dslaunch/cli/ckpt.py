@@ -31,7 +31,7 @@ def to_fp32_cmd(ckpt_dir, out, tag):
             return
         info = to_fp32(ckpt_dir, out, tag)
     except CheckpointError as e:
-        raise click.ClickException(str(e))
+        raise click.ClickException(str(e)) from None
     click.echo(f"wrote {out}: {info['tensors']} tensors, {info['bytes']:,} bytes "
                f"({info['params_from_shards']} rebuilt from ZeRO shards)")
 
@@ -57,5 +57,5 @@ def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
                                   "'dslaunch ckpt to-fp32' and load that file instead")
         dst = reshape(ckpt_dir, out_dir, world_size, tag)
     except CheckpointError as e:
-        raise click.ClickException(str(e))
+        raise click.ClickException(str(e)) from None
     click.echo(f"wrote {dst} for {world_size} ranks")

@@ -29,7 +29,7 @@ def _count_script_params(path: str) -> int:
     try:
         ns = runpy.run_path(path, run_name="__dslaunch_estimate__")
     except Exception as exc:  # the user's script: report, do not trace
-        raise click.ClickException(f"--model-script {path}: {type(exc).__name__}: {exc}")
+        raise click.ClickException(f"--model-script {path}: {type(exc).__name__}: {exc}") from None
     for name in ("build_model", "get_model", "model_fn", "make_model"):
         if callable(ns.get(name)):
             with torch.device("meta"):

@@ -53,7 +53,7 @@ def collect() -> dict:
                         "device_count": torch.cuda.device_count() if cuda_ok else 0,
                         "devices": [torch.cuda.get_device_name(i)
                                     for i in range(torch.cuda.device_count())] if cuda_ok else []}
-    except Exception as exc:  # noqa: BLE001 - report, never fail
+    except Exception as exc:
         info["torch"] = {"version": None, "error": f"{type(exc).__name__}: {exc}"}
         info["cuda"] = {"available": False, "torch_cuda_version": None, "device_count": 0}
         torch = None
@@ -87,7 +87,7 @@ def collect() -> dict:
             if torch is None:
                 raise RuntimeError("torch is not importable")
             ops.append(builder.op_status(name))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             spec = builder.OPS[name]
             ops.append({"name": name, "kind": spec.kind, "description": spec.description,
                         "compatible": False, "built": False, "loaded": False, "simd": None,

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import click
 
-from dslaunch.launcher.plan import LOCAL_HOSTS, WorldPlan, build_plan
 from dslaunch.config import ConfigError, load_config, resolve_config
+from dslaunch.launcher.plan import LOCAL_HOSTS, WorldPlan, build_plan
 from dslaunch.launcher.runners import RUNNERS, RunnerError, get_runner
 from dslaunch.launcher.runners.options import OPTIONS
 

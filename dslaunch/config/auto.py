@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .schema import SCHEDULER_PARAMS, TOP, Leaf, Section
 from .batch import TRIAD
+from .schema import SCHEDULER_PARAMS, TOP, Leaf, Section
 
 OPTIMIZER_DEFAULTS = {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0}
 BUCKETS = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size")

@@ -99,7 +99,7 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 def _parse_yaml(text: str, name: str) -> dict:
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name

@@ -15,8 +15,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .schema import (DEEPSPEED_OPTIMIZERS, SCHEDULER_PARAMS, TOP, TORCH_OPTIMIZERS, Leaf, Section,
-                     all_key_paths)
+from .schema import (
+    DEEPSPEED_OPTIMIZERS,
+    SCHEDULER_PARAMS,
+    TOP,
+    TORCH_OPTIMIZERS,
+    Leaf,
+    Section,
+    all_key_paths,
+)
 
 AUTO = "auto"
 

@@ -19,8 +19,14 @@ import re
 import torch
 import torch.nn as nn
 
-from dslaunch.engine.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
-                                             VocabParallelEmbedding, _divide, _rank, _world)
+from dslaunch.engine.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    _divide,
+    _rank,
+    _world,
+)
 
 
 def _expect(module, kind, style):

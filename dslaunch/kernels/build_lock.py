@@ -91,7 +91,7 @@ class BuildLock:
                     self._take_over(holder)
                     continue
                 if time.monotonic() > deadline:
-                    raise LockTimeout(f"{self.path} held by {holder} for over {self.timeout:.0f}s")
+                    raise LockTimeout(f"{self.path} held by {holder} for over {self.timeout:.0f}s") from None
                 if not told and self.on_wait is not None:
                     self.on_wait(holder)
                     told = True

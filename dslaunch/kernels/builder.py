@@ -235,7 +235,7 @@ def _compile(plan: BuildPlan) -> dict:
                 extra_cuda_cflags=plan.cuda_cflags or None, extra_ldflags=plan.ldflags,
                 extra_include_paths=plan.include_dirs, build_directory=str(plan.directory),
                 with_cuda=plan.spec.kind == "cuda", verbose=False, is_python_module=True)
-    except Exception as exc:  # noqa: BLE001 - any failure of the toolchain is reported the same way
+    except Exception as exc:
         text = str(exc)
         (plan.directory / BUILD_LOG).write_text(text)
         raise BuildError(_tail(text)) from None
@@ -329,7 +329,7 @@ def load_op(name: str):
             raise KeyError(f"unknown op {name!r}; known: {', '.join(OPS)}")
         try:
             module = load(name)
-        except Exception as exc:  # noqa: BLE001 - never a crash: no compiler, compile error,
+        except Exception as exc:
             # unwritable cache, lock timeout, a cached .so that will not import ...
             _FAILED[name] = f"{type(exc).__name__}: {exc}"
             what = ("is unavailable" if isinstance(exc, OpUnavailable) else

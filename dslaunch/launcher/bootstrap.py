@@ -101,7 +101,7 @@ def main(argv: list | None = None) -> None:
         code = 0
     except SystemExit as exc:
         code = _exit_status(exc.code)
-    except BaseException as exc:  # noqa: BLE001 - every uncaught error is the rank's failure
+    except BaseException as exc:
         text = _user_traceback(exc)
         if error_file:
             _write_error_file(error_file, exc, text)

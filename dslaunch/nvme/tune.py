@@ -89,7 +89,7 @@ def load_sweep(path) -> dict:
             raw = yaml.safe_load(text)
         else:
             raw = json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error is reported the same way
+    except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TuneError(f"--sweep-config {path}: not valid JSON/YAML: {first}") from None
     if not isinstance(raw, dict):

@@ -27,7 +27,7 @@ from dslaunch.engine.zero.param_access import (
     safe_set_full_optimizer_state,
 )
 
-from . import groups, logging, zero_to_fp32  # noqa: E402  (DeepSpeed's submodules, imported)
+from . import groups, logging, zero_to_fp32
 
 __all__ = ["logger", "log_dist", "groups", "logging", "zero_to_fp32", "RepeatingLoader",
            "safe_get_full_fp32_param", "safe_set_full_fp32_param", "safe_get_full_grad",

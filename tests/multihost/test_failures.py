@@ -8,10 +8,8 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
-
 from test_runners import RUNNER_ARGS, RUNNER_ENV
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]

@@ -9,7 +9,6 @@ import sys
 import threading
 
 import pytest
-
 from test_runners import RUNNER_ENV
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]

@@ -7,7 +7,6 @@ import subprocess
 import time
 
 import pytest
-
 from test_runners import ENV_FILE, HOSTILE_ARGS, HOSTILE_ENV, check_job
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]

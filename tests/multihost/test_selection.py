@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from test_runners import reports
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]

@@ -16,9 +16,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
-
-import dslaunch  # noqa: E402
+import dslaunch
+from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

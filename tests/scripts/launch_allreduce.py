@@ -1,5 +1,4 @@
 """Test rank: a real gloo process group from env://, one all_reduce, result printed."""
-import os
 
 import torch
 import torch.distributed as dist

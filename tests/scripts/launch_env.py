@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "multihost" / "scripts"))
-from argv_scan import shown_in_some_argv  # noqa: E402
+from argv_scan import shown_in_some_argv
 
 NAMES = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
-         "MASTER_PORT", "DSLAUNCH_CONFIG", "DSLAUNCH_CONFIG_PATH", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED",
+         "MASTER_PORT", "DSLAUNCH_CONFIG", "DSLAUNCH_CONFIG_PATH", "OMP_NUM_THREADS",
+         "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED",
          "DSLAUNCH_TEST_VALUE", "DSLAUNCH_RESTART_COUNT", "DSLAUNCH_TEST_TOKEN", "DSLAUNCH_PLAN_ENV"]
 out = sys.argv[1]
 record = {"env": {n: os.environ.get(n) for n in NAMES}, "argv": sys.argv, "name": __name__,

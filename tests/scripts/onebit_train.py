@@ -21,9 +21,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
-
-import dslaunch  # noqa: E402
+import dslaunch
+from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -67,7 +66,8 @@ def delta(after, before):
 
 
 rec = {"rank": rank, "world": world, "start": start, "losses": [], "step_bytes": [],
-       "step_sent": [], "step_seconds": [], "step_comm_seconds": [], "compressing": [], "optimizer": type(optimizer).__name__,
+       "step_sent": [], "step_seconds": [], "step_comm_seconds": [], "compressing": [],
+       "optimizer": type(optimizer).__name__,
        "num_params": sum(p.numel() for p in model.parameters())}
 for step in range(start, args.steps):
     tokens, targets = batches.batch_at(step, rank, world)

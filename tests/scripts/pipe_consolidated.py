@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipe_model import layer_list, loss_fn, pipe_specs  # noqa: E402
+from pipe_model import layer_list, loss_fn, pipe_specs
 
 p = argparse.ArgumentParser()
 p.add_argument("--file", required=True)

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from gpt import Block, GPTConfig  # noqa: E402
+from gpt import Block, GPTConfig
 
 CFG = GPTConfig(seq_len=16, n_layer=2, d_model=32, n_head=2)
 

@@ -13,17 +13,16 @@ Writes --out/rank_{r}.json (or ref.json).
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
-from pipe_model import CFG, layer_list, loss_fn, pipe_specs, reference_model  # noqa: E402
+from pipe_model import CFG, layer_list, loss_fn, pipe_specs, reference_model
+
+from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -105,11 +104,11 @@ if args.reference:
 import torch.distributed as dist  # noqa: E402
 
 import dslaunch  # noqa: E402
-from dslaunch.engine.topology import get_grid, make_topology  # noqa: E402
 from dslaunch.engine.tensor_parallel import vocab_parallel_cross_entropy  # noqa: E402
+from dslaunch.engine.topology import get_grid, make_topology  # noqa: E402
 from dslaunch.engine.tp_plan import apply_tp_plan  # noqa: E402
-from gpt_tp import GPT_TP_PLAN  # noqa: E402
 from dslaunch.pipe import PipelineModule  # noqa: E402
+from gpt_tp import GPT_TP_PLAN  # noqa: E402
 
 dslaunch.init_distributed()
 torch.manual_seed(args.seed)

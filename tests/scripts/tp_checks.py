@@ -12,9 +12,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dslaunch
-from dslaunch.engine.tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
-                                             VocabParallelEmbedding, get_rng_tracker,
-                                             tp_manual_seed, vocab_parallel_cross_entropy)
+from dslaunch.engine.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    get_rng_tracker,
+    tp_manual_seed,
+    vocab_parallel_cross_entropy,
+)
 from dslaunch.engine.topology import build_grid
 
 p = argparse.ArgumentParser()

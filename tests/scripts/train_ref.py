@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
+from gpt import GPT, GPTConfig, TextBatches, stdlib_bytes
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

@@ -24,15 +24,23 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from gpt import GPT, Block, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
-
-import dslaunch  # noqa: E402
-from dslaunch.utils import (groups, log_dist, logger, safe_get_full_fp32_param,  # noqa: E402
-                            safe_get_full_grad, safe_get_full_optimizer_state,
-                            safe_get_local_fp32_param, safe_get_local_grad,
-                            safe_get_local_optimizer_state, safe_set_full_fp32_param,
-                            safe_set_full_optimizer_state, set_z3_leaf_modules)
-from dslaunch.zero import GatheredParameters  # noqa: E402
+import dslaunch
+from dslaunch.utils import (
+    groups,
+    log_dist,
+    logger,
+    safe_get_full_fp32_param,
+    safe_get_full_grad,
+    safe_get_full_optimizer_state,
+    safe_get_local_fp32_param,
+    safe_get_local_grad,
+    safe_get_local_optimizer_state,
+    safe_set_full_fp32_param,
+    safe_set_full_optimizer_state,
+    set_z3_leaf_modules,
+)
+from dslaunch.zero import GatheredParameters
+from gpt import GPT, Block, GPTConfig, TextBatches, stdlib_bytes
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import torch
 
 
-def clone_tensors_for_torch_save(item, device=torch.device("cpu")):
+def clone_tensors_for_torch_save(item, device=torch.device("cpu")):  # noqa: B008 - immutable
     """``item`` with every tensor in it (through dicts, lists and tuples, nested) replaced by a
     detached copy on ``device``; anything else is returned as it is."""
     if torch.is_tensor(item):

@@ -38,7 +38,6 @@ from .files import CheckpointError, RankFiles, load_file, model_file, read_meta,
 from .pipeline import FORMAT, layer_file
 from .shard_index import ParamIndex
 
-
 # -- shared by both formats --------------------------------------------------------------------
 
 def _load(path: str):

@@ -17,8 +17,7 @@ import torch
 
 from dslaunch.engine.zero.partition import Layout
 
-from .files import (CheckpointError, RankFiles, atomic_text, model_file, rank_file, read_meta,
-                    resolve_tag)
+from .files import CheckpointError, RankFiles, atomic_text, model_file, rank_file, read_meta, resolve_tag
 from .shard_index import ParamIndex, relayout, reshard
 
 
@@ -36,8 +35,8 @@ def _reshaped_rank(files: RankFiles, stage: int, world_size: int, r: int) -> dic
             new = relayout(old.layout, world_size)
 
             def shards_of(key, gi=gi):
-                return lambda k: (files.zero(k)["groups"][gi]["master"] if key is None
-                                  else files.zero(k)["groups"][gi]["state"][key])
+                return lambda rank: (files.zero(rank)["groups"][gi]["master"] if key is None
+                                     else files.zero(rank)["groups"][gi]["state"][key])
             groups.append({
                 "layout": new.meta(),
                 "master": reshard(new, r, old, shards_of(None)),

@@ -144,8 +144,8 @@ def load_resharded(strategy, ckpt_path: str) -> None:
                                  f"checkpoint but {list(s.shape)} in the model")
 
         def src(key, gi=gi):
-            return lambda k: (files.zero(k)["groups"][gi]["master"] if key is None
-                              else files.zero(k)["groups"][gi]["state"][key])
+            return lambda rank: (files.zero(rank)["groups"][gi]["master"] if key is None
+                                 else files.zero(rank)["groups"][gi]["state"][key])
         master = reshard(g.layout, strategy.rank, old, src(None))
         state = {k: reshard(g.layout, strategy.rank, old, src(k), v.dtype)
                  for k, v in saved["state"].items()}

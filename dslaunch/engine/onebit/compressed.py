@@ -283,7 +283,7 @@ class CompressedAllReduce:
                   lambda: dist.all_to_all_single(recv, send, group=self.group))
 
         # server: average of my chunk over the workers, compressed again with its own error
-        for start, n, blk, nb, chunk, wire, srv, _ in self._segs:
+        for _start, n, blk, nb, chunk, wire, srv, _ in self._segs:
             valid_n = min(max(n - self.rank * chunk, 0), chunk)
             mine = avg[srv:srv + chunk]
             k.decode(recv, w, nb, blk, mine, valid_n, 1.0 / w, True, wire, rb)
@@ -294,7 +294,7 @@ class CompressedAllReduce:
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             _book(self.comm, "onebit_all_gather", gsend.numel(),
                   lambda: gather(gathered, gsend, group=self.group))
-        for start, n, blk, nb, chunk, wire, _, _ in self._segs:
+        for start, n, blk, nb, _chunk, wire, _, _ in self._segs:
             k.decode(gathered, w, nb, blk, flat[start:start + n], n, 1.0, False, wire, rb)
         if not direct:
             tensor.copy_(flat.view(tensor.shape))

@@ -186,7 +186,7 @@ class ZeroOneAdam(OneBitOptimizer):
             # each local step moved a coordinate by at most lr * bound: so may their average;
             # the clamp also zeroes the unseen coordinates (+inf denominator)
             bound = self.adam_bound(*group["betas"]) * self.lrs[gi_]
-            for p in group["params"]:
+            for _ in group["params"]:
                 self.clamp_to_adam(moved[i], denoms[i], bound)
                 i += 1
         i = 0

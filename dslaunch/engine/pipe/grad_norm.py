@@ -28,8 +28,7 @@ import math
 
 import torch.distributed as dist
 
-from ..step_policy import (MODEL_PARALLEL, GradNorm, all_reduce_sq_norm, loss_scale_of,
-                           sum_of_squares)
+from ..step_policy import MODEL_PARALLEL, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
 
 
 def counted_params(model, tp_rank: int, tp_world: int, tied_duplicates: set) -> set:

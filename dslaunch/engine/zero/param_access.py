@@ -46,7 +46,7 @@ class _Where:
 
     def __init__(self, strategy, param):
         self.strategy = strategy
-        for gi, g in enumerate(strategy.groups):
+        for gi, g in enumerate(strategy.groups):  # noqa: B007 - gi and g are kept after the break
             name = next((n for n, p in g.params.items() if p is param), None)
             if name is not None:
                 break

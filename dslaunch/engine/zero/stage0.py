@@ -25,7 +25,6 @@ from ..step_policy import REPLICATED, GradNorm, loss_scale_of
 from .base import OptimizerStrategy, broadcast_model
 from .zero_init import register_strategy
 
-
 # With overlap, buckets are capped as DDP caps them (bucket_cap_mb=25, first bucket 1 MiB), even
 # under DeepSpeed's default reduce_bucket_size of 5e8 elements: one 5e8 bucket would only be
 # ready when backward is over, so nothing would overlap.

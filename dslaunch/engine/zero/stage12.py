@@ -36,15 +36,12 @@ import weakref
 import torch
 
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
+from dslaunch.engine.step_policy import SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
 from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
-from dslaunch.engine.step_policy import (SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of,
-                                         sum_of_squares)
-from dslaunch.engine.zero.common import (get_comm, named_groups, offloads_optimizer,
-                                         repoint_optimizer)
+from dslaunch.engine.zero.common import get_comm, named_groups, offloads_optimizer, repoint_optimizer
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.zero_init import register_strategy
-
 
 # gloo runs one huge reduce-scatter / all-gather several times slower than the same bytes in
 # buckets of a few million elements (measured, 27M fp32 on 2 ranks: reduce_scatter 0.66 s whole,

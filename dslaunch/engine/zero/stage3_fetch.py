@@ -4,7 +4,8 @@
 group a flat ``local`` tensor (this rank's chunk of every bucket, concatenated, in the training
 dtype; on the CPU with ``offload_param: cpu``; in a file with ``offload_param: nvme``, see
 ``nvme/param_store.py``), and per bucket a ``full`` buffer that the model's parameters are views
-of. A bucket's full buffer has storage only while it is gathered (``untyped_storage().resize_(0)`` frees it: parameters and the tensors
+of. A bucket's full buffer has storage only while it is gathered (``untyped_storage().resize_(0)``
+frees it: parameters and the tensors
 autograd saved stay valid views and are refilled in place by the next all-gather).
 
 ``FetchCoordinator`` decides when: a unit (``stage3_units.py``) is gathered just before its

@@ -56,7 +56,7 @@ class SwappedMasters:
     def load_params(self) -> None:
         """Read every parameter's values from the file into the memory its ``.data`` is now
         (the caller gave each parameter ordinary storage first)."""
-        for i, sg in enumerate(self.subgroups):
+        for sg in self.subgroups:
             self.io.sync_pread(self.master_buffers[0][: sg.m_nbytes], self.master_path,
                                sg.m_offset)
             self.stats["master_read_bytes"] += sg.m_nbytes

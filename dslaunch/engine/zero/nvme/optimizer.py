@@ -242,7 +242,7 @@ class NVMeSwappedOptimizer(SwappedMasters, torch.optim.Optimizer):
                 loss = closure()
         t0 = time.perf_counter()
         n = len(self.subgroups)
-        nslots = lambda: max(1, len(self.buffers))  # noqa: E731 - known after the first step
+        nslots = lambda: max(1, len(self.buffers))
         self._read(0, 0, sync=True, params=True)
         for i in range(n):
             slot = i % nslots()
