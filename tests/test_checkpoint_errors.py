@@ -8,10 +8,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import GPT, GPTConfig  # noqa: E402
-
-import dslaunch  # noqa: E402
-from dslaunch.engine.checkpoint.files import CheckpointError  # noqa: E402
+import dslaunch
+from dslaunch.engine.checkpoint.files import CheckpointError
+from gpt import GPT, GPTConfig
 
 CFG = {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
 
@@ -47,11 +46,15 @@ def test_round_trip_single_process(saved):
 
 
 def test_missing_dir_latest_and_tag(tmp_path, saved):
+    """Nothing to resume from (no `latest`, no tag) is DeepSpeed's (None, None) and a warning;
+    a tag that is named but missing is an error."""
     e = _engine()
+    for empty in (tmp_path / "nope", tmp_path):
+        with pytest.warns(UserWarning, match=r"latest: no 'latest' file, nothing loaded"):
+            assert e.load_checkpoint(empty) == (None, None)
+    assert e.global_steps == 0
     with pytest.raises(CheckpointError, match="nope: checkpoint directory not found"):
-        e.load_checkpoint(tmp_path / "nope")
-    with pytest.raises(CheckpointError, match=r"latest: no 'latest' file"):
-        e.load_checkpoint(tmp_path)
+        e.load_checkpoint(tmp_path / "nope", tag="global_step1")
     with pytest.raises(CheckpointError, match="checkpoint tag 'global_step9' not found"):
         e.load_checkpoint(saved, tag="global_step9")
 

@@ -62,3 +62,59 @@ def test_porting_page_is_generated_from_the_table():
         "docs/porting.md is stale: run `python -m dslaunch.deepspeed_names docs/porting.md`"
     for row in names.NAMES:
         assert f"`{row.deepspeed}`" in page
+
+
+# -- the deepspeed.runtime faces behave as DeepSpeed's --------------------------------------------
+
+def test_runtime_submodules_answer_as_attributes_after_import_dslaunch():
+    """`import deepspeed` then `deepspeed.runtime.engine.DeepSpeedEngine` works in DeepSpeed."""
+    code = ("import dslaunch; print(dslaunch.runtime.engine.DeepSpeedEngine.__name__, "
+            "dslaunch.runtime.zero.partition_parameters.ZeroParamStatus.AVAILABLE.name, "
+            "dslaunch.runtime.pipe.engine.PipelineEngine.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT).stdout.split()
+    assert out == ["DSLaunchEngine", "AVAILABLE", "PipelineEngine"]
+    from dslaunch.runtime.dataloader import RepeatingLoader
+    from dslaunch.utils import RepeatingLoader as from_utils
+
+    assert RepeatingLoader is from_utils  # Megatron-DeepSpeed imports it from runtime.dataloader
+
+
+def test_lr_schedule_names_and_offload_enums():
+    from dslaunch.config.schema import OFFLOAD_DEVICES
+    from dslaunch.runtime import lr_schedules
+    from dslaunch.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+
+    assert sorted(lr_schedules.VALID_LR_SCHEDULES) == sorted(
+        ["LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"])
+    assert all(getattr(lr_schedules, n).__name__ == n for n in lr_schedules.VALID_LR_SCHEDULES)
+    assert tuple(d.value for d in OffloadDeviceEnum) == OFFLOAD_DEVICES  # the config's choices
+    assert OffloadDeviceEnum.cpu == "cpu" and OffloadStateTypeEnum.optim_states == "optim_states"
+    assert {s.name for s in OffloadStateTypeEnum} == {
+        "optim_states", "hp_params", "lp_params", "lp_grads", "contiguous_grad_buffer"}
+
+
+def test_runtime_utils(capsys):
+    import random
+    from collections import namedtuple
+
+    import torch
+
+    from dslaunch.runtime.utils import move_to_device, see_memory_usage, set_random_seed
+
+    draws = []
+    for _ in range(2):
+        set_random_seed(3)
+        draws.append((random.random(), torch.rand(1).item()))
+    assert draws[0] == draws[1]
+    Pair = namedtuple("Pair", "a b")
+    item = {"x": [torch.ones(1), (torch.zeros(2), "s")], "p": Pair(torch.ones(1), 1)}
+    moved = move_to_device(item, "meta")
+    assert moved["x"][0].is_meta and moved["x"][1][0].is_meta and moved["x"][1][1] == "s"
+    assert isinstance(moved["p"], Pair) and moved["p"].a.is_meta and moved["p"].b == 1
+    only_big = move_to_device(item, "meta", criterion_func=lambda t: t.numel() > 1)
+    assert only_big["x"][1][0].is_meta and not only_big["x"][0].is_meta
+    see_memory_usage("quiet")
+    see_memory_usage("loud", force=True)
+    out = capsys.readouterr().out
+    assert "quiet" not in out and "loud | MA" in out

@@ -14,8 +14,14 @@ from dslaunch.engine.api import _config_source, add_config_arguments
 from dslaunch.engine.comm import env_layout
 from dslaunch.engine.optim import Lamb, Lion
 from dslaunch.engine.optim import build_optimizer as _build_optimizer
-from dslaunch.engine.optim.schedules import (LRRangeTest, OneCycle, WarmupCosineLR,
-                                             WarmupDecayLR, WarmupLR, build_scheduler)
+from dslaunch.engine.optim.schedules import (
+    LRRangeTest,
+    OneCycle,
+    WarmupCosineLR,
+    WarmupDecayLR,
+    WarmupLR,
+    build_scheduler,
+)
 from dslaunch.engine.precision import DynamicLossScaler, build_precision
 
 
@@ -159,7 +165,7 @@ def test_env_layout(env, want):
 
 
 def test_build_optimizer_by_name():
-    params = lambda: [torch.nn.Parameter(torch.ones(3))]  # noqa: E731
+    params = lambda: [torch.nn.Parameter(torch.ones(3))]
     adam = build_optimizer(params(), {"type": "Adam", "params": {"lr": 1e-3}})
     assert isinstance(adam, torch.optim.AdamW)  # DeepSpeed: adam_w_mode defaults to true
     assert adam.defaults["fused"] is True
@@ -265,8 +271,9 @@ def _check_against_reference(cls, opt_groups, ref_groups, ref_step, steps=8):
                 want_p, want_state = ref_step(p0, p.grad.double(), st, h)
                 where = f"step {step}, group {gi}, param {pi}"
                 atol = 8 * torch.finfo(torch.float32).eps * max(p0.abs().max().item(), 1e-30)
-                torch.testing.assert_close(p.detach().double() - p0, want_p - p0, rtol=1e-5,
-                                           atol=atol, msg=lambda m: f"{where}: update: {m}")
+                torch.testing.assert_close(
+                    p.detach().double() - p0, want_p - p0, rtol=1e-5, atol=atol,
+                    msg=lambda m, where=where: f"{where}: update: {m}")
                 for k, want in want_state.items():
                     got = opt.state[p][k]
                     if isinstance(want, int):
@@ -274,9 +281,10 @@ def _check_against_reference(cls, opt_groups, ref_groups, ref_step, steps=8):
                     else:  # float32 rounding of b*state + (1-b)*g (or g*g): 8 ulp of the terms
                         scale = max(st[k].abs().max().item(),
                                     p.grad.abs().max().item() ** (2 if k == "exp_avg_sq" else 1))
-                        torch.testing.assert_close(got.double(), want, rtol=1e-5,
-                                                   atol=8 * torch.finfo(torch.float32).eps * scale,
-                                                   msg=lambda m, k=k: f"{where}: {k}: {m}")
+                        torch.testing.assert_close(
+                            got.double(), want, rtol=1e-5,
+                            atol=8 * torch.finfo(torch.float32).eps * scale,
+                            msg=lambda m, k=k, where=where: f"{where}: {k}: {m}")
 
 
 def test_lamb_steps_like_the_published_algorithm():
@@ -347,4 +355,9 @@ def test_config_source_order_and_missing(monkeypatch):
     assert _config_source(None, None, None)[1] == "DSLAUNCH_CONFIG"
     args = argparse.Namespace(deepspeed_config="f.json")
     assert _config_source(args, None, None) == ("f.json", "args.deepspeed_config")
-    assert _config_source(args, {"a": 1}, None)[1] == "config="
+    assert _config_source({"deepspeed_config": "f.json"}, None, None)[0] == "f.json"  # a dict
+    assert _config_source(None, None, {"a": 1}) == ({"a": 1}, "config_params=")
+    assert _config_source(argparse.Namespace(deepspeed_config=None), {"a": 1}, None)[1] == \
+        "config="
+    with pytest.raises(ValueError, match="config is given twice"):  # as DeepSpeed refuses
+        _config_source(args, {"a": 1}, None)

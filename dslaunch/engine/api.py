@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .comm import init_distributed  # noqa: F401  (re-exported)
+from .comm import init_distributed
 
 CONFIG_ENV = "DSLAUNCH_CONFIG"
 
@@ -35,15 +35,25 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     return parser
 
 
+def _arg(args, name: str):
+    """``args.name``: ``args`` may be an argparse.Namespace, a dict (OpenRLHF passes one) or
+    None."""
+    if isinstance(args, dict):
+        return args.get(name)
+    return getattr(args, name, None)
+
+
 def _config_source(args, config, config_params):
-    if config is not None:
-        return config, "config="
-    if config_params is not None:
-        return config_params, "config_params="
-    for attr in ("deepspeed_config", "deepscale_config"):
-        value = getattr(args, attr, None) if args is not None else None
-        if value:
-            return value, f"args.{attr}"
+    in_args = [(value, f"args.{attr}") for attr in ("deepspeed_config", "deepscale_config")
+               if (value := _arg(args, attr))]
+    given = [(value, label) for value, label in ((config, "config="),
+                                                 (config_params, "config_params="))
+             if value is not None]
+    if in_args and given:  # DeepSpeed refuses this too (Megatron clears args first)
+        raise ValueError(f"dslaunch.initialize: the config is given twice, as {given[0][1]} and "
+                         f"as {in_args[0][1]} ({in_args[0][0]!r}); pass only one")
+    if given or in_args:
+        return (given or in_args)[0]
     if os.environ.get(CONFIG_ENV):
         return os.environ[CONFIG_ENV], CONFIG_ENV
     raise ValueError(
@@ -89,7 +99,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None):
     """Build the engine. Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``
-    (the dataloader is None without ``training_data``; the scheduler None without one)."""
+    (the dataloader is None without ``training_data``; the scheduler None without one; the
+    optimizer None when neither ``optimizer=`` nor the config names one: the engine then runs
+    forward only, for evaluation or a frozen reference model). ``args``: an argparse.Namespace
+    or a dict; ``config_params=`` is another name for ``config=``."""
     if model is None:
         raise ValueError("dslaunch.initialize: model= is required")
     source, label = _config_source(args, config, config_params)

@@ -3,7 +3,8 @@
 Everything with an idea of its own lives elsewhere: gradients, reduction, clipping and the
 optimizer step in the ZeRO strategy (``zero/``), precision and loss scaling in ``precision.py``,
 optimizers and schedules in ``optim/``, collectives in ``comm.py``, monitors and timers in
-``monitor.py``, checkpoint files in ``checkpoint/``.
+``monitor.py``, checkpoint files in ``checkpoint/``, DeepSpeed's accessors and switches
+(``config``, ``no_sync``, ``destroy``, ...) in ``deepspeed_surface.py``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import time
 
 import torch
 
+from dslaunch.config import to_dict
+
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
+from .deepspeed_surface import DeepSpeedSurface
 from .monitor import Monitors, WallClock
 from .optim import build_optimizer
 from .optim.schedules import build_scheduler
@@ -21,16 +25,18 @@ from .precision import build_precision
 from .zero import build_optimizer_strategy
 
 
-class DSLaunchEngine(torch.nn.Module):
+class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     """What ``dslaunch.initialize`` returns: call it like the model, then ``backward(loss)`` and
-    ``step()`` on every micro-batch (DeepSpeed's contract)."""
+    ``step()`` on every micro-batch (DeepSpeed's contract), or ``step()`` only at the boundaries
+    that ``set_gradient_accumulation_boundary`` marks (Accelerate's)."""
 
     def __init__(self, args, model, optimizer, model_parameters, training_data, lr_scheduler,
                  collate_fn, cfg, comm):
         super().__init__()
         self.args = args
         self.module = model
-        self.config = cfg  # the typed, frozen config (dslaunch.config.sections), resolved once
+        self._config = cfg  # the typed, frozen config (dslaunch.config.sections), resolved once
+        self.config = to_dict(cfg)  # DeepSpeed's engine.config: a dict (frameworks .get() it)
         self.comm = comm
         record_comm(comm)  # the script's dslaunch.comm calls on this group book here too
         self.global_rank = comm.rank
@@ -51,21 +57,24 @@ class DSLaunchEngine(torch.nn.Module):
         self.steps_per_print = cfg.steps_per_print
         self.precision = build_precision(cfg.fp16, cfg.bf16)
 
-        # optimizer: user object, user factory, or the config's
+        # optimizer: user object, user factory, the config's, or none (forward only)
+        client_optimizer = optimizer is not None
         if optimizer is None and cfg.optimizer is not None:
             params = model_parameters if model_parameters is not None else model.parameters()
             optimizer = build_optimizer(params, cfg.optimizer)
         elif callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(model_parameters if model_parameters is not None
                                   else model.parameters())
-        if optimizer is None:
-            raise ValueError("dslaunch.initialize: no optimizer; pass optimizer= or put an "
-                             "\"optimizer\" section in the config")
+        client_optimizer_name = type(optimizer).__name__ if client_optimizer else None
         self.zero_stage = cfg.zero_optimization.stage
         self.strategy = build_optimizer_strategy(model, optimizer, cfg, comm, self.precision)
-        self.optimizer = self.strategy.optimizer
+        self.optimizer = self.strategy.optimizer  # None: forward only
 
-        if lr_scheduler is None and cfg.scheduler is not None:
+        if self.optimizer is None:  # DeepSpeed ignores a config scheduler without an optimizer
+            if lr_scheduler is not None:
+                raise ValueError("dslaunch.initialize: lr_scheduler= needs an optimizer "
+                                 "(optimizer= or an \"optimizer\" section in the config)")
+        elif lr_scheduler is None and cfg.scheduler is not None:
             lr_scheduler = build_scheduler(cfg.scheduler, self.optimizer)
         elif callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
             lr_scheduler = lr_scheduler(self.optimizer)
@@ -85,30 +94,9 @@ class DSLaunchEngine(torch.nn.Module):
         self._tokens = 0
         self._last_print = (time.perf_counter(), 0)
         self._allreduce_seconds = 0.0
+        self._init_surface(client_optimizer_name)
 
-    # -- DeepSpeed's accessors ---------------------------------------------------------------
-    def train_batch_size(self) -> int:
-        return self._train_batch
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self._micro_batch
-
-    def gradient_accumulation_steps(self) -> int:
-        return self._gas
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        return (self.micro_steps + 1) % self._gas == 0
-
-    def get_lr(self) -> list:
-        return [g["lr"] for g in self.optimizer.param_groups]
-
-    @property
-    def loss_scale(self) -> float:
-        return self.precision.scaler.loss_scale
-
-    def get_global_grad_norm(self):
-        return self.strategy.grad_norm()
-
+    # -- measurements ----------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
         return self.strategy.memory_breakdown()
 
@@ -127,6 +115,7 @@ class DSLaunchEngine(torch.nn.Module):
     # -- the loop ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         self.timers.start("forward")
+        self.tput_timer.start()
         args = self.precision.cast_inputs(args)
         kwargs = self.precision.cast_inputs(kwargs)
         if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
@@ -135,13 +124,15 @@ class DSLaunchEngine(torch.nn.Module):
         self.timers.stop("forward")
         return out
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False):
-        """Backward of ``loss * loss_scale / gradient_accumulation_steps``; at a boundary the
-        strategy then reduces the gradients over the data-parallel ranks."""
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
+        """Backward of ``loss * loss_scale / gradient_accumulation_steps`` (with
+        ``scale_wrt_gas=False`` the caller divided by the accumulation steps itself, as
+        Transformers' Trainer does); at a boundary the strategy then reduces the gradients over
+        the data-parallel ranks."""
         self.timers.start("backward")
-        boundary = self.is_gradient_accumulation_boundary()
+        boundary = self._reduces_gradients()
         self._losses.append(loss.detach().float())
-        scale = self.precision.scaler.loss_scale / self._gas
+        scale = self.precision.scaler.loss_scale / (self._gas if scale_wrt_gas else 1)
         scaled = loss.float() * scale if scale != 1.0 else loss
         self.strategy.prepare_backward(boundary)
         scaled.backward(retain_graph=retain_graph)
@@ -157,10 +148,13 @@ class DSLaunchEngine(torch.nn.Module):
 
     def step(self, lr_kwargs=None):
         """Optimizer step at an accumulation boundary; in between only counts the micro-step."""
-        if self.is_gradient_accumulation_boundary():
+        self._check_step_allowed()
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             self.timers.start("step")
             applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
             self.strategy.zero_grad()
+            self._record_step(applied)
             if applied:
                 if self.lr_scheduler is not None:
                     self.lr_scheduler.step(**(lr_kwargs or {}))
@@ -170,6 +164,7 @@ class DSLaunchEngine(torch.nn.Module):
             self.global_samples += self._train_batch
             self.timers.stop("step")
             self._after_step(applied)
+        self.tput_timer.stop(global_step=boundary)
         self.micro_steps += 1
 
     def zero_grad(self):
@@ -203,9 +198,11 @@ class DSLaunchEngine(torch.nn.Module):
                     print(f"[dslaunch] {self.timers.report()}", flush=True)
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
         return ckpt.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
-                                    save_latest=save_latest)
+                                    save_latest=save_latest,
+                                    exclude_frozen_parameters=exclude_frozen_parameters)
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
                          exclude_frozen_parameters=False):
@@ -217,7 +214,9 @@ class DSLaunchEngine(torch.nn.Module):
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
-        return ckpt.load_checkpoint(self, load_dir, tag=tag, strict=load_module_strict,
-                                    load_optimizer_states=load_optimizer_states,
-                                    load_lr_scheduler_states=load_lr_scheduler_states,
-                                    load_module_only=load_module_only)
+        loaded = ckpt.load_checkpoint(self, load_dir, tag=tag, strict=load_module_strict,
+                                      load_optimizer_states=load_optimizer_states,
+                                      load_lr_scheduler_states=load_lr_scheduler_states,
+                                      load_module_only=load_module_only)
+        self._publish_step_state(overflow=False)  # the loss scale may have been restored
+        return loaded

@@ -39,8 +39,11 @@ def tally(tensors: Iterable[torch.Tensor], seen: set | None = None) -> dict:
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list:
-    """Every tensor in the optimizer's per-parameter state (exp_avg, exp_avg_sq, step, ...)."""
+    """Every tensor in the optimizer's per-parameter state (exp_avg, exp_avg_sq, step, ...);
+    none for an engine built without an optimizer (``optimizer`` None)."""
     out = []
+    if optimizer is None:
+        return out
     for state in optimizer.state.values():
         out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
     return out

@@ -1,4 +1,4 @@
-"""Training monitors (CSV, TensorBoard) and the wall-clock breakdown timers.
+"""Training monitors (CSV, TensorBoard), the wall-clock breakdown timers and the throughput timer.
 
 Monitors receive events ``(name, value, step)`` from rank 0 after each optimizer step, with
 DeepSpeed's names: ``Train/Samples/train_loss``, ``Train/Samples/lr``,
@@ -112,3 +112,45 @@ class WallClock:
         self.ms.clear()
         self.counts.clear()
         return "time (ms) | " + " | ".join(parts)
+
+
+class ThroughputTimer:
+    """DeepSpeed's ``engine.tput_timer``: training samples per second, timed from each forward to
+    the ``step()`` that follows it (data loading between steps is not counted) and averaged over
+    the optimizer steps after the first ``start_step`` (warm-up: compilation, allocator).
+    ``update_epoch_count()`` counts epochs, as DeepSpeed-Chat's loops call it."""
+
+    def __init__(self, batch_size: int, start_step: int = 2):
+        self.batch_size = batch_size  # samples per optimizer step (the global batch)
+        self.start_step = start_step
+        self.epoch_count = 0
+        self.micro_step_count = 0
+        self.global_step_count = 0
+        self.total_elapsed_time = 0.0  # seconds of the steps after start_step
+        self._started = None
+
+    def update_epoch_count(self) -> None:
+        self.epoch_count += 1
+        self.micro_step_count = 0
+
+    def start(self) -> None:
+        if self._started is None:  # a second forward before step() belongs to the same span
+            self._started = time.perf_counter()
+
+    def stop(self, global_step: bool = False) -> None:
+        if self._started is None:
+            return
+        elapsed, self._started = time.perf_counter() - self._started, None
+        self.micro_step_count += 1
+        step = self.global_step_count + 1  # the optimizer step this micro-step belongs to
+        if global_step:
+            self.global_step_count = step
+        if step > self.start_step:
+            self.total_elapsed_time += elapsed
+
+    def avg_samples_per_sec(self) -> float:
+        """-inf until a step past the warm-up was timed (DeepSpeed answers the same)."""
+        steps = self.global_step_count - self.start_step
+        if steps <= 0 or self.total_elapsed_time <= 0:
+            return float("-inf")
+        return self.batch_size / (self.total_elapsed_time / steps)

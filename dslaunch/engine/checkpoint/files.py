@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 
 import torch
 
@@ -151,6 +152,21 @@ def resolve_tag(load_dir: str, tag=None) -> str:
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: checkpoint tag {tag!r} not found")
     return str(tag)
+
+
+def find_tag(load_dir: str, tag=None):
+    """The tag ``engine.load_checkpoint`` loads, or None with a warning when no tag is given and
+    ``load_dir`` holds no ``latest`` file (DeepSpeed's "nothing to resume from": the caller
+    gets ``(None, None)``). A tag that is named but missing stays an error."""
+    latest = os.path.join(load_dir, "latest")
+    if tag is None and not os.path.isfile(latest):
+        found = sorted(d for d in os.listdir(load_dir) if not d.startswith(".")
+                       and os.path.isdir(os.path.join(load_dir, d))) \
+            if os.path.isdir(load_dir) else []
+        hint = f"; it holds {found[:5]}: pass tag= to load one" if found else ""
+        warnings.warn(f"{latest}: no 'latest' file, nothing loaded{hint}", stacklevel=4)
+        return None
+    return resolve_tag(load_dir, tag)
 
 
 def read_meta(path: str) -> dict:

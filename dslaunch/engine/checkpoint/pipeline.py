@@ -25,11 +25,22 @@ import shutil
 
 import torch.distributed as dist
 
-from .files import (CheckpointError, atomic_text, atomic_torch_save, dslaunch_version,
-                    load_file, rank_file, read_meta, resolve_tag, save_tag, start_save_dir,
-                    write_to_fp32_script)
+from .files import (
+    CheckpointError,
+    atomic_text,
+    atomic_torch_save,
+    dslaunch_version,
+    find_tag,
+    load_file,
+    rank_file,
+    read_meta,
+    resolve_tag,
+    save_tag,
+    start_save_dir,
+    write_to_fp32_script,
+)
 from .rng import rng_state, set_rng_state
-from .save_load import check_module
+from .save_load import check_module, without_frozen
 
 FORMAT = "dslaunch-pipe-1"
 
@@ -63,15 +74,18 @@ def _shard_info(engine):
             "info": {"splits": splits, "param_names": names, "frozen_params": frozen}}
 
 
-def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
+def save(engine, save_dir, tag=None, client_state=None, save_latest=True,
+         exclude_frozen_parameters=False) -> bool:
     save_dir = os.fspath(save_dir)
     tag = save_tag(engine, tag)
     rank, g = dist.get_rank(), engine.grid
     final, tmp = start_save_dir(save_dir, tag, rank)
     dist.barrier()
     if g.dp_rank == 0:
-        atomic_torch_save(engine.strategy.module_state_dict(),
-                          layer_file(tmp, g.stage_id, g.tp_rank))
+        weights = engine.strategy.module_state_dict()
+        if exclude_frozen_parameters:
+            weights = without_frozen(weights, engine.module)
+        atomic_torch_save(weights, layer_file(tmp, g.stage_id, g.tp_rank))
     atomic_torch_save({"strategy": engine.strategy.state_dict(), "rng": rng_state(),
                        "rank": rank, "world_size": dist.get_world_size()}, rank_file(tmp, rank))
     if rank == 0:
@@ -108,7 +122,9 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True) -> boo
 def load(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
          load_lr_scheduler_states=True, load_module_only=False):
     load_dir = os.fspath(load_dir)
-    tag = resolve_tag(load_dir, tag)
+    tag = find_tag(load_dir, tag)
+    if tag is None:  # nothing to resume from (DeepSpeed's answer)
+        return None, None
     path = os.path.join(load_dir, tag)
     meta_path = os.path.join(path, "metadata.json")
     try:

@@ -29,15 +29,35 @@ import sys
 
 import torch
 
-from .files import (CheckpointError, atomic_text, atomic_torch_save, crash_point,
-                    dslaunch_version, fsync_dir, load_file, model_file, rank_file, read_meta,
-                    resolve_tag, save_tag, start_save_dir, write_to_fp32_script)
+from .files import (
+    CheckpointError,
+    atomic_text,
+    atomic_torch_save,
+    crash_point,
+    dslaunch_version,
+    find_tag,
+    fsync_dir,
+    load_file,
+    model_file,
+    rank_file,
+    read_meta,
+    save_tag,
+    start_save_dir,
+    write_to_fp32_script,
+)
 from .rng import rng_state, set_rng_state
-
 
 # -- save --------------------------------------------------------------------------------------
 
-def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
+def without_frozen(state: dict, module: torch.nn.Module) -> dict:
+    """``state`` without the module's frozen parameters (``exclude_frozen_parameters``: a PEFT
+    adapter's checkpoint holds only what trains; load it with ``load_module_strict=False``)."""
+    frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
+    return {k: v for k, v in state.items() if k not in frozen}
+
+
+def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True,
+                    exclude_frozen_parameters=False) -> bool:
     save_dir = os.fspath(save_dir)
     tag = save_tag(engine, tag)
     comm, rank = engine.comm, engine.global_rank
@@ -46,6 +66,8 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
 
     strategy = engine.strategy
     module_sd = strategy.module_state_dict()  # every rank calls it (stage 3 gathers)
+    if exclude_frozen_parameters:
+        module_sd = without_frozen(module_sd, engine.module)
     if rank == 0:
         sched = engine.lr_scheduler
         atomic_torch_save({
@@ -118,9 +140,12 @@ def check_module(sd: dict, model: torch.nn.Module, path: str, strict: bool) -> N
 
 def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False):
-    """Returns ``(path, client_state)`` as DeepSpeed does."""
+    """Returns ``(path, client_state)`` as DeepSpeed does; ``(None, None)`` (and a warning)
+    when no tag is given and ``load_dir`` has no ``latest`` file."""
     load_dir = os.fspath(load_dir)
-    tag = resolve_tag(load_dir, tag)
+    tag = find_tag(load_dir, tag)
+    if tag is None:
+        return None, None
     path = os.path.join(load_dir, tag)
     meta = read_meta(path)
     mpath = model_file(path)
@@ -134,7 +159,7 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
         return path, states.get("client_state", {})
 
     same_world = meta.get("world_size") == engine.world_size
-    if load_optimizer_states:
+    if load_optimizer_states and engine.optimizer is not None:  # none: forward-only engine
         _load_optimizer_states(engine, path, meta)
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler"):
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
@@ -240,8 +265,7 @@ def save_16bit_model(engine, save_dir: str, save_filename: str = "pytorch_model.
     state = strategy.module_state_dict()  # every rank takes part (stage 3 gathers)
     if engine.global_rank == 0:
         if exclude_frozen_parameters:
-            frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
-            state = {k: v for k, v in state.items() if k not in frozen}
+            state = without_frozen(state, engine.module)
         os.makedirs(save_dir, exist_ok=True)
         atomic_torch_save({k: v.detach().cpu().clone() for k, v in state.items()},
                           os.path.join(save_dir, save_filename))

@@ -32,7 +32,10 @@ def _per_group(optimizer, value, name):
 
 
 class _Schedule:
-    """Shared step/state logic; subclasses implement ``get_lr()`` for ``last_batch_iteration``."""
+    """Shared step/state logic; subclasses implement ``get_lr()`` for ``last_batch_iteration``.
+
+    ``get_last_lr()`` before the first ``step()`` is an AssertionError "need to call step()
+    first", as in DeepSpeed: Transformers' Trainer matches that text and logs lr 0."""
 
     def __init__(self, optimizer, last_batch_iteration=-1):
         self.optimizer = optimizer
@@ -42,6 +45,8 @@ class _Schedule:
     def _apply(self, lrs):
         for group, lr in zip(self.optimizer.param_groups, lrs):
             group["lr"] = lr
+
+    def _record_last_lr(self):
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def step(self, last_batch_iteration=None):
@@ -49,10 +54,11 @@ class _Schedule:
             last_batch_iteration = self.last_batch_iteration + 1
         self.last_batch_iteration = last_batch_iteration
         self._apply(self.get_lr())
+        self._record_last_lr()
 
     def get_last_lr(self):
-        if self._last_lr is None:
-            raise RuntimeError("need to call step() first")
+        if self._last_lr is None:  # raised, not asserted: the text must survive python -O
+            raise AssertionError("need to call step() first")
         return self._last_lr
 
     def state_dict(self):
@@ -61,6 +67,8 @@ class _Schedule:
     def load_state_dict(self, sd):
         self.last_batch_iteration = sd["last_batch_iteration"]
         self._apply(self.get_lr())
+        if self.last_batch_iteration >= 0:  # the saved schedule had stepped
+            self._record_last_lr()
 
 
 class WarmupLR(_Schedule):
@@ -252,6 +260,9 @@ class LRRangeTest(_Schedule):
 
 SCHEDULES = {c.__name__: c for c in (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle,
                                      LRRangeTest)}
+# DeepSpeed's name for the list of schedule class names (Accelerate tests
+# ``type(scheduler).__name__ in VALID_LR_SCHEDULES`` to recognise one)
+VALID_LR_SCHEDULES = list(SCHEDULES)
 
 
 def build_scheduler(scheduler_cfg, optimizer):

@@ -75,6 +75,10 @@ class PipelineEngine(DSLaunchEngine):
         return DataLoader(dataset, batch_size=batch_size or self._micro_batch, sampler=sampler,
                           collate_fn=collate_fn)
 
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        super().set_train_batch_size(train_batch_size)
+        self.micro_batches = self._gas  # one train_batch() runs the new accumulation
+
     def is_first_stage(self) -> bool:
         return self.stage_id == 0
 
@@ -94,6 +98,7 @@ class PipelineEngine(DSLaunchEngine):
         batch's mean loss (a 0-dim tensor) on every stage."""
         data_iter = self._data_iter(data_iter)
         self.module.train()
+        self.tput_timer.start()
         schedule = get_schedule(self.pipe_schedule)
         instrs = schedule(self.num_stages, self.stage_id, self.micro_batches)
         self._applied = False
@@ -103,6 +108,7 @@ class PipelineEngine(DSLaunchEngine):
         loss = self._aggregate(losses)
         self._losses = [loss.detach()]
         self._after_step(self._applied)
+        self.tput_timer.stop(global_step=True)
         return loss
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg"):
@@ -125,19 +131,23 @@ class PipelineEngine(DSLaunchEngine):
         return (loss, self._eval_outputs) if return_logits else loss
 
     # -- checkpoints: one file per (stage, TP rank) + metadata (checkpoint/pipeline.py) -------
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
         from ..checkpoint import pipeline as pipe_ckpt
         return pipe_ckpt.save(self, save_dir, tag=tag, client_state=client_state,
-                              save_latest=save_latest)
+                              save_latest=save_latest,
+                              exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
         from ..checkpoint import pipeline as pipe_ckpt
-        return pipe_ckpt.load(self, load_dir, tag=tag, strict=load_module_strict,
-                              load_optimizer_states=load_optimizer_states,
-                              load_lr_scheduler_states=load_lr_scheduler_states,
-                              load_module_only=load_module_only)
+        loaded = pipe_ckpt.load(self, load_dir, tag=tag, strict=load_module_strict,
+                                load_optimizer_states=load_optimizer_states,
+                                load_lr_scheduler_states=load_lr_scheduler_states,
+                                load_module_only=load_module_only)
+        self._publish_step_state(overflow=False)  # the loss scale may have been restored
+        return loaded
 
     def _data_iter(self, data_iter):
         if data_iter is None and self.training_dataloader is not None:
@@ -292,6 +302,7 @@ class PipelineEngine(DSLaunchEngine):
         self.timers.start("step")
         applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
         self.strategy.zero_grad()
+        self._record_step(applied)
         if applied:
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()

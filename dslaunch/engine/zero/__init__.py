@@ -5,7 +5,8 @@ Stage 0 (plain data parallel) is ``stage0.py``, stages 1 and 2 ``stage12.py``, s
 ``stage3.py``; every one has the interface of ``base.OptimizerStrategy``. Two variations wrap
 that choice: the 1-bit optimizers run on ``engine/onebit/strategy.OneBitStrategy`` (stage 0
 only), and optimizer states on NVMe (``offload_optimizer.device: nvme``) add
-``nvme.strategy.with_nvme_swap`` to the stage's class.
+``nvme.strategy.with_nvme_swap`` to the stage's class. An engine built without an optimizer gets
+a forward-only strategy (``no_optimizer.py``).
 
 Beside the strategies: ``zero_init.py`` (``dslaunch.zero``: Init, GatheredParameters, the
 registry of strategies by parameter), ``param_access.py`` (one parameter's whole fp32 value,
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dslaunch.config import onebit_problems
 
 from .base import OptimizerStrategy
+from .no_optimizer import build_no_optimizer_strategy
 from .nvme.strategy import with_nvme_swap
 from .stage0 import Stage0Strategy
 from .stage3 import Stage3Strategy
@@ -32,10 +34,13 @@ def build_optimizer_strategy(model, optimizer, cfg, comm, precision) -> Optimize
     ``cfg``: the typed config (``dslaunch.config.sections``), validated: the stage is 0-3 and
     every impossible combination was refused by ``dslaunch.config``; ``comm``: the data-parallel
     ``engine.comm.Comm``; ``precision``: ``engine.precision.Precision``. Called with the model's
-    parameters still in fp32 and a fresh optimizer built on them; the strategy casts the model
-    to the training dtype itself when it needs to (after taking its fp32 masters).
+    parameters still in fp32 and a fresh optimizer built on them (or None: forward only); the
+    strategy casts the model to the training dtype itself when it needs to (after taking its
+    fp32 masters).
     """
     zero = cfg.zero_optimization
+    if optimizer is None:  # forward only: evaluation, a frozen reference model
+        return build_no_optimizer_strategy(model, cfg, comm, precision)
     if hasattr(optimizer, "wants_grad_allreduce"):  # a 1-bit optimizer, maybe the user's own
         problems = onebit_problems(type(optimizer).__name__, zero.stage,
                                    zero.offload_optimizer.device)

@@ -99,6 +99,16 @@ class OptimizerStrategy:
         return breakdown(list(self.model.parameters()), grads,
                          optimizer_state_tensors(self.optimizer))
 
+    # -- life cycle ------------------------------------------------------------------------------
+    def empty_partition_cache(self) -> None:
+        """Release parameters gathered from partitions (stage 3); nothing to do otherwise."""
+
+    def remove_hooks(self) -> None:
+        """Remove the hooks this strategy put on the model (``engine.destroy()``)."""
+        for h in getattr(self, "_hooks", ()):
+            h.remove()
+        self._hooks = []
+
 
 def broadcast_model(model: torch.nn.Module, comm, src: int = 0) -> None:
     """Make every rank start from rank ``src``'s weights and buffers (what DDP does)."""

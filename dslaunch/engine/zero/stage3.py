@@ -37,9 +37,10 @@ from dslaunch.engine.zero.base import OptimizerStrategy
 from dslaunch.engine.zero.common import get_comm, offloads_optimizer, repoint_optimizer
 from dslaunch.engine.zero.nvme.param_store import nvme_param_store
 from dslaunch.engine.zero.offload import cpu_optimizer_for
-from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
+from dslaunch.engine.zero.param_status import attach_ds_attributes
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
 from dslaunch.engine.zero.stage3_units import plan_units
+from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
 from dslaunch.engine.zero.zero_init import materialize, register_strategy, shard_of
 
 
@@ -77,26 +78,10 @@ class Stage3Strategy(ZeroStage12Strategy):
         comm = get_comm(comm)
         OptimizerStrategy.__init__(self, model, optimizer, zero, comm, precision)
         self.offload_optimizer = offloads_optimizer(zero)
-        self.overlap_comm = False  # stage 3 reduces from its own hooks, unit by unit
-        self.world, self.rank = comm.world_size, comm.rank
-        self._hooks, self._stage1_grad_chunks, self._grad_norm = [], None, None
         named = self._trainable_groups(model, optimizer, precision)
-        shard_device = torch.device("cpu") if zero.offload_param.device == "cpu" else self.device
-        param_nvme = zero.offload_param.device == "nvme"
-        if param_nvme:  # the optimizer steps an fp32 master: the shard itself is in a file
-            self.need_master = True
-
-        cap = min(zero.reduce_bucket_size, COMM_BUCKET_CAP)
-        self.plan = plan_units(model, named, self.world, cap,
-                               zero.stage3_param_persistence_threshold)
-        self.groups = [_Group(n, lay, self.rank) for n, lay in zip(named, self.plan.layouts)]
-        if param_nvme:
-            self.store = nvme_param_store(self.plan, self.dtype, self.device, comm,
-                                          zero.offload_param, aio, self.rank)
-        else:
-            self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, comm)
-        self._prepare_rest(model, named)
-        self._partition()
+        if zero.offload_param.device == "nvme":  # the optimizer steps an fp32 master: the
+            self.need_master = True  # shard itself is in a file
+        self._partition_params(model, named, comm, aio)
         for gi, g in enumerate(self.groups):
             g.chunks = self.store.chunk_views(gi)
             self._make_shard(g)
@@ -107,12 +92,33 @@ class Stage3Strategy(ZeroStage12Strategy):
         else:
             repoint_optimizer(optimizer, shard_groups)
         register_strategy(self)
-        self.fetcher = FetchCoordinator(self.store, self.plan, zero)
-        self._staging_pool = []
-        self._reset_pending()
         self._install_hooks(model)
 
     # -- set-up ------------------------------------------------------------------------------
+    def _partition_params(self, model, named, comm, aio):
+        """Plan the units of ``named`` ([[(name, param)] per group]), store this rank's shards,
+        partition, get ready to gather: the set-up that needs no optimizer."""
+        zero = self.zero
+        self.overlap_comm = False  # stage 3 reduces from its own hooks, unit by unit
+        self.world, self.rank = comm.world_size, comm.rank
+        self._hooks, self._stage1_grad_chunks, self._grad_norm = [], None, None
+        shard_device = torch.device("cpu") if zero.offload_param.device == "cpu" else self.device
+        cap = min(zero.reduce_bucket_size, COMM_BUCKET_CAP)
+        self.plan = plan_units(model, named, self.world, cap,
+                               zero.stage3_param_persistence_threshold)
+        self.groups = [_Group(n, lay, self.rank) for n, lay in zip(named, self.plan.layouts)]
+        if zero.offload_param.device == "nvme":
+            self.store = nvme_param_store(self.plan, self.dtype, self.device, comm,
+                                          zero.offload_param, aio, self.rank)
+        else:
+            self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, comm)
+        self._prepare_rest(model, named)
+        self._partition()
+        attach_ds_attributes(self)
+        self.fetcher = FetchCoordinator(self.store, self.plan, zero)
+        self._staging_pool = []
+        self._reset_pending()
+
     def _prepare_rest(self, model, named):
         """What ZeRO does not partition (buffers, frozen parameters): made whole, cast to the
         training dtype, and rank 0's values broadcast (what DDP does)."""
@@ -181,14 +187,17 @@ class Stage3Strategy(ZeroStage12Strategy):
         self.store.live = 0
 
     def _install_hooks(self, model):
+        self._install_module_hooks(model)
+        for g in self.groups:
+            for name, p in g.params.items():
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(name)))
+
+    def _install_module_hooks(self, model):
         self._module_hooks = [model.register_forward_pre_hook(self._begin_forward, prepend=True)]
         for m in self.plan.fetch:
             self._module_hooks.append(m.register_forward_pre_hook(self._pre_forward))
             self._module_hooks.append(m.register_forward_hook(self._post_forward))
         self._module_hooks.append(model.register_forward_hook(self._end_forward))
-        for g in self.groups:
-            for name, p in g.params.items():
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(name)))
 
     # -- forward / backward hooks ------------------------------------------------------------
     def _begin_forward(self, module, args):
@@ -291,11 +300,14 @@ class Stage3Strategy(ZeroStage12Strategy):
                 if was == RELEASED:
                     self.store.release(key)
 
-    def module_state_dict(self) -> dict:
+    def module_state_dict(self, keep: bool = True) -> dict:
+        """The whole weights; ``keep=False``: only take part in the gathers ({})."""
         values = {}
         for key, g, b in self._each_bucket():
-            for s in b.slots:
+            for s in b.slots if keep else ():
                 values[id(g.params[s.name])] = self.store.param_view(key, s).detach().clone()
+        if not keep:
+            return {}
         return {k: values[id(v)] if id(v) in values else v.detach().clone()
                 for k, v in self.model.state_dict(keep_vars=True).items()}
 
@@ -313,7 +325,7 @@ class Stage3Strategy(ZeroStage12Strategy):
                 raise RuntimeError(f"tensor {k!r} is {list(v.shape)} in the state dict but "
                                    f"{list(mine[k].shape)} in the model")
         with torch.no_grad():
-            for key, g, b in self._each_bucket():
+            for key, _, b in self._each_bucket():
                 for s in b.slots:
                     if s.name in sd:
                         self.store.param_view(key, s).copy_(sd[s.name])
@@ -382,3 +394,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         for h in getattr(self, "_module_hooks", []):
             h.remove()
         self._module_hooks = []
+
+    def empty_partition_cache(self) -> None:
+        """Release every gathered unit (persistent ones stay): between passes only."""
+        self.fetcher.end_backward()

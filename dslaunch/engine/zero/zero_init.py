@@ -14,8 +14,9 @@ launcher); under other stages it builds the model normally. While the context is
   ``__init__``) runs ``fn`` on each module with that module's own parameters gathered, rank 0's
   result broadcast, then re-partitioned.
 
-Parameters built this way must not be read outside a gathered context before
-``dslaunch.initialize`` (stage 3), which regroups them unit by unit without materialising the model.
+Parameters built this way carry DeepSpeed's ``ds_*`` attributes (``param_status.py``) and must
+not be read outside a gathered context before ``dslaunch.initialize`` (stage 3), which regroups
+them unit by unit without materialising the model.
 
 A forward that reads a parameter owned by another module (a tied head, say) declares it with
 ``register_external_parameter(module, param)`` so stage 3 gathers it around that module too.
@@ -38,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from dslaunch.engine import comm
+from dslaunch.engine.zero.param_status import ZeroParamStatus, set_ds_attributes
 
 _STRATEGIES: "weakref.WeakSet" = weakref.WeakSet()
 
@@ -47,6 +49,11 @@ def register_strategy(strategy) -> None:
     partitioned parameters and refreshes their masters, and ``param_access.py``
     (``dslaunch.utils.safe_get_full_*``) finds the strategy that owns a parameter."""
     _STRATEGIES.add(strategy)
+
+
+def unregister_strategy(strategy) -> None:
+    """``engine.destroy()``: GatheredParameters no longer looks at this strategy."""
+    _STRATEGIES.discard(strategy)
 
 
 # -- zero.Init's per-parameter partitioning -------------------------------------------------------
@@ -82,6 +89,7 @@ def partition_param(p: torch.nn.Parameter) -> None:
             shard[: hi - lo].copy_(flat[lo:hi])
     p._dsl_shard = shard
     _free(p)
+    set_ds_attributes(p, shard, ZeroParamStatus.NOT_AVAILABLE)
 
 
 def _gather_param(p) -> None:
@@ -96,6 +104,7 @@ def _gather_param(p) -> None:
             padded.copy_(shard)
         whole = padded[: p.numel()].view(p.shape).clone()
     p.data = whole
+    p.ds_status = ZeroParamStatus.AVAILABLE
 
 
 def _repartition(p, modifier_rank) -> None:
@@ -111,6 +120,7 @@ def _repartition(p, modifier_rank) -> None:
             if lo < hi:
                 p._dsl_shard[: hi - lo].copy_(flat[lo:hi])
     _free(p)
+    p.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 
 def materialize(p) -> None:

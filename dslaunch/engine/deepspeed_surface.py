@@ -1,0 +1,280 @@
+"""DeepSpeed's engine members besides the training loop: the accessors, switches and private
+helpers that frameworks call on the object ``initialize`` returns (Transformers, Accelerate,
+Lightning, TRL, the RLHF stacks). ``DSLaunchEngine`` inherits ``DeepSpeedSurface``; forward,
+backward and step stay in ``engine.py``.
+
+Semantics are DeepSpeed's where frameworks depend on them:
+
+- ``config`` is the resolved config as a dict (``engine.config.get("zero_optimization")``); the
+  typed one is ``engine._config``;
+- ``is_gradient_accumulation_boundary()`` counts micro-steps, unless
+  ``set_gradient_accumulation_boundary(b)`` said otherwise (Accelerate sets it before every
+  backward and calls ``step()`` only at boundaries; counting callers call ``step()`` every time);
+- ``no_sync()`` (ZeRO 0-1 only): backward inside it reduces nothing; a backward at a boundary
+  or a ``step()`` inside it is refused (a step must see reduced gradients);
+- the optimizer ``initialize`` returns carries ``overflow``, ``cur_scale`` and ``loss_scale``,
+  refreshed at every step (Accelerate reads ``optimizer.overflow`` to know a step was skipped);
+- unknown attributes are looked up on the wrapped module (DeepSpeed-Chat calls
+  ``engine.gradient_checkpointing_enable()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .monitor import ThroughputTimer
+from .zero.no_optimizer import NoOptimizerError
+
+# config optimizer names DeepSpeed reports in lower case (its own optimizers)
+_DEEPSPEED_OPTIMIZERS = {"adagrad", "adam", "adamw", "lamb", "onebitadam", "zerooneadam",
+                         "onebitlamb", "lion", "muadam", "muadamw", "musgd", "muon"}
+
+
+class EngineDestroyedError(RuntimeError):
+    """The engine was used after ``destroy()``."""
+
+
+class _Destroyed:
+    """Stands in for the strategy after ``destroy()``: any use says so."""
+
+    def __getattr__(self, name):
+        raise EngineDestroyedError(f"engine.destroy() was called: this engine cannot be used "
+                                   f"any more (asked for strategy.{name})")
+
+
+def _refuse_after_destroy(module, args):
+    raise EngineDestroyedError("engine.destroy() was called: this engine cannot run forward")
+
+
+def _set_unless_property(obj, name: str, value) -> None:
+    """Plain attribute on ``obj``, unless its class defines ``name`` itself (a property of a
+    DeepSpeed-style optimizer keeps its own meaning)."""
+    if not isinstance(getattr(type(obj), name, None), property):
+        setattr(obj, name, value)
+
+
+class DeepSpeedSurface:
+    """Mixed into ``DSLaunchEngine`` (an ``nn.Module``): reads the engine's ``_config``,
+    ``precision``, ``strategy``, ``optimizer``, ``comm``, ``module`` and counters."""
+
+    def _init_surface(self, client_optimizer_name) -> None:
+        """After the optimizer and scheduler are set up; ``client_optimizer_name``: the class
+        name of the optimizer the caller passed (object or factory), None otherwise."""
+        self._client_optimizer_name = client_optimizer_name
+        self._boundary_override = None  # set_gradient_accumulation_boundary's answer
+        self._inside_no_sync = False
+        self._step_applied = False
+        self.tput_timer = ThroughputTimer(self._train_batch)
+        self._publish_step_state(overflow=False)
+
+    # -- batch and accumulation ----------------------------------------------------------------
+    def train_batch_size(self) -> int:
+        return self._train_batch
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._micro_batch
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._gas
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """From now on, this decides whether a backward ends an accumulation window (and a
+        ``step()`` steps), instead of counting micro-steps."""
+        self._boundary_override = bool(is_boundary)
+
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """A new global batch: the micro-batch stays, the accumulation steps follow."""
+        per_step = self._micro_batch * self.dp_world_size
+        if train_batch_size <= 0 or train_batch_size % per_step:
+            raise ValueError(f"set_train_batch_size({train_batch_size}): not a multiple of "
+                             f"micro-batch {self._micro_batch} x data-parallel size "
+                             f"{self.dp_world_size}")
+        self._train_batch, self._gas = train_batch_size, train_batch_size // per_step
+        self.config["train_batch_size"] = self._train_batch
+        self.config["gradient_accumulation_steps"] = self._gas
+        self.tput_timer.batch_size = self._train_batch
+
+    def _check_can_train(self, what: str) -> None:
+        if self.optimizer is None:
+            raise NoOptimizerError(
+                f"engine.{what}: this engine was built without an optimizer (no optimizer= and "
+                "no \"optimizer\" section in the config), so it runs forward only (evaluation, "
+                "a frozen reference model); pass an optimizer to dslaunch.initialize to train")
+
+    def _reduces_gradients(self) -> bool:
+        """Whether the backward about to run ends an accumulation window (the strategy then
+        reduces the gradients); inside ``no_sync()`` none may."""
+        self._check_can_train("backward()")
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary and self._inside_no_sync:
+            raise AssertionError(
+                "engine.backward() inside no_sync() at a gradient accumulation boundary: the "
+                "boundary's backward must reduce the gradients; run it outside no_sync() (or "
+                "mark it with set_gradient_accumulation_boundary(False))")
+        return boundary
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside it reduces no gradients (DDP's ``no_sync``); ZeRO 0 and 1 only, as in
+        DeepSpeed (stages 2 and 3 reduce gradient partitions at every backward)."""
+        if self.zero_optimization_stage() >= 2:
+            raise AssertionError(f"no_sync() is incompatible with the gradient partitioning of "
+                                 f"ZeRO stage {self.zero_optimization_stage()}")
+        if self._inside_no_sync:
+            raise AssertionError("no_sync() cannot be re-entered")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
+
+    def _check_step_allowed(self) -> None:
+        self._check_can_train("step()")
+        if self._inside_no_sync:
+            raise AssertionError("engine.step() inside no_sync(): gradients are not reduced "
+                                 "there; step after leaving it")
+
+    # -- after a step --------------------------------------------------------------------------
+    def _record_step(self, applied: bool) -> None:
+        self._step_applied = applied
+        self._publish_step_state(overflow=not applied)
+
+    def _publish_step_state(self, overflow: bool) -> None:
+        """DeepSpeed's optimizers carry the overflow flag and the loss scale: so does ours."""
+        if self.optimizer is None:
+            return
+        scale = self.precision.scaler.loss_scale
+        for name, value in (("overflow", overflow), ("cur_scale", scale), ("loss_scale", scale)):
+            _set_unless_property(self.optimizer, name, value)
+
+    def was_step_applied(self) -> bool:
+        """False when the last optimizer step was skipped (fp16 overflow) or none ran yet."""
+        return self._step_applied
+
+    def get_lr(self) -> list:
+        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
+
+    def get_mom(self) -> list:
+        """Per param group: ``momentum`` for SGD / RMSprop, ``betas`` otherwise (DeepSpeed's)."""
+        if self.optimizer is None:
+            return []
+        key = "momentum" if self.optimizer_name() in ("SGD", "RMSprop") else "betas"
+        return [g[key] for g in self.optimizer.param_groups if key in g]
+
+    @property
+    def loss_scale(self) -> float:
+        return self.precision.scaler.loss_scale
+
+    def get_global_grad_norm(self):
+        return self.strategy.grad_norm()
+
+    # -- configuration -------------------------------------------------------------------------
+    def fp16_enabled(self) -> bool:
+        return self.precision.name == "fp16"
+
+    def bfloat16_enabled(self) -> bool:
+        return self.precision.name == "bf16"
+
+    def zero_optimization(self) -> bool:
+        """Whether ZeRO is on (stage 1 or more), as DeepSpeed answers."""
+        return self.zero_optimization_stage() > 0
+
+    def zero_optimization_stage(self) -> int:
+        return self.zero_stage
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        return self._config.zero_optimization.stage3_gather_16bit_weights_on_model_save
+
+    def optimizer_name(self):
+        """The class name of the optimizer passed in; else the config's ``optimizer.type``
+        (DeepSpeed's own optimizers in lower case); None without an optimizer."""
+        if self._client_optimizer_name is not None:
+            return self._client_optimizer_name
+        if self._config.optimizer is None:
+            return None
+        name = str(self._config.optimizer.type)
+        return name.lower() if name.lower() in _DEEPSPEED_OPTIMIZERS else name
+
+    def wall_clock_breakdown(self) -> bool:
+        return self._config.wall_clock_breakdown
+
+    @property
+    def mp_world_size(self) -> int:
+        """Model-parallel (tensor-parallel) size: the mpu's or the pipeline grid's, else 1."""
+        mpu = self.__dict__.get("mpu") or self.__dict__.get("grid")
+        return mpu.get_model_parallel_world_size() if mpu is not None else 1
+
+    def get_data_parallel_group(self):
+        group = self.comm.group
+        return group if group is not None else torch.distributed.group.WORLD
+
+    @property
+    def data_parallel_group(self):
+        return self.get_data_parallel_group()
+
+    # -- ZeRO-3 and life cycle -----------------------------------------------------------------
+    def empty_partition_cache(self) -> None:
+        """Release the ZeRO-3 parameters gathered now (persistent ones stay); call between
+        passes (after an offload, before a long pause). Nothing to do under stages 0-2."""
+        self.strategy.empty_partition_cache()
+
+    def destroy(self) -> None:
+        """Remove the hooks the strategy put on the model and drop its state; the engine cannot
+        be used afterwards (frameworks call it to free memory between phases)."""
+        from .zero.zero_init import unregister_strategy
+
+        strategy = self.strategy
+        strategy.empty_partition_cache()
+        strategy.remove_hooks()
+        unregister_strategy(strategy)
+        self.strategy = _Destroyed()
+        self.register_forward_pre_hook(_refuse_after_destroy)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """The whole model's state dict in the training dtype, on global rank 0 ({} on the
+        others). Collective (stage 3 gathers bucket by bucket): every rank calls it."""
+        if self.zero_optimization_stage() != 3:
+            raise ValueError("_zero3_consolidated_16bit_state_dict requires ZeRO stage 3 (under "
+                             "stages 0-2 every rank holds the whole model: use "
+                             "engine.module.state_dict())")
+        keep = self.global_rank == 0
+        state = self.strategy.module_state_dict(keep=keep)
+        if not keep:
+            return {}
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return {k: v.detach().cpu() for k, v in state.items()}
+
+    def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """As ``_zero3_consolidated_16bit_state_dict``; DeepSpeed also consolidates its AutoTP
+        here, which dslaunch does not have (consolidate a tensor-parallel checkpoint with
+        ``dslaunch ckpt to-fp32``)."""
+        if self.zero_optimization_stage() != 3:
+            raise ValueError("_consolidated_16bit_state_dict applies where the weights are "
+                             "partitioned (ZeRO stage 3); for tensor parallelism consolidate a "
+                             "checkpoint with `dslaunch ckpt to-fp32`")
+        return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+
+    # -- the wrapped module's attributes -------------------------------------------------------
+    def __getattr__(self, name: str):
+        try:  # nn.Module's own: parameters, buffers, submodules (the wrapped module itself)
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("__"):
+                raise
+        module = self.__dict__.get("_modules", {}).get("module")
+        if module is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r} "
+                                 f"(nor has its module, a {type(module).__name__})") from None

@@ -1,0 +1,15 @@
+"""``dslaunch.runtime.engine``, as ``deepspeed.runtime.engine``: the engine class
+(``DeepSpeedEngine`` is dslaunch's ``DSLaunchEngine``, so isinstance checks hold).
+
+A face: the implementation is ``dslaunch/engine/engine.py``.
+"""
+
+from dslaunch.engine.engine import DSLaunchEngine as DeepSpeedEngine
+
+__all__ = ["DeepSpeedEngine"]
+
+
+def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
+    from dslaunch.deepspeed_names import missing_attribute
+
+    raise missing_attribute(__name__, name)
