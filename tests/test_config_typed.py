@@ -7,10 +7,10 @@ import json
 import subprocess
 
 import pytest
-from helpers import DSLAUNCH, ROOT, launch
 
 from dslaunch.config import ConfigError, resolve_config, to_dict
 from dslaunch.config.schema import TOP, Section
+from helpers import DSLAUNCH, ROOT, launch
 
 
 def _typed(extra=None, **kw):

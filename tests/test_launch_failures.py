@@ -9,9 +9,9 @@ import subprocess
 import time
 
 import psutil
+from test_launch import assert_no_leftovers, marker_env
 
 from helpers import DSLAUNCH, SCRIPTS, dslaunch
-from test_launch import assert_no_leftovers, marker_env
 
 
 def test_fail_fast_names_rank_and_shows_traceback(tmp_path):

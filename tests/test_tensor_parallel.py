@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import launch, results
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
-from gpt import GPT, GPTConfig  # noqa: E402
-from gpt_tp import BLOCK_TP_PLAN, GPT_TP_PLAN  # noqa: E402
-
-from dslaunch.engine.tp_plan import apply_tp_plan  # noqa: E402
+from dslaunch.engine.tp_plan import apply_tp_plan
+from gpt import GPT, GPTConfig
+from gpt_tp import BLOCK_TP_PLAN, GPT_TP_PLAN
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}
 STEPS = 3

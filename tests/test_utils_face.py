@@ -24,18 +24,23 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from helpers import DSLAUNCH, ROOT, launch, results  # noqa: E402
-from gpt import GPT, Block, GPTConfig  # noqa: E402
-
-import dslaunch  # noqa: E402
-from dslaunch.checkpoint.utils import clone_tensors_for_torch_save  # noqa: E402
-from dslaunch.engine.checkpoint.files import RankFiles  # noqa: E402
-from dslaunch.engine.checkpoint.shard_index import ParamIndex  # noqa: E402
-from dslaunch.engine.zero.partition import Layout  # noqa: E402
-from dslaunch.utils import (RepeatingLoader, get_z3_leaf_modules, logger,  # noqa: E402
-                            safe_get_full_grad, set_z3_leaf_modules, unset_z3_leaf_modules,
-                            z3_leaf_module)
-from dslaunch.utils import zero_to_fp32  # noqa: E402
+import dslaunch
+from dslaunch.checkpoint.utils import clone_tensors_for_torch_save
+from dslaunch.engine.checkpoint.files import RankFiles
+from dslaunch.engine.checkpoint.shard_index import ParamIndex
+from dslaunch.engine.zero.partition import Layout
+from dslaunch.utils import (
+    RepeatingLoader,
+    get_z3_leaf_modules,
+    logger,
+    safe_get_full_grad,
+    set_z3_leaf_modules,
+    unset_z3_leaf_modules,
+    z3_leaf_module,
+    zero_to_fp32,
+)
+from gpt import GPT, Block, GPTConfig
+from helpers import DSLAUNCH, ROOT, launch, results
 
 LR = 1e-3
 TIGHT = {"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,

@@ -243,7 +243,7 @@ def test_a_killed_rank_leaves_files_the_next_job_removes(work):
     """SIGKILL runs no cleanup: the next job using the nvme_path removes the directory, because
     its flock died with its process; a live process's directory (lock held) is left alone."""
     root = _swap_root(work, "killed")
-    run = lambda how: subprocess.Popen([sys.executable, "-c", _HOLDER, str(root), how],  # noqa
+    run = lambda how: subprocess.Popen([sys.executable, "-c", _HOLDER, str(root), how],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                        cwd=ROOT)
     live = run("live")  # first: its start-up scan must not see the killed one's directory
