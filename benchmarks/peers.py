@@ -1,7 +1,7 @@
 """Locate or create the DeepSpeed peer venv that benchmarks compare against.
 
 DeepSpeed is a peer, never a dependency: it lives in its own venv at ``benchmarks/.peer-venv``
-(override with ``DSLAUNCH_PEER_VENV``), made the way /work/shared/BENCHMARKING.md says: torch pinned
+(override with ``DSLAUNCH_PEER_VENV``), made so the comparison is fair: torch pinned
 to the version of the running interpreter first (else pip pulls a multi-GB CUDA build), then
 deepspeed, ninja and py-cpuinfo.
 

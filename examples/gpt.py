@@ -145,8 +145,8 @@ class TextBatches:
 
 
 def bench_config(vocab_size: int = 8192) -> GPTConfig:
-    """The model of ../shared/BENCHMARKING.md: 6 layers, hidden 512, 8 heads, seq 128 (27.4M params
-    with vocab 8192)."""
+    """The benchmarks' model (benchmarks/README.md): 6 layers, hidden 512, 8 heads, seq 128
+    (27.4M params with vocab 8192)."""
     return GPTConfig(vocab_size=vocab_size, seq_len=128, n_layer=6, n_head=8, d_model=512)
 
 

@@ -17,7 +17,7 @@ The layout (dslaunch/): ``launcher/`` (start ranks anywhere), ``config/`` (pure 
 over a kernel op, used by engine/zero), ``cli/`` (the command, may use every room lazily), and
 the public faces: ``dslaunch/__init__.py`` (lazy names), ``dslaunch/zero.py``, ``dslaunch/pipe.py``
 (and any future face module ``dslaunch/<name>.py`` or face package). The rules, from
-shared/DESIGN.md "Boundaries" and docs/interfaces.md, as the code keeps them today:
+docs/architecture.md ("One-way rules") and docs/interfaces.md, as the code keeps them today:
 
 - launcher: imports, at any level, only ``dslaunch`` (the package, for ``__version__``),
   ``dslaunch.launcher.*`` and ``dslaunch.config.*`` of dslaunch, and never torch, not even inside

@@ -11,8 +11,6 @@
 #   bash tests/infra/netns_down.sh              # tears everything down
 #   bash tests/infra/netns_host.sh down|up hostN  # silent host loss / revive
 #
-# Adapted from ../shared/infra/netns_ssh_up.sh (see INFRA.md for every gotcha).
-#
 # After it:  ssh host1 hostname   -> host1      (no flags needed)
 #            pdsh -R ssh -w host[1-3] hostname
 #            python: paramiko with key $DSL_INFRA_DIR/id_ed25519

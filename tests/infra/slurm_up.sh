@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Real SLURM (Debian slurm-wlm 22.05) + munge on this machine, no systemd.
 #
-# Adapted from ../shared/infra/slurm_up.sh (INFRA.md section 4).
 #   bash tests/infra/slurm_up.sh           # single node = this machine
 #   DSL_SLURM_MODE=netns bash infra/slurm_up.sh
 #        # multi-node: one slurmd per fake host from netns_ssh_up.sh
