@@ -5,7 +5,6 @@ ImportError that says what brings it (the row's reason in ``deepspeed_names.py``
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import sys
 
 
@@ -14,10 +13,9 @@ class _MissingModuleFinder(importlib.abc.MetaPathFinder):
     (``import dslaunch.moe``) into an ImportError that says what brings it."""
 
     def find_spec(self, fullname, path=None, target=None):
+        # appended after the standard finders: only names no real module answers reach here
         if not fullname.startswith("dslaunch."):
             return None
-        if importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
-            return None  # a real module of ours wins (and the table below imports normally)
         from dslaunch.deepspeed_names import row
 
         deepspeed_name = "deepspeed" + fullname[len("dslaunch"):]

@@ -27,9 +27,9 @@ import math
 
 import torch
 
-from .compressed import CompressedAllReduce
+from dslaunch.config.resolve import ONE_BIT as ONE_BIT_TYPES  # the config's list of their names
 
-ONE_BIT_TYPES = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
+from .compressed import CompressedAllReduce
 
 
 def clamp_torch(m: torch.Tensor, denom: torch.Tensor, bound: float) -> torch.Tensor:
