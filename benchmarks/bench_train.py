@@ -59,6 +59,11 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None, help="timed steps per run (default 20; smoke 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5; smoke 1)")
     p.add_argument("--nproc", type=int, default=2, help="ranks")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: each rank trains on its own GPU (nccl); peak GPU memory is reported too")
+    p.add_argument("--peer-python", default=None,
+                   help="a python that imports deepspeed (else benchmarks/peers.py makes the peer venv); its "
+                        "ranks start with `PYTHON -m torch.distributed.run`")
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--omp-threads", default="1", help="OMP_NUM_THREADS for every launcher (default 1)")
@@ -155,7 +160,7 @@ def dslaunch_precheck(c, args) -> str | None:
 def command(c, args, out_dir: Path, peer_py: str | None, smoke_warmup: bool = False) -> list:
     n = str(args.nproc)
     script_args = ["--out", str(out_dir), "--precision", c["precision"], "--micro-batch", str(args.micro_batch),
-                   "--lr", str(args.lr)]
+                   "--lr", str(args.lr), "--device", args.device]
     if smoke_warmup:
         script_args += ["--smoke", "--steps", "1", "--warmup", "1"]
     else:
@@ -173,6 +178,8 @@ def command(c, args, out_dir: Path, peer_py: str | None, smoke_warmup: bool = Fa
     assert rt == "deepspeed" and peer_py
     peer_bin = Path(peer_py).parent
     script = str(bu.PEER_SCRIPTS / "deepspeed_train.py")
+    if args.peer_python:
+        return [peer_py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, script] + script_args
     if args.ds_launcher == "deepspeed":
         return [str(peer_bin / "deepspeed"), "--num_gpus", n, "--master_port", str(bu.free_port()),
                 script] + script_args
@@ -184,6 +191,7 @@ def run_env(args) -> dict:
     env["OMP_NUM_THREADS"] = str(args.omp_threads)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.pop("BENCH_ZERO_EXTRA", None)
+    env["DSLAUNCH_ACCELERATOR"] = args.device  # the same device for dslaunch as for its peers
     if args.zero_extra:  # zero_config.train_config merges it, in every runtime's script
         env["BENCH_ZERO_EXTRA"] = args.zero_extra
     # the peers must not see dslaunch's launcher variables if this harness runs inside a job
@@ -270,6 +278,9 @@ def summarise_ranks(ranks: list) -> dict:
         "tokens_per_s_total": round(r0["tokens_per_step"] * len(slowest) / sum(slowest), 2),
         "peak_rss_mb_per_rank": [round(r["peak_rss_bytes"] / 2**20, 1) for r in ranks],
         "peak_rss_mb_max": round(max(r["peak_rss_bytes"] for r in ranks) / 2**20, 1),
+        "gpu_peak_mb_max": (round(max(r["gpu_peak_allocated_bytes"] for r in ranks) / 2**20, 1)
+                            if "gpu_peak_allocated_bytes" in r0 else None),
+        "gpu": r0.get("gpu"),
         "losses": r0["losses"],
         "torch_threads_per_rank": [r["torch_threads"] for r in ranks],
         "omp_num_threads_per_rank": [r["omp_num_threads"] for r in ranks],
@@ -299,6 +310,8 @@ def summarise(configs, runs, args) -> list:
                    tokens_per_s_runs=[r["tokens_per_s"] for r in ok],
                    peak_rss_mb_median=round(bu.median([r["peak_rss_mb_max"] for r in ok]), 1),
                    losses=ok[0]["losses"])
+        if ok[0].get("gpu_peak_mb_max") is not None:
+            row["gpu_peak_mb_median"] = round(bu.median([r["gpu_peak_mb_max"] for r in ok]), 1)
         rows.append(row)
     index = {r["name"]: r for r in rows}
     for row in rows:
@@ -322,7 +335,10 @@ def summarise(configs, runs, args) -> list:
                 "tokens_per_s": bu.ratio(row["tokens_per_s_median"], peer["tokens_per_s_median"]),
                 "tokens_per_s_paired": _paired(by[row["name"]], by[peer_name]),
                 "peak_rss": bu.ratio(row["peak_rss_mb_median"], peer["peak_rss_mb_median"]),
+                "loss_max_abs_diff": _loss_diff(row["losses"], peer["losses"]),
             }
+            if row.get("gpu_peak_mb_median") and peer.get("gpu_peak_mb_median"):
+                row["ratios"][key]["gpu_peak_mem"] = bu.ratio(row["gpu_peak_mb_median"], peer["gpu_peak_mb_median"])
     return rows
 
 
@@ -345,8 +361,11 @@ def print_tables(rows, args) -> None:
         if r["status"] != "ok":
             bu.log(f"{r['name']:<26} {r['status']:<14} {(r.get('message') or '')[:90]}")
             continue
-        ratios = "  ".join(f"{k} {v['tokens_per_s']}x (rss {v['peak_rss']}x)" for k, v in r.get("ratios", {}).items())
-        bu.log(f"{r['name']:<26} {'ok':<14} {r['tokens_per_s_median']:>9} {r['peak_rss_mb_median']:>12}  {ratios}")
+        ratios = "  ".join(f"{k} {v['tokens_per_s']}x (rss {v['peak_rss']}x" +
+                           (f", gpu mem {v['gpu_peak_mem']}x" if "gpu_peak_mem" in v else "") +
+                           f", loss diff {v['loss_max_abs_diff']:.1e})" for k, v in r.get("ratios", {}).items())
+        gpu = f" gpu {r['gpu_peak_mb_median']} MB" if "gpu_peak_mb_median" in r else ""
+        bu.log(f"{r['name']:<26} {'ok':<14} {r['tokens_per_s_median']:>9} {r['peak_rss_mb_median']:>12}{gpu}  {ratios}")
     bu.log("")
     bu.log(f"first {args.show_losses} losses (rank 0's micro-batch), and max |loss - DDP's| over all steps:")
     for r in rows:
@@ -367,7 +386,7 @@ def main(argv=None) -> int:
         return 2
     peer_py = None
     if any(c["runtime"] == "deepspeed" for c in configs):
-        peer_py = bu.peer_python(create=True)
+        peer_py = args.peer_python or bu.peer_python(create=True)
         if peer_py is None:
             bu.log("DeepSpeed peer venv unavailable: its configurations are skipped")
             configs = [c for c in configs if c["runtime"] != "deepspeed"]
@@ -385,7 +404,8 @@ def main(argv=None) -> int:
         "settings": {"model": "examples/gpt.py tiny smoke model" if args.smoke else
                      "examples/gpt.py bench_config(): 6 layers, hidden 512, 8 heads, vocab 8192, seq 128",
                      "data": "TextBatches(stdlib bytes), global batch = micro_batch x ranks, seed 0",
-                     "nproc": args.nproc, "micro_batch": args.micro_batch, "lr": args.lr, "steps": args.steps,
+                     "nproc": args.nproc, "device": args.device, "micro_batch": args.micro_batch, "lr": args.lr,
+                     "steps": args.steps,
                      "warmup": args.warmup, "repeats": args.repeats, "smoke": args.smoke,
                      "ds_launcher": args.ds_launcher, "zero_extra": args.zero_extra or None,
                      "optimizer": "Adam (torch fused=True for DDP/FSDP2; "

@@ -51,7 +51,8 @@ def main():
         engine.step()
         return loss
 
-    times, losses = common.run_loop(args, step, common.build_batches(args, rank, world))
+    times, losses = common.run_loop(args, step, common.build_batches(args, rank, world),
+                                   sync=common.device_sync(args))
     extra = {"stage": args.stage, "offload": args.offload, "dslaunch": dslaunch.__version__}
     try:
         extra["memory_breakdown"] = engine.memory_breakdown()

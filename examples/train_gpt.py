@@ -62,6 +62,7 @@ def main():
     t0, start = time.perf_counter(), engine.global_steps
     for step in range(engine.global_steps, args.steps):
         tokens, targets = data.batch_at(step, rank, world)
+        tokens, targets = tokens.to(engine.device), targets.to(engine.device)  # as with DeepSpeed
         for i in range(accum):
             sl = slice(i * micro, (i + 1) * micro)
             loss = engine(tokens[sl], targets[sl])

@@ -162,3 +162,16 @@ def test_path_choice():
     assert collective_paths("gloo", {}) == {"reduce_scatter": "pairwise", "all_gather": "pairwise"}
     with pytest.raises(ValueError, match="DSLAUNCH_GLOO_COLLECTIVES"):
         collective_paths("gloo", {"DSLAUNCH_GLOO_COLLECTIVES": "fast"})
+
+
+def test_per_device_backend_routes_cpu_tensors_to_gloo():
+    """On a GPU machine the NCCL group is ``cpu:gloo,cuda:nccl``: a CPU tensor meets gloo (and
+    gloo's collective paths), a CUDA tensor NCCL; a plain backend serves every device."""
+    from dslaunch.engine.comm import group_backend, with_cpu_backend
+
+    assert group_backend("cpu:gloo,cuda:nccl", "cpu") == "gloo"
+    assert group_backend("cpu:gloo,cuda:nccl", "cuda") == "nccl"
+    assert group_backend("gloo", "cuda") == "gloo" and group_backend(None, "cpu") is None
+    assert with_cpu_backend("gloo") == "gloo"
+    assert with_cpu_backend("nccl") == ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "nccl")
+    assert collective_paths(group_backend("cpu:gloo,cuda:nccl", "cpu"), {}) == collective_paths("gloo", {})

@@ -48,11 +48,14 @@ def test_report_json_shape_and_builds_nothing(tmp_path):
 def test_report_shows_built_ops_and_missing_compiler(tmp_path):
     env = dict(os.environ, DSLAUNCH_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("DSLAUNCH_SIMD", None)
+    # the compiler by its plain name for both runs (it is in the cache key); an image may set
+    # CXX to an absolute path, which an empty PATH would not hide
+    env["CXX"] = "c++"
     subprocess.run([sys.executable, "-m", "dslaunch.kernels.builder", "cpu_lion"], env=env,
                    cwd=REPO, check=True, capture_output=True, timeout=600)
     empty = tmp_path / "empty-bin"
     empty.mkdir()
-    no_tools = {"PATH": str(empty), "CUDA_HOME": str(empty)}  # no compiler, ninja, nvcc
+    no_tools = {"PATH": str(empty), "CUDA_HOME": str(empty), "CXX": "c++"}  # no compiler, ninja, nvcc
     info = json.loads(_report(tmp_path, "--json", **no_tools))
     ops = {op["name"]: op for op in info["ops"]}
     assert ops["cpu_lion"]["built"] and ops["cpu_lion"]["compatible"]  # cached: no compiler needed

@@ -38,6 +38,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--micro-batch", type=int, default=4, help="micro-batch per rank")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model trains (cuda: one GPU per rank, LOCAL_RANK's)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab", type=int, default=8192)
@@ -66,7 +68,16 @@ def build_batches(args, rank: int, world: int) -> list:
     data = TextBatches(stdlib_bytes(2 << 20), seq_len=cfg.seq_len,
                        global_batch=args.micro_batch * world, seed=args.seed,
                        vocab_size=cfg.vocab_size)
-    return [data.batch_at(s, rank, world) for s in range(args.warmup + args.steps)]
+    batches = [data.batch_at(s, rank, world) for s in range(args.warmup + args.steps)]
+    if args.device == "cuda":  # moved before the loop: host-to-device copies are not what is timed
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        batches = [(t.to(dev), y.to(dev)) for t, y in batches]
+    return batches
+
+
+def device_sync(args):
+    """What makes a step's end real on this device: CUDA work is queued, so wait for it."""
+    return torch.cuda.synchronize if args.device == "cuda" else None
 
 
 def rank_world() -> tuple[int, int]:
@@ -113,7 +124,11 @@ def write_result(args, runtime: str, times: list, losses: list, extra: dict | No
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "num_params": num_params(args),
         "torch": torch.__version__,
+        "device": args.device,
     }
+    if args.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name()
+        result["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     if extra:
         result.update(extra)
     out = Path(args.out)

@@ -32,7 +32,7 @@ def main():
     import deepspeed
     import torch.distributed as dist
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = common.build_model(args)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
@@ -44,7 +44,8 @@ def main():
         engine.step()
         return loss
 
-    times, losses = common.run_loop(args, step, common.build_batches(args, rank, world))
+    times, losses = common.run_loop(args, step, common.build_batches(args, rank, world),
+                                   sync=common.device_sync(args))
     common.write_result(args, "deepspeed", times, losses,
                         {"stage": args.stage, "offload": args.offload, "deepspeed": deepspeed.__version__,
                          "optimizer": type(engine.optimizer).__name__,

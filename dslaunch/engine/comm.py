@@ -2,8 +2,13 @@
 
 ``init_distributed`` learns the rank layout from the environment only (the launcher's torchrun
 names, else MPI's or SLURM's), so a script runs the same under dslaunch, torchrun, srun or mpirun.
-A single process with no launcher variables gets a one-rank gloo group over an in-memory store
+A single process with no launcher variables gets a one-rank group over an in-memory store
 (no network, no port), so the rest of the runtime never special-cases "not distributed".
+
+On a GPU machine the NCCL group is made as ``cpu:gloo,cuda:nccl``: CUDA tensors go over NCCL and
+CPU tensors (an offloaded optimizer's pieces, the fp64 norm/overflow scalars, checkpoint metadata)
+over gloo, instead of every such call site copying to the GPU and back. ``group_backend`` says
+which backend a tensor on a device meets in a group.
 
 ``Comm`` wraps the collectives the engine and the ZeRO strategies use and counts, per collective,
 the calls, the payload bytes (the size of the tensor handed to the collective on this rank — what
@@ -81,6 +86,20 @@ def default_backend() -> str:
     return get_accelerator().communication_backend_name()
 
 
+def with_cpu_backend(backend: str) -> str:
+    """NCCL carries only CUDA tensors: pair it with gloo for CPU ones (torch's per-device form)."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" and torch.cuda.is_available() else backend
+
+
+def group_backend(backend: str | None, device_type: str) -> str | None:
+    """The backend a ``device_type`` tensor meets in a group made with ``backend`` (which may be
+    torch's per-device form, ``cpu:gloo,cuda:nccl``)."""
+    if backend is None or ":" not in backend:
+        return backend
+    pairs = dict(part.split(":", 1) for part in backend.split(","))
+    return pairs.get(device_type)
+
+
 def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True,
                      distributed_port: int = 29500, verbose: bool = False,
                      timeout: datetime.timedelta = datetime.timedelta(minutes=30),
@@ -96,7 +115,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     env_rank, env_size, local, source = env_layout()
     rank = env_rank if rank < 0 else rank
     world_size = env_size if world_size < 0 else world_size
-    backend = dist_backend or default_backend()
+    backend = with_cpu_backend(dist_backend or default_backend())
     if source not in ("RANK", "none") and auto_mpi_discovery:
         # Other launchers: give torch the names env:// reads.
         os.environ.setdefault("RANK", str(rank))
@@ -114,7 +133,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
         if "MASTER_ADDR" not in os.environ and init_method is None:
             raise RuntimeError(f"WORLD_SIZE={world_size} but MASTER_ADDR is not set; start the "
                                "script with `dslaunch run` (or torchrun / srun / mpirun)")
-        if torch.cuda.is_available() and backend == "nccl":
+        if torch.cuda.is_available() and "nccl" in backend:
             torch.cuda.set_device(local)
         dist.init_process_group(backend, init_method=init_method or "env://", rank=rank,
                                 world_size=world_size, timeout=timeout)
@@ -207,10 +226,14 @@ class Comm:
         self.group = group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-        backend = dist.get_backend(group) if dist.is_initialized() else None
-        self.paths = collective_paths(backend if self.world_size > 1 else None)
+        backend = str(dist.get_backend(group)) if dist.is_initialized() and self.world_size > 1 else None
+        self._paths = {dev: collective_paths(group_backend(backend, dev)) for dev in ("cpu", "cuda")}
         self._stats: dict = defaultdict(
             lambda: {"calls": 0, "bytes": 0, "sent_bytes": 0, "seconds": 0.0})
+
+    def paths_for(self, tensor) -> dict:
+        """The collective paths for a tensor on its device (gloo's choices for a CPU tensor)."""
+        return self._paths.get(tensor.device.type, self._paths["cuda"])
 
     # -- accounting ---------------------------------------------------------------------------
     def _book(self, name: str, nbytes: int, path: str | None = None,
@@ -267,7 +290,7 @@ class Comm:
         """``output`` (world x ``input``) gets every rank's ``input``. ``input`` may be this
         rank's chunk of ``output`` itself on the pairwise and all_reduce paths, not on the
         native one."""
-        path = self.paths["all_gather"]
+        path = self.paths_for(input)["all_gather"]
         if path == "native":
             return self._run("all_gather", self._nbytes(input),
                              lambda a: all_gather_single(output, input, group=self.group,
@@ -298,7 +321,7 @@ class Comm:
         """``output`` gets this rank's chunk of the reduction of every rank's ``input``. On the
         all_reduce path the input is reduced in place when the caller says it is scratch
         (``input_is_scratch``: it holds the reduced sums afterwards), else a copy is."""
-        path = self.paths["reduce_scatter"]
+        path = self.paths_for(input)["reduce_scatter"]
         if path == "native":
             return self._run("reduce_scatter", self._nbytes(input),
                              lambda a: reduce_scatter_single(output, input, op=op,

@@ -104,20 +104,25 @@ def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict,
                 piece = pieces[k][sp_i].to(sp.device)
                 st[k] = piece if own or piece.device != full.device else piece.clone()
             for k, v in scalars.items():
-                st[k] = _scalar_state(strategy.optimizer, k, v)
+                st[k] = _scalar_state(strategy.optimizer, k, v, sp.device)
             opt_state[sp] = st
 
 
-def _scalar_state(optimizer, key: str, v: torch.Tensor):
+def _scalar_state(optimizer, key: str, v: torch.Tensor, device: torch.device):
     """A saved scalar in the form ``optimizer`` keeps it. The step count is a Python int in the
     compiled CPU optimizers (offload_optimizer) and a 0-dim float32 tensor in torch's: a
-    checkpoint saved with offload can be loaded without it, and the other way round."""
+    checkpoint saved with offload can be loaded without it, and the other way round. Torch's
+    fused and capturable kernels want that tensor on the parameters' device (a GPU), the others
+    on the CPU (torch's own ``load_state_dict`` policy)."""
     from dslaunch.engine.optim.cpu_adam import _CPUOptimizer
 
     while hasattr(optimizer, "inner"):  # the NVMe swapper steps the optimizer it wraps
         optimizer = optimizer.inner
     if key == "step" and v.dim() == 0:
-        return int(v) if isinstance(optimizer, _CPUOptimizer) else v.to(torch.float32).clone()
+        if isinstance(optimizer, _CPUOptimizer):
+            return int(v)
+        on_device = optimizer.defaults.get("fused") or optimizer.defaults.get("capturable")
+        return v.to(dtype=torch.float32, device=device if on_device else "cpu").clone()
     # other integer counts go back as Python ints, as they were saved
     return int(v) if not v.is_floating_point() and v.dim() == 0 else v.clone()
 

@@ -53,7 +53,7 @@ class OneBitAdam(OneBitOptimizer):
     def _init_state(self, p) -> dict:
         state = self.state[p]
         if not state:
-            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)  # fused: on p's device
             state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
         return state
@@ -126,7 +126,9 @@ class OneBitAdam(OneBitOptimizer):
             beta1, beta2 = group["betas"]
             ps = group["params"]
             states = [self.state[p] for p in ps]
-            for st in states:
+            for p, st in zip(ps, states):
+                if st["step"].device != p.device:  # loaded from a checkpoint onto the CPU
+                    st["step"] = st["step"].to(p.device)
                 st["step"].fill_(t)
             fused(ps, [self.grad_of(p) for p in ps], [st["exp_avg"] for st in states],
                   [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states],

@@ -260,7 +260,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             work.wait()
         off = g.layout.shard_offsets()[bi]
         dst = g.grad_shard[off: off + out.numel()]
-        dst.add_(out.to(dst.dtype), alpha=1.0 / self.world)
+        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=1.0 / self.world)  # offload: to the CPU
         self._unstage(staging)
 
     # -- the engine's seam ---------------------------------------------------------------------
