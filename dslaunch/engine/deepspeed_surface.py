@@ -102,7 +102,7 @@ class DeepSpeedSurface:
         self.tput_timer.batch_size = self._train_batch
 
     def _check_can_train(self, what: str) -> None:
-        if self.optimizer is None:
+        if not self._trains:
             raise NoOptimizerError(
                 f"engine.{what}: this engine was built without an optimizer (no optimizer= and "
                 "no \"optimizer\" section in the config), so it runs forward only (evaluation, "
@@ -148,7 +148,7 @@ class DeepSpeedSurface:
 
     def _publish_step_state(self, overflow: bool) -> None:
         """DeepSpeed's optimizers carry the overflow flag and the loss scale: so does ours."""
-        if self.optimizer is None:
+        if not self._trains:
             return
         scale = self.precision.scaler.loss_scale
         for name, value in (("overflow", overflow), ("cur_scale", scale), ("loss_scale", scale)):
@@ -159,11 +159,11 @@ class DeepSpeedSurface:
         return self._step_applied
 
     def get_lr(self) -> list:
-        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
+        return [g["lr"] for g in self.optimizer.param_groups] if self._trains else []
 
     def get_mom(self) -> list:
         """Per param group: ``momentum`` for SGD / RMSprop, ``betas`` otherwise (DeepSpeed's)."""
-        if self.optimizer is None:
+        if not self._trains:
             return []
         key = "momentum" if self.optimizer_name() in ("SGD", "RMSprop") else "betas"
         return [g[key] for g in self.optimizer.param_groups if key in g]

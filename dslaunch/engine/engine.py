@@ -69,9 +69,18 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         client_optimizer_name = type(optimizer).__name__ if client_optimizer else None
         self.zero_stage = cfg.zero_optimization.stage
         self.strategy = build_optimizer_strategy(model, optimizer, cfg, comm, self.precision)
-        self.optimizer = self.strategy.optimizer  # None: forward only
+        self.optimizer = self.strategy.optimizer
+        self._trains = self.optimizer is not None  # False: forward only
+        if self.zero_stage == 3 and hasattr(self.strategy, "_module_hooks"):
+            from .zero.param_offload import ZeroParamOffload
 
-        if self.optimizer is None:  # DeepSpeed ignores a config scheduler without an optimizer
+            offload = ZeroParamOffload(self.strategy, model)
+            if self._trains:  # DeepSpeed's stage-3 optimizer carries it
+                self.optimizer.parameter_offload = offload
+            else:  # and without an optimizer, it is the engine's optimizer (TRL relies on both)
+                self.optimizer = offload
+
+        if not self._trains:  # DeepSpeed ignores a config scheduler without an optimizer
             if lr_scheduler is not None:
                 raise ValueError("dslaunch.initialize: lr_scheduler= needs an optimizer "
                                  "(optimizer= or an \"optimizer\" section in the config)")
@@ -123,7 +132,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
             self._tokens += args[0].numel()  # token ids: counted for tokens/s
         out = self.module(*args, **kwargs)
-        if self.optimizer is not None and torch.is_grad_enabled():
+        if self._trains and torch.is_grad_enabled():
             self._direct_backward.attach(out)
         self.timers.stop("forward")
         return out
