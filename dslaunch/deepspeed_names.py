@@ -361,7 +361,8 @@ NAMES: list[Name] = [
              "dslaunch.config.enums:OffloadDeviceEnum"),
     _present("deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum",
              "dslaunch.config.enums:OffloadStateTypeEnum",
-             "the names only: dslaunch has no offload_states() / reload_states() yet"),
+             "the kinds engine.offload_states(include=...) moves (engine/zero/offload_states.py); "
+             "on a host without an accelerator the states are in host memory already and stay"),
     _present("deepspeed.runtime.utils", "dslaunch.runtime.utils"),
     _present("deepspeed.runtime.utils.see_memory_usage",
              "dslaunch.engine.runtime_utils:see_memory_usage",

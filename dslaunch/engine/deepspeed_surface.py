@@ -24,8 +24,11 @@ import contextlib
 
 import torch
 
+from dslaunch.config.enums import OffloadDeviceEnum
+
 from .monitor import ThroughputTimer
 from .zero.no_optimizer import NoOptimizerError
+from .zero.offload_states import StateOffloader
 
 # config optimizer names DeepSpeed reports in lower case (its own optimizers)
 _DEEPSPEED_OPTIMIZERS = {"adagrad", "adam", "adamw", "lamb", "onebitadam", "zerooneadam",
@@ -63,6 +66,11 @@ class DeepSpeedSurface:
         """After the optimizer and scheduler are set up; ``client_optimizer_name``: the class
         name of the optimizer the caller passed (object or factory), None otherwise."""
         self._client_optimizer_name = client_optimizer_name
+        self._states = StateOffloader(self)  # offload_states() / reload_states()
+        if self._trains:  # OpenRLHF calls them on engine.optimizer, as DeepSpeed's ZeRO has them
+            for name in ("offload_states", "reload_states"):
+                if not hasattr(self.optimizer, name):
+                    setattr(self.optimizer, name, getattr(self, name))
         self._boundary_override = None  # set_gradient_accumulation_boundary's answer
         self._inside_no_sync = False
         self._step_applied = False
@@ -102,6 +110,7 @@ class DeepSpeedSurface:
         self.tput_timer.batch_size = self._train_batch
 
     def _check_can_train(self, what: str) -> None:
+        self._states.check_loaded(what)
         if not self._trains:
             raise NoOptimizerError(
                 f"engine.{what}: this engine was built without an optimizer (no optimizer= and "
@@ -224,6 +233,17 @@ class DeepSpeedSurface:
         """Release the ZeRO-3 parameters gathered now (persistent ones stay); call between
         passes (after an offload, before a long pause). Nothing to do under stages 0-2."""
         self.strategy.empty_partition_cache()
+
+    def offload_states(self, include=None, device=OffloadDeviceEnum.cpu, pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """Move the training states of the kinds in ``include`` (``OffloadStateTypeEnum``; all
+        by default) to host memory, pinned if asked, until ``reload_states()``
+        (``zero/offload_states.py``)."""
+        self._states.offload(include, device, pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Move what ``offload_states()`` moved back where it was."""
+        self._states.reload(non_blocking)
 
     def destroy(self) -> None:
         """Remove the hooks the strategy put on the model and drop its state; the engine cannot

@@ -125,6 +125,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
 
     # -- the loop ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        self._states.check_loaded("forward()")
         self.timers.start("forward")
         self.tput_timer.start()
         args = self.precision.cast_inputs(args)

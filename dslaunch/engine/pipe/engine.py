@@ -98,6 +98,7 @@ class PipelineEngine(DSLaunchEngine):
     def train_batch(self, data_iter=None):
         """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns the
         batch's mean loss (a 0-dim tensor) on every stage."""
+        self._states.check_loaded("train_batch()")
         data_iter = self._data_iter(data_iter)
         self.module.train()
         self.tput_timer.start()
