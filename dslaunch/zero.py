@@ -1,8 +1,9 @@
 """``dslaunch.zero``, as ``deepspeed.zero``: build a model already partitioned (``Init``), make
 partitioned parameters whole for a block (``GatheredParameters``), declare a parameter a module
-reads but does not own (``register_external_parameter``).
+reads but does not own (``register_external_parameter``), cut a huge Linear into tiles that ZeRO-3
+gathers one at a time (``TiledLinear``).
 
-A face: the implementation is ``dslaunch/engine/zero/zero_init.py``.
+A face: the implementations are ``dslaunch/engine/zero/zero_init.py`` and ``tiled_linear.py``.
 """
 
 from dslaunch.engine.zero.zero_init import (
@@ -11,9 +12,10 @@ from dslaunch.engine.zero.zero_init import (
     register_external_parameter,
     unregister_external_parameter,
 )
+from dslaunch.engine.zero.tiled_linear import TiledLinear
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter",
-           "unregister_external_parameter"]
+           "unregister_external_parameter", "TiledLinear"]
 
 
 def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
