@@ -6,13 +6,13 @@ gathers one at a time (``TiledLinear``).
 A face: the implementations are ``dslaunch/engine/zero/zero_init.py`` and ``tiled_linear.py``.
 """
 
+from dslaunch.engine.zero.tiled_linear import TiledLinear
 from dslaunch.engine.zero.zero_init import (
     GatheredParameters,
     Init,
     register_external_parameter,
     unregister_external_parameter,
 )
-from dslaunch.engine.zero.tiled_linear import TiledLinear
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter",
            "unregister_external_parameter", "TiledLinear"]
