@@ -94,10 +94,8 @@ NAMES: list[Name] = [
              "dslaunch.engine.zero.zero_init:register_external_parameter"),
     _present("deepspeed.zero.unregister_external_parameter",
              "dslaunch.engine.zero.zero_init:unregister_external_parameter"),
-    _missing("deepspeed.zero.TiledLinear", "not provided: DeepSpeed splits one huge Linear into "
-             "tiles that ZeRO-3 gathers one at a time; dslaunch's stage 3 gathers each module's "
-             "own parameters as one unit, so write such a layer as several smaller Linear "
-             "modules"),
+    _present("deepspeed.zero.TiledLinear", "dslaunch.engine.zero.tiled_linear:TiledLinear",
+             "each tile is a module of its own, so stage 3 gathers one tile at a time"),
     # -- deepspeed.pipe ---------------------------------------------------------------------------
     _present("deepspeed.pipe", "dslaunch.pipe"),
     _present("deepspeed.pipe.PipelineModule", "dslaunch.engine.pipe.module:PipelineModule"),
@@ -361,7 +359,8 @@ NAMES: list[Name] = [
              "dslaunch.config.enums:OffloadDeviceEnum"),
     _present("deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum",
              "dslaunch.config.enums:OffloadStateTypeEnum",
-             "the names only: dslaunch has no offload_states() / reload_states() yet"),
+             "the kinds engine.offload_states(include=...) moves (engine/zero/offload_states.py); "
+             "on a host without an accelerator the states are in host memory already and stay"),
     _present("deepspeed.runtime.utils", "dslaunch.runtime.utils"),
     _present("deepspeed.runtime.utils.see_memory_usage",
              "dslaunch.engine.runtime_utils:see_memory_usage",

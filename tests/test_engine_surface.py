@@ -15,6 +15,7 @@ sys.path.insert(0, str(EXAMPLES))
 import dslaunch
 from dslaunch.engine.deepspeed_surface import EngineDestroyedError
 from dslaunch.engine.zero.no_optimizer import NoOptimizerError
+from dslaunch.engine.zero.param_offload import ZeroParamOffload
 from gpt import GPT, GPTConfig
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-3}}
@@ -160,7 +161,11 @@ def test_an_engine_without_optimizer_runs_forward_only(stage):
     plain = _model(1)
     engine, optimizer, _, scheduler = dslaunch.initialize(model=_model(1), config={
         "train_batch_size": 2, "zero_optimization": {"stage": stage}})
-    assert optimizer is None and scheduler is None and engine.optimizer_name() is None
+    assert scheduler is None and engine.optimizer_name() is None
+    # DeepSpeed's: None under stages 0-2, the parameter-offload object under stage 3
+    assert (optimizer is None) == (stage == 0) and optimizer is engine.optimizer
+    if stage == 3:
+        assert isinstance(optimizer, ZeroParamOffload) and optimizer.module is engine.module
     tok = torch.randint(0, 256, (2, 8))
     with torch.no_grad():
         assert torch.equal(engine(tok), plain(tok))
@@ -275,3 +280,41 @@ def test_zero3_parameter_attributes_follow_gather_and_release(tmp_path):
         assert "INFLIGHT" in r["seen_in_forward_1"]  # prefetched along the recorded order
         assert (r["kept"], r["emptied"]) == (["AVAILABLE"], ["NOT_AVAILABLE"])
         assert r["trained_after_emptying"]
+
+
+def _trl_remove_hooks(offload):
+    """What TRL's ``remove_hooks`` does (trl/models/utils.py) to the parameter-offload object."""
+    params = [p for _, p in offload.module.named_parameters()]
+    params += [p for _, p in offload.module.ds_external_parameters()]
+    for p in params:
+        p.ds_active_sub_modules.clear()
+    for hook in offload.forward_hooks + offload.backward_hooks:
+        hook.remove()
+    offload.forward_hooks, offload.backward_hooks = [], []
+
+
+@pytest.mark.parametrize("trains", [False, True])
+def test_zero3_parameter_offload_hooks_come_off_and_back_as_trl_does(trains):
+    """TRL's unwrap_model_for_generation under ZeRO-3: inside GatheredParameters the hooks are
+    removed (the forward runs on the gathered weights without per-module gather/release), then
+    put back with _register_deepspeed_module: forwards equal the plain model's throughout."""
+    plain = _model(1)
+    engine = _engine(3, optimizer=ADAMW if trains else None, model=_model(1))
+    offload = engine.optimizer.parameter_offload if trains else engine.optimizer
+    tok = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        want = plain(tok)
+        hooked = sum(len(m._forward_pre_hooks) for m in engine.module.modules())
+        assert hooked > 0 and len(offload.forward_hooks) >= hooked
+        with dslaunch.zero.GatheredParameters(list(engine.module.parameters())):
+            _trl_remove_hooks(offload)
+            assert not any(m._forward_pre_hooks for m in engine.module.modules())
+            assert torch.equal(engine.module(tok), want)
+            offload._register_deepspeed_module(offload.module)  # TRL's add_hooks
+        assert sum(len(m._forward_pre_hooks) for m in engine.module.modules()) == hooked
+        assert torch.equal(engine(tok), want)
+        offload._register_hooks_recursively(offload.module)  # the old name: no second set
+        assert sum(len(m._forward_pre_hooks) for m in engine.module.modules()) == hooked
+    if trains:
+        _train(engine)  # the hooks that came back gather for training too
+        assert torch.isfinite(engine(tok, tok))

@@ -10,7 +10,8 @@ seeds, same batches, AdamW; tests/scripts/pipe_train.py --reference):
 - bf16 and fp16 (dynamic loss scale) in the pipeline; an fp16 overflow skips the step on every
   stage alike;
 - `dslaunch ckpt to-fp32` of a pipe x TP checkpoint (TP slices merged, tied weights once, fp32
-  masters in bf16) loaded into the unpartitioned PipelineModule: the job's eval loss within 1e-6.
+  masters in bf16) loaded into the unpartitioned PipelineModule: the job's eval loss within 1e-6;
+- train_batch() without a data iterator walks ``training_data`` (in this process).
 """
 
 import json
@@ -157,3 +158,31 @@ def test_pipe_with_zero2_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "zero_optimization.stage: 2 cannot be combined with pipeline parallelism" in \
         proc.stdout + proc.stderr
+
+
+def test_train_batch_without_data_iter_walks_the_training_data():
+    """``train_batch()`` with ``training_data=`` at initialize (DeepSpeedExamples' pipeline
+    script): one pass over the data after another, not the loader's first batch every time; a
+    ``data_iter`` given once is kept for later calls; ``eval_batch``'s is not. In this process:
+    one stage, world size 1."""
+    import torch
+
+    import dslaunch
+    from dslaunch.pipe import PipelineModule
+
+    seen = []
+    lin = torch.nn.Linear(1, 1)
+    lin.register_forward_pre_hook(lambda m, a: seen.append(sorted(a[0].flatten().tolist())))
+    net = PipelineModule(layers=[lin], loss_fn=lambda o, y: ((o - y) ** 2).mean(), num_stages=1)
+    data = torch.utils.data.TensorDataset(torch.arange(8.).view(8, 1), torch.zeros(8, 1))
+    engine, *_ = dslaunch.initialize(model=net, training_data=data, config={
+        "train_batch_size": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.0}}})
+    for _ in range(5):
+        engine.train_batch()
+    assert sorted(x for batch in seen[:4] for x in batch) == list(range(8))
+    assert seen[4] == seen[0]  # the second pass, in the sampler's (fixed) order
+    mine = iter([(torch.full((2, 1), 100.), torch.zeros(2, 1))] * 3)
+    engine.train_batch(data_iter=mine)
+    engine.eval_batch(iter([(torch.full((2, 1), -1.), torch.zeros(2, 1))]))
+    engine.train_batch()
+    assert seen[-3:] == [[100., 100.], [-1., -1.], [100., 100.]]

@@ -16,8 +16,8 @@ class OffloadDeviceEnum(str, enum.Enum):
 
 
 class OffloadStateTypeEnum(str, enum.Enum):
-    """The state kinds DeepSpeed's ``offload_states(include=...)`` names. dslaunch has no
-    ``offload_states()`` yet: the names exist so that scripts importing them load."""
+    """The state kinds ``engine.offload_states(include=...)`` moves, DeepSpeed's names (what each
+    means for dslaunch's strategies: ``engine/zero/offload_states.py``)."""
 
     optim_states = "optim_states"
     hp_params = "hp_params"

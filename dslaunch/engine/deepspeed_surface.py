@@ -24,8 +24,11 @@ import contextlib
 
 import torch
 
+from dslaunch.config.enums import OffloadDeviceEnum
+
 from .monitor import ThroughputTimer
 from .zero.no_optimizer import NoOptimizerError
+from .zero.offload_states import StateOffloader
 
 # config optimizer names DeepSpeed reports in lower case (its own optimizers)
 _DEEPSPEED_OPTIMIZERS = {"adagrad", "adam", "adamw", "lamb", "onebitadam", "zerooneadam",
@@ -63,6 +66,11 @@ class DeepSpeedSurface:
         """After the optimizer and scheduler are set up; ``client_optimizer_name``: the class
         name of the optimizer the caller passed (object or factory), None otherwise."""
         self._client_optimizer_name = client_optimizer_name
+        self._states = StateOffloader(self)  # offload_states() / reload_states()
+        if self._trains:  # OpenRLHF calls them on engine.optimizer, as DeepSpeed's ZeRO has them
+            for name in ("offload_states", "reload_states"):
+                if not hasattr(self.optimizer, name):
+                    setattr(self.optimizer, name, getattr(self, name))
         self._boundary_override = None  # set_gradient_accumulation_boundary's answer
         self._inside_no_sync = False
         self._step_applied = False
@@ -102,7 +110,8 @@ class DeepSpeedSurface:
         self.tput_timer.batch_size = self._train_batch
 
     def _check_can_train(self, what: str) -> None:
-        if self.optimizer is None:
+        self._states.check_loaded(what)
+        if not self._trains:
             raise NoOptimizerError(
                 f"engine.{what}: this engine was built without an optimizer (no optimizer= and "
                 "no \"optimizer\" section in the config), so it runs forward only (evaluation, "
@@ -148,7 +157,7 @@ class DeepSpeedSurface:
 
     def _publish_step_state(self, overflow: bool) -> None:
         """DeepSpeed's optimizers carry the overflow flag and the loss scale: so does ours."""
-        if self.optimizer is None:
+        if not self._trains:
             return
         scale = self.precision.scaler.loss_scale
         for name, value in (("overflow", overflow), ("cur_scale", scale), ("loss_scale", scale)):
@@ -159,11 +168,11 @@ class DeepSpeedSurface:
         return self._step_applied
 
     def get_lr(self) -> list:
-        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
+        return [g["lr"] for g in self.optimizer.param_groups] if self._trains else []
 
     def get_mom(self) -> list:
         """Per param group: ``momentum`` for SGD / RMSprop, ``betas`` otherwise (DeepSpeed's)."""
-        if self.optimizer is None:
+        if not self._trains:
             return []
         key = "momentum" if self.optimizer_name() in ("SGD", "RMSprop") else "betas"
         return [g[key] for g in self.optimizer.param_groups if key in g]
@@ -224,6 +233,17 @@ class DeepSpeedSurface:
         """Release the ZeRO-3 parameters gathered now (persistent ones stay); call between
         passes (after an offload, before a long pause). Nothing to do under stages 0-2."""
         self.strategy.empty_partition_cache()
+
+    def offload_states(self, include=None, device=OffloadDeviceEnum.cpu, pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """Move the training states of the kinds in ``include`` (``OffloadStateTypeEnum``; all
+        by default) to host memory, pinned if asked, until ``reload_states()``
+        (``zero/offload_states.py``)."""
+        self._states.offload(include, device, pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Move what ``offload_states()`` moved back where it was."""
+        self._states.reload(non_blocking)
 
     def destroy(self) -> None:
         """Remove the hooks the strategy put on the model and drop its state; the engine cannot

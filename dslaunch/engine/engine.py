@@ -18,6 +18,7 @@ from dslaunch.config import to_dict
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
 from .deepspeed_surface import DeepSpeedSurface
+from .direct_backward import DirectBackward
 from .monitor import Monitors, WallClock
 from .optim import build_optimizer
 from .optim.schedules import build_scheduler
@@ -68,9 +69,18 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         client_optimizer_name = type(optimizer).__name__ if client_optimizer else None
         self.zero_stage = cfg.zero_optimization.stage
         self.strategy = build_optimizer_strategy(model, optimizer, cfg, comm, self.precision)
-        self.optimizer = self.strategy.optimizer  # None: forward only
+        self.optimizer = self.strategy.optimizer
+        self._trains = self.optimizer is not None  # False: forward only
+        if self.zero_stage == 3 and hasattr(self.strategy, "_module_hooks"):
+            from .zero.param_offload import ZeroParamOffload
 
-        if self.optimizer is None:  # DeepSpeed ignores a config scheduler without an optimizer
+            offload = ZeroParamOffload(self.strategy, model)
+            if self._trains:  # DeepSpeed's stage-3 optimizer carries it
+                self.optimizer.parameter_offload = offload
+            else:  # and without an optimizer, it is the engine's optimizer (TRL relies on both)
+                self.optimizer = offload
+
+        if not self._trains:  # DeepSpeed ignores a config scheduler without an optimizer
             if lr_scheduler is not None:
                 raise ValueError("dslaunch.initialize: lr_scheduler= needs an optimizer "
                                  "(optimizer= or an \"optimizer\" section in the config)")
@@ -94,6 +104,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self._tokens = 0
         self._last_print = (time.perf_counter(), 0)
         self._allreduce_seconds = 0.0
+        self._direct_backward = DirectBackward(self)  # loss.backward() without engine.backward
         self._init_surface(client_optimizer_name)
 
     # -- measurements ----------------------------------------------------------------------------
@@ -114,6 +125,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
 
     # -- the loop ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        self._states.check_loaded("forward()")
         self.timers.start("forward")
         self.tput_timer.start()
         args = self.precision.cast_inputs(args)
@@ -121,6 +133,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
             self._tokens += args[0].numel()  # token ids: counted for tokens/s
         out = self.module(*args, **kwargs)
+        if self._trains and torch.is_grad_enabled():
+            self._direct_backward.attach(out)
         self.timers.stop("forward")
         return out
 
@@ -135,12 +149,26 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         scale = self.precision.scaler.loss_scale / (self._gas if scale_wrt_gas else 1)
         scaled = loss.float() * scale if scale != 1.0 else loss
         self.strategy.prepare_backward(boundary)
-        scaled.backward(retain_graph=retain_graph)
+        self._direct_backward.inside_engine_backward = True
+        try:
+            scaled.backward(retain_graph=retain_graph)
+        finally:
+            self._direct_backward.inside_engine_backward = False
         before = self._reduce_seconds()
         self.strategy.after_backward(boundary)
         self.timers.stop("backward")
         self.timers.add("allreduce", (self._reduce_seconds() - before) * 1e3)
         return loss
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the loss scale (fp16; 1 otherwise), for a caller that runs
+        ``.backward()`` itself (DeepSpeed's): the engine's forward divided by the accumulation
+        steps already, and the gradients are reduced when that backward ends."""
+        self._check_can_train("scale()")
+        self._losses.append(loss.detach().float())
+        self._direct_backward.scaled()
+        scale = self.precision.scaler.loss_scale
+        return loss.float() * scale if scale != 1.0 else loss
 
     def _reduce_seconds(self) -> float:
         rec = self.comm._stats.get("all_reduce") or self.comm._stats.get("reduce_scatter")
@@ -171,12 +199,14 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.strategy.zero_grad()
 
     def _after_step(self, applied: bool) -> None:
-        loss = torch.stack(self._losses).mean().item() if self._losses else float("nan")
+        # no loss is known when the script ran loss.backward() itself (direct_backward.py)
+        loss = torch.stack(self._losses).mean().item() if self._losses else None
         self._losses.clear()
         lr = self.get_lr()[0] if self.optimizer.param_groups else 0.0
         if self.monitors.enabled:
-            events = [("Train/Samples/train_loss", loss, self.global_samples),
-                      ("Train/Samples/lr", lr, self.global_samples)]
+            events = [("Train/Samples/lr", lr, self.global_samples)]
+            if loss is not None:
+                events.insert(0, ("Train/Samples/train_loss", loss, self.global_samples))
             if self.precision.name == "fp16":
                 events.append(("Train/Samples/loss_scale", self.loss_scale, self.global_samples))
             self.monitors.write_events(events)
@@ -186,7 +216,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             rate = (self._tokens - tok0) * self.dp_world_size / max(now - t0, 1e-9)
             self._last_print = (now, self._tokens)
             if self.global_rank == 0:
-                msg = f"[dslaunch] step {self.global_steps} loss {loss:.4f} lr {lr:.4g}"
+                msg = (f"[dslaunch] step {self.global_steps}"
+                       + (f" loss {loss:.4f}" if loss is not None else "") + f" lr {lr:.4g}")
                 if self.precision.name == "fp16":
                     msg += f" loss_scale {self.loss_scale:g}"
                 if not applied:

@@ -159,7 +159,7 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
         return path, states.get("client_state", {})
 
     same_world = meta.get("world_size") == engine.world_size
-    if load_optimizer_states and engine.optimizer is not None:  # none: forward-only engine
+    if load_optimizer_states and engine._trains:  # none: forward-only engine
         _load_optimizer_states(engine, path, meta)
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler"):
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])

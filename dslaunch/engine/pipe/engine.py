@@ -3,7 +3,8 @@ instruction stream (``schedule.py``), moving activations and gradients with ``p2
 
 One ``train_batch(data_iter)`` = ``gradient_accumulation_steps`` micro-batches pulled from
 ``data_iter`` (on the first stage for the inputs, on the last for the labels; each item is
-``(inputs, labels)``), forward and backward per the schedule (1F1B by default, GPipe with
+``(inputs, labels)``; without ``data_iter``, the one given last, or one pass after another over
+``training_data``), forward and backward per the schedule (1F1B by default, GPipe with
 ``{"dslaunch": {"pipe_schedule": "gpipe"}}`` or ``engine.pipe_schedule = "gpipe"``), the tied
 weights' gradients summed over their owner stages, and one optimizer step. Gradients are
 averaged over the data-parallel group by the ZeRO strategy (stage 0's buckets), built on the
@@ -22,6 +23,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from ..dataloader import RepeatingLoader
 from ..engine import DSLaunchEngine
 from .batch_state import BatchState, OpClock, PostedReceives
 from .module import PipelineModule
@@ -96,6 +98,7 @@ class PipelineEngine(DSLaunchEngine):
     def train_batch(self, data_iter=None):
         """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns the
         batch's mean loss (a 0-dim tensor) on every stage."""
+        self._states.check_loaded("train_batch()")
         data_iter = self._data_iter(data_iter)
         self.module.train()
         self.tput_timer.start()
@@ -115,7 +118,7 @@ class PipelineEngine(DSLaunchEngine):
         """Forward only over ``gradient_accumulation_steps`` micro-batches; the mean loss on every
         stage (with ``return_logits``: ``(loss, [last stage outputs])``, outputs on the last
         stage only)."""
-        data_iter = self._data_iter(data_iter)
+        data_iter = self._data_iter(data_iter, keep=False)
         was_training = self.module.training
         self.module.eval()
         self._eval_outputs = []
@@ -149,9 +152,25 @@ class PipelineEngine(DSLaunchEngine):
         self._publish_step_state(overflow=False)  # the loss scale may have been restored
         return loaded
 
-    def _data_iter(self, data_iter):
-        if data_iter is None and self.training_dataloader is not None:
-            data_iter = iter(self.training_dataloader)
+    def set_dataiterator(self, iterator) -> None:
+        """The iterator later ``train_batch()`` calls without ``data_iter`` pull from."""
+        self.data_iterator = iterator
+
+    def set_dataloader(self, loader) -> None:
+        """Pull from ``loader`` from now on, starting it over whenever it ends."""
+        self.data_iterator = iter(RepeatingLoader(loader))
+
+    def _data_iter(self, data_iter, keep: bool = True):
+        """``data_iter``, kept for later calls when ``keep`` (DeepSpeed's train_batch does so);
+        else the one kept: one pass over the training data across train_batch() calls, not its
+        first batches again every time."""
+        if data_iter is not None:
+            if keep:
+                self.set_dataiterator(data_iter)
+            return data_iter
+        if self.__dict__.get("data_iterator") is None and self.training_dataloader is not None:
+            self.set_dataloader(self.training_dataloader)
+        data_iter = self.__dict__.get("data_iterator")
         if data_iter is None and (self.is_first_stage() or self.is_last_stage()):
             raise ValueError("PipelineEngine: train_batch() needs data_iter= on the first and "
                              "last stages (or training_data= at initialize)")
