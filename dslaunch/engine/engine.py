@@ -131,6 +131,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         the data-parallel ranks."""
         self.timers.start("backward")
         boundary = self._reduces_gradients()
+        self._unmanaged_backwards += 1
         self._losses.append(loss.detach().float())
         scale = self.precision.scaler.loss_scale / (self._gas if scale_wrt_gas else 1)
         scaled = loss.float() * scale if scale != 1.0 else loss
@@ -149,6 +150,15 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     def step(self, lr_kwargs=None):
         """Optimizer step at an accumulation boundary; in between only counts the micro-step."""
         self._check_step_allowed()
+        if not self._managed_accumulation:  # the caller's boundary: reduce what backward kept
+            self._inside_step = True
+            self.strategy.finish_accumulation()
+        try:
+            self._step(lr_kwargs)
+        finally:
+            self._inside_step = False
+
+    def _step(self, lr_kwargs):
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self.timers.start("step")
@@ -161,7 +171,12 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             else:
                 self.skipped_steps += 1
             self.global_steps += 1
-            self.global_samples += self._train_batch
+            if self._managed_accumulation:
+                self.global_samples += self._train_batch
+            else:  # the micro-batches this step really saw (DeepSpeed counts the same)
+                self.global_samples += (self._micro_batch * self.dp_world_size
+                                        * self._unmanaged_backwards)
+            self._unmanaged_backwards = 0
             self.timers.stop("step")
             self._after_step(applied)
         self.tput_timer.stop(global_step=boundary)

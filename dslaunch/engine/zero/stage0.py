@@ -13,7 +13,8 @@ backward produces them), cut into buckets of at most ``reduce_bucket_size`` elem
   are added into the buffer (fp32 accumulation) and dropped; buckets are reduced at the boundary.
 Gradients are reduced once per accumulation boundary and averaged over the data-parallel ranks
 (``prescale_gradients`` divides by ``gradient_predivide_factor`` before the sum and by
-world/factor after, as DeepSpeed does).
+world/factor after, as DeepSpeed does), or summed (``gradient_allreduce_op: "sum"``: no scaling
+at all, predivide included, as in DeepSpeed).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class Stage0Strategy(OptimizerStrategy):
 
     def _launch(self, bucket, async_op=True):
         chunk = self.flat[bucket.start:bucket.end]
-        if self.prescale and self.predivide != 1.0:
+        if self.prescale and self.predivide != 1.0 and self.average_gradients:
             chunk.mul_(1.0 / self.predivide)
         bucket.handle = self.comm.all_reduce(chunk, async_op=async_op)
 
@@ -175,7 +176,7 @@ class Stage0Strategy(OptimizerStrategy):
             for b in self.buckets:
                 self._launch(b, async_op=False)
         post = (self.predivide / world) if self.prescale else (1.0 / world)
-        if post != 1.0:
+        if post != 1.0 and self.average_gradients:
             self.flat.mul_(post)
 
     # -- step (base.OptimizerStrategy.step runs the policy) -------------------------------------

@@ -260,7 +260,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             work.wait()
         off = g.layout.shard_offsets()[bi]
         dst = g.grad_shard[off: off + out.numel()]
-        dst.add_(out.to(dst.dtype), alpha=1.0 / self.world)
+        dst.add_(out.to(dst.dtype), alpha=self._grad_post())
         self._unstage(staging)
 
     # -- the engine's seam ---------------------------------------------------------------------
@@ -296,15 +296,24 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 outs.append(out)
             if g.grad_shard is not None:  # offload: fp32 shard on the CPU
                 for dst, out in zip(P.shard_chunks(g.grad_shard, g.layout), outs):
-                    dst.copy_(out).mul_(1.0 / self.world)
+                    dst.copy_(out).mul_(self._grad_post())
                 outs = P.shard_chunks(g.grad_shard, g.layout)
             else:
                 for out in outs:
-                    out.mul_(1.0 / self.world)
+                    out.mul_(self._grad_post())
             self._stage1_grad_chunks.append(outs)
 
     # DeepSpeed-era name for the same call
     on_backward_done = after_backward
+
+    def finish_accumulation(self) -> None:
+        if self.stage == 1:  # stages 2-3 reduced at every backward
+            self.after_backward(True)
+
+    def _grad_post(self) -> float:
+        """What the reduced (summed) gradients are multiplied by: 1/world to average them, 1 when
+        ``gradient_allreduce_op`` is "sum"."""
+        return 1.0 / self.world if self.average_gradients else 1.0
 
     def _grad_chunks(self):
         if self.stage == 1:

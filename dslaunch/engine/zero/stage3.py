@@ -260,7 +260,7 @@ class Stage3Strategy(ZeroStage12Strategy):
             out = staging
         off = g.layout.shard_offsets()[bi]
         dst = g.grad_shard[off: off + c]
-        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=1.0 / self.world)
+        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=self._grad_post())
         self._unstage(staging)
         if self.fetcher.active.get(key, 0) == 0:
             self.store.release(key)

@@ -1,0 +1,99 @@
+"""Rank script for tests/test_config_features.py: config sections DeepSpeed 0.19 scripts use.
+
+``--mode`` picks the cases; each builds a fresh engine on tiny_mlp's model and data, trains a few
+steps and records what the test compares with a single-process torch reference. Every rank writes
+``--out/rank_{r}.json``: {case: {"losses": [...], "params": {name: values}, ...}}.
+
+- ``reduce``: ``gradient_allreduce_op: "sum"`` (SGD, stages 0-3) and
+  ``managed_gradient_accumulation: false`` (AdamW, stages 0-3, a varying number of backwards
+  before each step()).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_mlp import MICRO, batch, model
+
+import dslaunch
+from dslaunch.utils import safe_get_full_fp32_param
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--mode", required=True)
+ap.add_argument("--out", required=True)
+a = ap.parse_args()
+
+SGD = {"type": "SGD", "params": {"lr": 0.1}}
+ADAMW = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}
+UNMANAGED_BACKWARDS = (1, 3, 2)  # backward() calls before each step()
+
+
+def config(stage, optimizer, gas=1, **extra):
+    zero = {"stage": stage, "reduce_bucket_size": 64, "stage3_param_persistence_threshold": 0}
+    zero.update(extra.pop("zero", {}))
+    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
+            "optimizer": optimizer, "steps_per_print": 1000, "zero_optimization": zero, **extra}
+
+
+def params(engine):
+    return {n: safe_get_full_fp32_param(p).reshape(-1).tolist()
+            for n, p in engine.module.named_parameters()}
+
+
+def summed(stage):
+    engine, *_ = dslaunch.initialize(model=model(), config=config(
+        stage, SGD, gradient_allreduce_op="sum"))
+    losses = []
+    for step in range(2):
+        loss = engine(*batch(step, 0, dist.get_rank()))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return {"losses": losses, "params": params(engine)}
+
+
+def unmanaged(stage, overlap=None):
+    zero = {} if overlap is None else {"overlap_comm": overlap}
+    engine, *_ = dslaunch.initialize(model=model(), config=config(
+        stage, ADAMW, gas=2, managed_gradient_accumulation=False, zero=zero))
+    try:
+        engine.set_gradient_accumulation_boundary(True)
+        refused = ""
+    except AssertionError as e:
+        refused = str(e)
+    losses, samples, boundaries = [], [], []
+    for step, n in enumerate(UNMANAGED_BACKWARDS):
+        step_losses = []
+        for micro in range(n):
+            loss = engine(*batch(step, micro, dist.get_rank()))
+            boundaries.append(engine.is_gradient_accumulation_boundary())
+            engine.backward(loss)
+            step_losses.append(loss.item())
+        engine.step()
+        losses.append(step_losses)
+        samples.append(engine.global_samples)
+    return {"losses": losses, "params": params(engine), "global_samples": samples,
+            "global_steps": engine.global_steps, "boundary_in_backward": boundaries,
+            "set_boundary_refused": refused,
+            "managed": engine.managed_gradient_accumulation()}
+
+
+def reduce_cases():
+    out = {}
+    for stage in (0, 1, 2, 3):
+        out[f"sum_stage{stage}"] = summed(stage)
+        out[f"unmanaged_stage{stage}"] = unmanaged(stage)
+    out["unmanaged_stage0_overlap"] = unmanaged(0, overlap=True)
+    return out
+
+
+MODES = {"reduce": reduce_cases}
+
+result = MODES[a.mode]()
+Path(a.out).mkdir(parents=True, exist_ok=True)
+(Path(a.out) / f"rank_{dist.get_rank()}.json").write_text(json.dumps(result))
