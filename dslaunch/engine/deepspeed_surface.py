@@ -247,6 +247,7 @@ class DeepSpeedSurface:
         be used afterwards (frameworks call it to free memory between phases)."""
         from .zero.zero_init import unregister_strategy
 
+        self.monitors.close()  # a tracker's run ends here (offline ones write their files)
         strategy = self.strategy
         strategy.empty_partition_cache()
         strategy.remove_hooks()

@@ -88,7 +88,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
-        self.monitors = Monitors((cfg.csv_monitor, cfg.tensorboard), self.global_rank)
+        self.monitors = Monitors(cfg, self.global_rank)
         self.timers = WallClock(cfg.wall_clock_breakdown)
         self._losses: list = []
         self._tokens = 0
