@@ -106,3 +106,106 @@ def test_unmanaged_accumulation_steps_at_every_step_call(job_cache, case):
     assert got["global_samples"] == [4, 16, 24]  # micro-batch 2 x 2 ranks x (1, 3, 2) backwards
     assert got["boundary_in_backward"] == [False] * 6 and got["managed"] is False
     assert "managed_gradient_accumulation: false" in got["set_boundary_refused"]
+
+
+# -- torch_autocast ---------------------------------------------------------------------------------
+
+def _autocast_reference(autocast: bool, steps: int = 3):
+    """fp32 model and AdamW; forward under torch.autocast(cpu, bf16) as the engine runs it; each
+    step's gradient the fp32 mean of the ranks' gradients."""
+    m = model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = []
+    for step in range(steps):
+        grads = None
+        for rank in range(WORLD):
+            m.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = m(*batch(step, 0, rank))
+            loss.backward()
+            if rank == 0:
+                losses.append(loss.item())
+            g = [p.grad.clone() for p in m.parameters()]
+            grads = g if grads is None else [a + b for a, b in zip(grads, g)]
+        for p, g in zip(m.parameters(), grads):
+            p.grad = g / WORLD
+        opt.step()
+    return losses, _params(m)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_torch_autocast_matches_torch_autocast_reference(job_cache, stage):
+    res = _job(job_cache, "autocast")
+    got, plain = res[0][f"autocast_stage{stage}"], res[0][f"fp32_stage{stage}"]
+    ref_losses, ref_params = _autocast_reference(True)
+    fp32_losses, _ = _autocast_reference(False)
+    # inside forward the Linear really ran in bf16; the parameters stayed fp32
+    assert got["seen_dtypes"] == ["torch.bfloat16"] and plain["seen_dtypes"] == ["torch.float32"]
+    assert got["param_dtypes"] == ["torch.float32"]
+    # The first forward sees the same weights as the reference: the same bf16 loss, and not the
+    # fp32 one (autocast moves it by ~2e-3).
+    assert got["losses"][0] == pytest.approx(ref_losses[0], abs=1e-6)
+    assert abs(got["losses"][0] - fp32_losses[0]) > 1e-3
+    # Later steps: weights that differ in the last fp32 bit (the ranks' gradients summed in
+    # another order; at stages 1-3 the Linear gradients also reduced in bf16) can round an
+    # activation to the neighbouring bf16 value, which moves a loss by up to ~1e-3 (seen: 7e-4 at
+    # step 3) and AdamW's next update by ~1e-4 (seen: 1.7e-4). Bounds: losses 1.5e-3, weights 5e-4.
+    assert got["losses"] == pytest.approx(ref_losses, abs=1.5e-3)
+    assert _close(got["params"], ref_params, atol=5e-4)
+    assert res[1][f"autocast_stage{stage}"]["params"] == got["params"]
+    if stage == 0:
+        assert got["grad_bytes"] == plain["grad_bytes"]
+    else:  # the Linear gradients crossed the wire in 2 bytes, the LayerNorm's in 4
+        assert got["grad_bytes"] < plain["grad_bytes"]
+
+
+def test_torch_autocast_bad_module_name_names_the_key():
+    from dslaunch.config import resolve_config
+    from dslaunch.engine.autocast import Autocast
+
+    cfg = resolve_config({"train_batch_size": 2, "torch_autocast": {
+        "enabled": True, "lower_precision_safe_modules": ["torch.nn.Linaer"]}}, world_size=1)
+    with pytest.raises(ValueError, match=r"torch_autocast.lower_precision_safe_modules: cannot "
+                                         r"import 'torch.nn.Linaer'"):
+        Autocast(cfg.typed.torch_autocast, "cpu")
+    custom = Autocast(resolve_config({"train_batch_size": 2, "torch_autocast": {
+        "enabled": True, "lower_precision_safe_modules": ["torch.nn.LayerNorm"]}},
+        world_size=1).typed.torch_autocast, "cpu")
+    m = model()
+    assert custom.mark(m) == 2 and custom.dtype == torch.bfloat16
+    from dslaunch.engine.autocast import comm_dtype
+    assert comm_dtype(m.norm.weight) == torch.bfloat16 and comm_dtype(m.fc1.weight) is None
+
+
+# -- what the config refuses, naming the key ---------------------------------------------------------
+
+@pytest.mark.parametrize("extra, message", [
+    ({"torch_autocast": {"enabled": True}, "bf16": {"enabled": True}},
+     "torch_autocast.enabled: cannot be combined with fp16.enabled or bf16.enabled"),
+    ({"torch_autocast": {"enabled": True, "dtype": "fp16"}},
+     "torch_autocast.dtype: \"fp16\" is not supported yet"),
+    ({"torch_autocast": {"enabled": True, "lower_precision_safe_modules": "torch.nn.Linear"}},
+     "torch_autocast.lower_precision_safe_modules: \"torch.nn.Linear\" is not a list"),
+    ({"torch_autocast": {"enabled": True}, "pipeline": {"stages": 2}},
+     "torch_autocast.enabled: not supported with pipeline parallelism"),
+    ({"managed_gradient_accumulation": False, "pipeline": {"stages": 2}},
+     "managed_gradient_accumulation: false is not supported with pipeline parallelism"),
+    ({"gradient_allreduce_op": "sum", "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}},
+     "gradient_allreduce_op: \"sum\" cannot be used with OneBitAdam"),
+    ({"gradient_allreduce_op": "avg"}, "gradient_allreduce_op: \"avg\" is not allowed; expected "
+                                       "one of 'mean', 'sum'"),
+    ({"bf16": {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}},
+     "bf16.bf16_master_weights_and_grads: needs bf16.enabled true"),
+    ({"bf16": {"enabled": True, "bf16_optimizer_states": True}},
+     "bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads true"),
+    ({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True},
+      "zero_optimization": {"stage": 2}},
+     "bf16.bf16_master_weights_and_grads: keeping fp32 optimizer states for bf16 master weights "
+     "needs zero_optimization.offload_optimizer.device \"cpu\""),
+])
+def test_config_refuses_what_cannot_run(extra, message):
+    from dslaunch.config import ConfigError, resolve_config
+
+    with pytest.raises(ConfigError) as err:
+        resolve_config({"train_micro_batch_size_per_gpu": 2, **extra}, world_size=2)
+    assert message in str(err.value)

@@ -272,6 +272,9 @@ def _layout_checks(values: dict, sources: dict, problems: list, pipeline_stages:
         if name in ONE_BIT:
             problems.append(f"gradient_allreduce_op: \"sum\" cannot be used with {name} (the "
                             "1-bit optimizers average their compressed momentum)")
+    if values["torch_autocast"]["enabled"] is True and isinstance(stages, int) and stages > 1:
+        problems.append("torch_autocast.enabled: not supported with pipeline parallelism yet "
+                        "(the pipeline runs its stages outside the engine's forward)")
     if values["managed_gradient_accumulation"] is False:
         if isinstance(stages, int) and stages > 1:  # DeepSpeed refuses it too
             problems.append("managed_gradient_accumulation: false is not supported with "

@@ -15,6 +15,7 @@ import torch
 
 from dslaunch.config import to_dict
 
+from .autocast import Autocast
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
 from .deepspeed_surface import DeepSpeedSurface
@@ -56,6 +57,10 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.gradient_clipping = cfg.gradient_clipping
         self.steps_per_print = cfg.steps_per_print
         self.precision = build_precision(cfg.fp16, cfg.bf16)
+        # torch_autocast: forward in the autocast dtype, the safe modules' gradients reduced in
+        # it (marked before the strategy lays out its buckets)
+        self.autocast = Autocast(cfg.torch_autocast, self.device.type)
+        self.autocast.mark(model)
 
         # optimizer: user object, user factory, the config's, or none (forward only)
         client_optimizer = optimizer is not None
@@ -120,7 +125,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         kwargs = self.precision.cast_inputs(kwargs)
         if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
             self._tokens += args[0].numel()  # token ids: counted for tokens/s
-        out = self.module(*args, **kwargs)
+        with self.autocast.region():
+            out = self.module(*args, **kwargs)
         self.timers.stop("forward")
         return out
 

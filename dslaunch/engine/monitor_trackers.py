@@ -10,16 +10,11 @@ run offline as their libraries allow: ``WANDB_MODE=offline`` (the run is written
 
 from __future__ import annotations
 
-import importlib
 
-
-def _require(package: str, key: str):
-    try:
-        return importlib.import_module(package)
-    except ImportError as e:
-        raise RuntimeError(
-            f"{key}.enabled: the {package} package is not installed; `pip install {package}` "
-            f"(or `pip install dslaunch[monitors]`) or disable the {key} section") from e
+def _missing(package: str, key: str) -> RuntimeError:
+    return RuntimeError(
+        f"{key}.enabled: the {package} package is not installed; `pip install {package}` "
+        f"(or `pip install dslaunch[monitors]`) or disable the {key} section")
 
 
 class WandbMonitor:
@@ -27,8 +22,12 @@ class WandbMonitor:
     with its global-samples count as the step."""
 
     def __init__(self, section):
-        self.wandb = _require("wandb", "wandb")
-        self.run = self.wandb.init(project=section.project, group=section.group,
+        try:
+            import wandb
+        except ImportError as e:
+            raise _missing("wandb", "wandb") from e
+        self.wandb = wandb
+        self.run = wandb.init(project=section.project, group=section.group,
                                    entity=section.team)
 
     def write_events(self, events) -> None:
@@ -37,6 +36,11 @@ class WandbMonitor:
 
     def close(self) -> None:
         self.run.finish()
+        # finish() can return before W&B's service has written the run file (an offline run
+        # read right after was sometimes still empty); tearing the service down flushes it, as
+        # process exit would. Only when no other run of the script is open.
+        if self.wandb.run is None:
+            self.wandb.teardown()
 
 
 class CometMonitor:
@@ -46,7 +50,10 @@ class CometMonitor:
     a fast loop does not flood the service)."""
 
     def __init__(self, section):
-        comet_ml = _require("comet_ml", "comet")
+        try:
+            import comet_ml
+        except ImportError as e:
+            raise _missing("comet_ml", "comet") from e
         self.interval = section.samples_log_interval
         self.experiment = comet_ml.start(
             api_key=section.api_key, project=section.project, workspace=section.workspace,

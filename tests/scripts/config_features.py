@@ -92,7 +92,36 @@ def reduce_cases():
     return out
 
 
-MODES = {"reduce": reduce_cases}
+def comm_bytes(engine) -> int:
+    """Bytes this rank sent in gradient reductions (reduce-scatters and all-reduces)."""
+    stats = engine.comm_stats()
+    return sum(stats.get(k, {}).get("bytes", 0) for k in ("reduce_scatter", "all_reduce"))
+
+
+def autocast_run(stage, autocast):
+    extra = {"torch_autocast": {"enabled": True, "dtype": "bf16"}} if autocast else {}
+    net = model()
+    engine, *_ = dslaunch.initialize(model=net, config=config(stage, ADAMW, **extra))
+    losses = []
+    for step in range(3):
+        loss = engine(*batch(step, 0, dist.get_rank()))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return {"losses": losses, "params": params(engine), "seen_dtypes": sorted(set(net.seen_dtypes)),
+            "param_dtypes": sorted({str(p.dtype) for p in net.parameters()}),
+            "grad_bytes": comm_bytes(engine)}
+
+
+def autocast_cases():
+    out = {}
+    for stage in (0, 1, 2, 3):
+        out[f"autocast_stage{stage}"] = autocast_run(stage, True)
+        out[f"fp32_stage{stage}"] = autocast_run(stage, False)
+    return out
+
+
+MODES = {"reduce": reduce_cases, "autocast": autocast_cases}
 
 result = MODES[a.mode]()
 Path(a.out).mkdir(parents=True, exist_ok=True)

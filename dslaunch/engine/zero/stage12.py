@@ -35,6 +35,7 @@ import weakref
 
 import torch
 
+from dslaunch.engine.autocast import comm_dtype
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.step_policy import SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
 from dslaunch.engine.zero import partition as P
@@ -56,7 +57,7 @@ class _Group:
     def __init__(self, named, world, rank, bucket_numel):
         self.names = [n for n, _ in named]
         self.params = {n: p for n, p in named}
-        self.layout = P.build_layout(named, world, bucket_numel)
+        self.layout = P.build_layout(named, world, bucket_numel, kind=comm_dtype)
         self.rank = rank
         # which bucket each parameter lives in
         self.bucket_of = {s.name: bi for bi, b in enumerate(self.layout.buckets) for s in b.slots}
@@ -242,9 +243,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
         g = self.groups[gi]
         staging = self._open.pop(key)
         chunk = g.layout.buckets[bi].chunk(self.world)
-        out = torch.empty(chunk, dtype=self.dtype, device=self.device)
+        send, cd = self._comm_input(key, staging)
+        out = torch.empty(chunk, dtype=cd, device=self.device)
         if self.overlap_comm:
-            work = self.comm.reduce_scatter_tensor(out, staging, async_op=True,
+            work = self.comm.reduce_scatter_tensor(out, send, async_op=True,
                                                      input_is_scratch=True)
             self._in_flight.append((g, bi, work, out, staging))
             # No wait here: waiting on (or polling) async gloo work from inside the autograd
@@ -252,7 +254,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             # without an active exception"). All waits happen in after_backward; the price is
             # that in-flight buckets keep their staging buffers until backward ends.
         else:
-            self.comm.reduce_scatter_tensor(out, staging, input_is_scratch=True)
+            self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
             self._finish(g, bi, None, out, staging)
 
     def _finish(self, g, bi, work, out, staging):
@@ -286,14 +288,16 @@ class ZeroStage12Strategy(OptimizerStrategy):
         if not is_boundary:
             return
         self._stage1_grad_chunks = []
-        for g in self.groups:
+        for gi, g in enumerate(self.groups):
             outs = []
-            for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
-                out = torch.empty(b.chunk(self.world), dtype=self.dtype, device=self.device)
+            for bi, (b, bview) in enumerate(zip(g.layout.buckets,
+                                                P.bucket_views(g.grad_flat, g.layout))):
+                send, cd = self._comm_input((gi, bi), bview)
+                out = torch.empty(b.chunk(self.world), dtype=cd, device=self.device)
                 # the flat gradient buffer is reduced in place where the collective runs as an
                 # all_reduce (gloo): it is zeroed before the next accumulation anyway
-                self.comm.reduce_scatter_tensor(out, bview, input_is_scratch=True)
-                outs.append(out)
+                self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
+                outs.append(out if cd == self.dtype else out.to(self.dtype))
             if g.grad_shard is not None:  # offload: fp32 shard on the CPU
                 for dst, out in zip(P.shard_chunks(g.grad_shard, g.layout), outs):
                     dst.copy_(out).mul_(self._grad_post())
@@ -305,6 +309,22 @@ class ZeroStage12Strategy(OptimizerStrategy):
 
     # DeepSpeed-era name for the same call
     on_backward_done = after_backward
+
+    def _comm_input(self, key, grads):
+        """(what to reduce, its dtype) for bucket ``key``: the gradients themselves, or, when
+        autocast gave every parameter of the bucket a lower communication dtype, a copy in it
+        (``engine/autocast.py``)."""
+        cd = self._bucket_comm_dtype(key)
+        return (grads, cd) if cd == grads.dtype else (grads.to(cd), cd)
+
+    def _bucket_comm_dtype(self, key):
+        cache = self.__dict__.setdefault("_comm_dtypes", {})
+        if key not in cache:
+            g = self.groups[key[0]]
+            kinds = {comm_dtype(g.params[s.name]) for s in g.layout.buckets[key[1]].slots}
+            cd = kinds.pop() if len(kinds) == 1 else None
+            cache[key] = cd if cd is not None else self.dtype
+        return cache[key]
 
     def finish_accumulation(self) -> None:
         if self.stage == 1:  # stages 2-3 reduced at every backward

@@ -254,8 +254,9 @@ class Stage3Strategy(ZeroStage12Strategy):
                 g.params[s.name].grad = None
         c = b.chunk(self.world)
         if self.world > 1:
-            out = torch.empty(c, dtype=self.dtype, device=self.device)
-            self.comm.reduce_scatter_tensor(out, staging, input_is_scratch=True)
+            send, cd = self._comm_input(key, staging)
+            out = torch.empty(c, dtype=cd, device=self.device)
+            self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
         else:
             out = staging
         off = g.layout.shard_offsets()[bi]
