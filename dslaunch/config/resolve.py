@@ -224,12 +224,16 @@ def _precision_checks(values: dict, problems: list) -> None:
     elif states and not master:
         problems.append("bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads "
                         "true (optimizer states follow the master weights' dtype)")
-    elif master and not states and \
-            values["zero_optimization"]["offload_optimizer"]["device"] != "cpu":
+    elif master and not states and (
+            values["zero_optimization"]["offload_optimizer"]["device"] != "cpu"
+            or values["zero_optimization"]["stage"] == 0):
         problems.append("bf16.bf16_master_weights_and_grads: keeping fp32 optimizer states for "
                         "bf16 master weights needs zero_optimization.offload_optimizer.device "
-                        "\"cpu\" (the CPU Adam keeps them, as in DeepSpeed); or set "
+                        "\"cpu\" at stage 1-3 (the CPU Adam keeps them, as in DeepSpeed); or set "
                         "bf16.bf16_optimizer_states true to keep them in bf16")
+    if master and (values.get("optimizer") or {}).get("type") in ONE_BIT:
+        problems.append("bf16.bf16_master_weights_and_grads: cannot be used with the 1-bit "
+                        "optimizers (they keep fp32 masters)")
 
 
 def zero_stage(source_or_raw: Any) -> int:

@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -121,7 +122,41 @@ def autocast_cases():
     return out
 
 
-MODES = {"reduce": reduce_cases, "autocast": autocast_cases}
+def state_dtypes(engine) -> list:
+    return sorted({str(t.dtype) for st in engine.optimizer.state.values() for t in st.values()
+                   if torch.is_tensor(t) and t.numel() > 1})
+
+
+def bf16_run(stage, lean=True, states=True, offload=False):
+    bf16 = {"enabled": True}
+    if lean:
+        bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=states)
+    zero = {"offload_optimizer": {"device": "cpu"}} if offload else {}
+    engine, *_ = dslaunch.initialize(model=model(), config=config(stage, ADAMW, bf16=bf16,
+                                                                  zero=zero))
+    losses = []
+    for step in range(3):
+        loss = engine(*batch(step, 0, dist.get_rank()))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return {"losses": losses, "params": params(engine), "state_dtypes": state_dtypes(engine),
+            "memory": engine.memory_breakdown(), "optimizer": type(engine.optimizer).__name__,
+            "compiled": bool(getattr(engine.optimizer, "compiled", False))}
+
+
+def bf16_cases():
+    out = {}
+    for stage in (0, 1, 2, 3):
+        out[f"lean_stage{stage}"] = bf16_run(stage)
+        out[f"bf16_stage{stage}"] = bf16_run(stage, lean=False)
+    for stage in (1, 3):  # the CPU Adam keeps fp32 states for bf16 masters, or bf16 ones
+        out[f"lean_offload_stage{stage}"] = bf16_run(stage, states=False, offload=True)
+        out[f"lean_offload_bf16states_stage{stage}"] = bf16_run(stage, offload=True)
+    return out
+
+
+MODES = {"reduce": reduce_cases, "autocast": autocast_cases, "bf16": bf16_cases}
 
 result = MODES[a.mode]()
 Path(a.out).mkdir(parents=True, exist_ok=True)

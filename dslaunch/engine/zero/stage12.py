@@ -68,9 +68,10 @@ class _Group:
         self.master = None  # fp32 shard when mixed precision or offload
         self.shard_params = []  # what the optimizer steps (one per bucket chunk)
 
-    def take_master(self, device, pin=False):
-        """fp32 copy of this rank's chunks, read from the (still fp32) parameters."""
-        self.master = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=device)
+    def take_master(self, device, pin=False, dtype=torch.float32):
+        """Master copy (fp32, or bf16 when lean) of this rank's chunks, read from the (still
+        fp32) parameters."""
+        self.master = torch.zeros(self.layout.shard_numel, dtype=dtype, device=device)
         if pin:
             self.master = self.master.pin_memory()
         for _, s, lo, hi, pos in self.layout.shard_pieces(self.rank):
@@ -109,7 +110,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             self.opt_device.type == "cpu"
         if self.need_master:
             for g in self.groups:
-                g.take_master(self.opt_device, pin)
+                g.take_master(self.opt_device, pin, self.master_dtype)
         if self.mixed:
             if precision is not None:
                 precision.cast_model(model)
@@ -119,11 +120,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             g.flatten(self.dtype, self.device)
             self._make_shard(g)
         shard_groups = [g.shard_params for g in self.groups]
-        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.offload_optimizer else None
-        if cpu_opt is not None:  # the engine takes strategy.optimizer as its optimizer
-            self.optimizer = cpu_opt
-        else:
-            repoint_optimizer(optimizer, shard_groups)
+        self._install_optimizer(optimizer, shard_groups)
         register_strategy(self)  # GatheredParameters(modifier_rank=...) refreshes our masters
         if stage == 1:
             for g in self.groups:
@@ -157,10 +154,27 @@ class ZeroStage12Strategy(OptimizerStrategy):
             views = g.chunks
         g.shard_params = [torch.nn.Parameter(v) for v in views]
         if self.stage >= 2 or self.offload_optimizer:
-            if self.offload_optimizer:  # the CPU step reads an fp32 gradient shard
-                g.grad_shard = torch.zeros(shard_numel, dtype=torch.float32, device="cpu")
+            if self.offload_optimizer:  # the CPU step reads a gradient shard of the masters'
+                g.grad_shard = torch.zeros(shard_numel, dtype=self.master_dtype, device="cpu")
             else:
                 g.grad_shard = torch.zeros(shard_numel, dtype=self.dtype, device=self.device)
+
+    def _install_optimizer(self, optimizer, shard_groups) -> None:
+        """The CPU Adam over the shards when offloaded (the engine then takes it as its
+        optimizer), else the user's optimizer re-pointed at them."""
+        fp32_states = getattr(self.precision, "fp32_optimizer_states", True)
+        cpu_opt = cpu_optimizer_for(optimizer, shard_groups, fp32_states) \
+            if self.offload_optimizer else None
+        if cpu_opt is not None:
+            self.optimizer = cpu_opt
+            return
+        if self.master_dtype != torch.float32 and fp32_states:
+            raise ValueError(
+                "bf16.bf16_master_weights_and_grads: fp32 optimizer states for bf16 master "
+                f"weights need the compiled CPU Adam (optimizer Adam or AdamW, the cpu_adam op "
+                f"built); got {type(optimizer).__name__} without it. Set "
+                "bf16.bf16_optimizer_states true to keep the states in bf16")
+        repoint_optimizer(optimizer, shard_groups)
 
     def _attach_grad_views(self, g: _Group):
         for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
@@ -186,7 +200,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
         self.device = first.device
         self.mixed = self.dtype != torch.float32
         self.opt_device = torch.device("cpu") if self.offload_optimizer else self.device
-        self.need_master = self.mixed or self.offload_optimizer
+        # bf16 master weights and grads: the optimizer steps the bf16 chunks themselves (a
+        # separate master only where the step runs elsewhere: offload)
+        self.master_dtype = getattr(precision, "master_dtype", torch.float32) \
+            if self.mixed else torch.float32
+        lean = self.master_dtype == self.dtype
+        self.need_master = (self.mixed and not lean) or self.offload_optimizer
         return named
 
     def _staging(self, numel):
@@ -359,8 +378,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
         for g, gchunks in zip(self.groups, self._grad_chunks()):
             for sp, gc in zip(g.shard_params, gchunks):
                 if self.need_master:
-                    grad = gc if gc.dtype == torch.float32 and gc.device == sp.device else \
-                        gc.to(device=sp.device, dtype=torch.float32)
+                    grad = gc if gc.dtype == sp.dtype and gc.device == sp.device else \
+                        gc.to(device=sp.device, dtype=sp.dtype)
                 else:
                     grad = gc
                 if coef != 1.0:
