@@ -252,6 +252,13 @@ def test_bf16_master_weights_offloaded_to_the_cpu_adam(job_cache, stage, states)
     bf16_opt = res[0][f"lean_offload_bf16states_stage{stage}"]["memory"]["optimizer"]["cpu"]
     assert bf16_opt < fp32_opt  # bf16 states take half the bytes of fp32 ones
 
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_bf16_master_weights_checkpoint_resumes_exactly(job_cache, stage):
+    got = _job(job_cache, "bf16")[0][f"lean_resume_stage{stage}"]
+    assert got["resumed"] == got["third"] and got["resumed_params"] == got["params"]
+    assert got["state_dtypes"] == ["torch.bfloat16"]  # loaded states stay bf16
+
 # -- what the config refuses, naming the key ---------------------------------------------------------
 
 @pytest.mark.parametrize("extra, message", [

@@ -145,8 +145,36 @@ def bf16_run(stage, lean=True, states=True, offload=False):
             "compiled": bool(getattr(engine.optimizer, "compiled", False))}
 
 
+def lean_resume(stage, save_dir):
+    """Train 2 steps, save, train a third; a fresh engine loads the checkpoint and trains the
+    third step again: the same loss and weights are expected."""
+    def engine():
+        bf16 = {"enabled": True, "bf16_master_weights_and_grads": True,
+                "bf16_optimizer_states": True}
+        return dslaunch.initialize(model=model(seed=1), config=config(stage, ADAMW, bf16=bf16))[0]
+
+    def one_step(e, step):
+        loss = e(*batch(step, 0, dist.get_rank()))
+        e.backward(loss)
+        e.step()
+        return loss.item()
+
+    first = engine()
+    for step in range(2):
+        one_step(first, step)
+    first.save_checkpoint(save_dir, tag="two")
+    third = one_step(first, 2)
+    second = engine()
+    second.load_checkpoint(save_dir, tag="two")
+    return {"third": third, "resumed": one_step(second, 2),
+            "params": params(first), "resumed_params": params(second),
+            "state_dtypes": state_dtypes(second)}
+
+
 def bf16_cases():
     out = {}
+    for stage in (0, 2, 3):
+        out[f"lean_resume_stage{stage}"] = lean_resume(stage, f"{a.out}/ckpt{stage}")
     for stage in (0, 1, 2, 3):
         out[f"lean_stage{stage}"] = bf16_run(stage)
         out[f"bf16_stage{stage}"] = bf16_run(stage, lean=False)
