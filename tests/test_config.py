@@ -339,7 +339,7 @@ def test_defaults_are_deepspeeds_and_marked_default():
 @pytest.mark.parametrize("section, line", [
     ({"tensor_parallel": {"autotp_size": 2}},
      "tensor_parallel.autotp_size: not supported yet (tensor parallelism (size > 1); comes with issue 7)"),
-    ({"wandb": {"enabled": True}}, "wandb.enabled: not supported yet (the Weights & Biases monitor; not planned yet)"),
+    ({"elasticity": {"enabled": True}}, "elasticity.enabled: not supported yet (elastic training; not planned yet)"),
     ({"activation_checkpointing": {"partition_activations": True}},
      "activation_checkpointing: not supported yet (activation checkpointing; comes with issue 7)"),
     ({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": True}}}},

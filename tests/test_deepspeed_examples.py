@@ -118,9 +118,6 @@ def test_bf16_master_weight_example_zero3_with_checkpointing(tmp_path):
     assert _bf16_losses(tmp_path, "lr0", tmp_path / "lr0.json") != two
 
 
-@pytest.mark.xfail(strict=True, reason="bf16.bf16_master_weights_and_grads, "
-                   "bf16.bf16_optimizer_states and torch_autocast come with issue 18 part 4 "
-                   "(config features.py refuses them until then)")
 def test_bf16_master_weight_example_low_precision_config(tmp_path):
     losses = _bf16_losses(tmp_path, "full", CONFIGS / "bf16_full.json",
                           extra=["--activation_checkpointing"])

@@ -50,9 +50,6 @@ NOT_SUPPORTED_YET = [
     Feature("sequence_parallel_size", "sequence parallelism", "",
             lambda get: (get("sequence_parallel_size") or 1) > 1),
     Feature("amp.enabled", "NVIDIA apex AMP (use fp16 or bf16)", "", _enabled("amp")),
-    Feature("torch_autocast.enabled", "torch autocast mode", "", _enabled("torch_autocast")),
-    Feature("wandb.enabled", "the Weights & Biases monitor", "", _enabled("wandb")),
-    Feature("comet.enabled", "the Comet monitor", "", _enabled("comet")),
     Feature("flops_profiler.enabled", "the FLOPs profiler", "", _enabled("flops_profiler")),
     Feature("comms_logger.enabled", "the communication logger (engine.comm_stats() is there)", "",
             _enabled("comms_logger")),
@@ -69,10 +66,6 @@ NOT_SUPPORTED_YET = [
     Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),
     Feature("compile.deepcompile", "DeepCompile", "", lambda get: bool(get("compile.deepcompile"))),
     Feature("expert_parallel.enabled", "expert parallelism (AutoEP)", "", _enabled("expert_parallel")),
-    Feature("gradient_allreduce_op", "summed (not averaged) gradients", "",
-            lambda get: get("gradient_allreduce_op") == "sum"),
-    Feature("managed_gradient_accumulation", "client-managed accumulation boundaries", "",
-            lambda get: get("managed_gradient_accumulation") is False),
     Feature("autotuning.enabled", "autotuning", "", _enabled("autotuning")),
 ]
 

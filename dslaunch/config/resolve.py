@@ -143,6 +143,8 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
                                              or values["bf16"]["enabled"] is True):
         problems.append("amp.enabled: amp cannot be combined with fp16 or bf16; enable one of them")
 
+    _precision_checks(values, problems)
+
     zero = values["zero_optimization"]
     # Deprecated ZeRO flags are turned into the offload sections they stand for.
     for flag, section in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
@@ -197,6 +199,42 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
 ONE_BIT = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
 
 
+def _precision_checks(values: dict, problems: list) -> None:
+    """torch_autocast and the bf16 master-weight switches: what cannot be combined."""
+    autocast, bf16 = values["torch_autocast"], values["bf16"]
+    if autocast["enabled"] is True:
+        if values["fp16"]["enabled"] is True:  # with bf16 it is fine: DeepSpeed's examples do it
+            problems.append("torch_autocast.enabled: cannot be combined with fp16.enabled yet "
+                            "(fp16 needs its loss scaler around autocast); enable one of them")
+        if autocast["dtype"] in ("fp16", "float16", "half", "torch.float16"):
+            problems.append(f"torch_autocast.dtype: {show(autocast['dtype'])} is not supported "
+                            "yet (fp16 autocast needs a gradient scaler); use \"bf16\"")
+        modules = autocast["lower_precision_safe_modules"]
+        if modules is not None and (not isinstance(modules, list) or not all(
+                isinstance(m, str) and "." in m.strip(".") for m in modules)):
+            problems.append(f"torch_autocast.lower_precision_safe_modules: {show(modules)} is not "
+                            "a list of class names with their module (e.g. "
+                            "[\"torch.nn.Linear\", \"mypkg.layers.MyLinear\"])")
+    master, states = bf16["bf16_master_weights_and_grads"], bf16["bf16_optimizer_states"]
+    if (master or states) and bf16["enabled"] is not True:
+        key = "bf16_master_weights_and_grads" if master else "bf16_optimizer_states"
+        problems.append(f"bf16.{key}: needs bf16.enabled true (it keeps the bf16 training "
+                        "weights' masters in bf16)")
+    elif states and not master:
+        problems.append("bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads "
+                        "true (optimizer states follow the master weights' dtype)")
+    elif master and not states and (
+            values["zero_optimization"]["offload_optimizer"]["device"] != "cpu"
+            or values["zero_optimization"]["stage"] == 0):
+        problems.append("bf16.bf16_master_weights_and_grads: keeping fp32 optimizer states for "
+                        "bf16 master weights needs zero_optimization.offload_optimizer.device "
+                        "\"cpu\" at stage 1-3 (the CPU Adam keeps them, as in DeepSpeed); or set "
+                        "bf16.bf16_optimizer_states true to keep them in bf16")
+    if master and (values.get("optimizer") or {}).get("type") in ONE_BIT:
+        problems.append("bf16.bf16_master_weights_and_grads: cannot be used with the 1-bit "
+                        "optimizers (they keep fp32 masters)")
+
+
 def zero_stage(source_or_raw: Any) -> int:
     """The ZeRO stage a config asks for, validated. ``zero.Init`` reads it from configs that need
     not be complete (DeepSpeed's ``Init(config_dict_or_path={"zero_optimization": ...})``)."""
@@ -233,6 +271,19 @@ def _layout_checks(values: dict, sources: dict, problems: list, pipeline_stages:
                         "use stage 0, 1 or 2")
     name = (values.get("optimizer") or {}).get("type")
     problems.extend(onebit_problems(name, stage, zero["offload_optimizer"]["device"]))
+    if values["gradient_allreduce_op"] == "sum":  # (DeepSpeed also refuses it at stage 3; we sum)
+        if name in ONE_BIT:
+            problems.append(f"gradient_allreduce_op: \"sum\" cannot be used with {name} (the "
+                            "1-bit optimizers average their compressed momentum)")
+    if values["torch_autocast"]["enabled"] is True and isinstance(stages, int) and stages > 1:
+        problems.append("torch_autocast.enabled: not supported with pipeline parallelism yet "
+                        "(the pipeline runs its stages outside the engine's forward)")
+    if values["managed_gradient_accumulation"] is False:
+        if isinstance(stages, int) and stages > 1:  # DeepSpeed refuses it too
+            problems.append("managed_gradient_accumulation: false is not supported with "
+                            "pipeline parallelism (train_batch() owns the micro-batches)")
+        if name in ONE_BIT:
+            problems.append(f"managed_gradient_accumulation: false cannot be used with {name}")
 
 
 def onebit_problems(optimizer_name, stage: int, offload_optimizer_device: str) -> list:

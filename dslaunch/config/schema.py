@@ -269,6 +269,14 @@ FP16 = Section({
 BF16 = Section({"enabled": B(), "immediate_grad_update": B(), "check_grad_overflow": B(),
                 "bf16_master_weights_and_grads": B(), "bf16_optimizer_states": B()})
 
+# DeepSpeed's dtype spellings (its DtypeEnum); null: the device's autocast default (bf16 on CPU)
+AUTOCAST_DTYPES = ("bf16", "bfloat16", "torch.bfloat16", "fp16", "float16", "half", "torch.float16",
+                   "fp32", "float32", "float", "torch.float32")
+# lower_precision_safe_modules: a list of "package.module.Class" names (checked in resolve.py);
+# null: DeepSpeed's default list (Linear, Conv1d/2d/3d)
+TORCH_AUTOCAST = Section({"enabled": B(), "dtype": S(None, AUTOCAST_DTYPES),
+                          "lower_precision_safe_modules": Leaf("any", None)})
+
 ACTIVATION_CHECKPOINTING = Section({
     "partition_activations": B(),
     "cpu_checkpointing": B(),
@@ -322,7 +330,7 @@ TOP = Section({
     "fp16": FP16,
     "bf16": BF16,
     "amp": _enabled_open(),
-    "torch_autocast": _enabled_open(),
+    "torch_autocast": TORCH_AUTOCAST,
     "gradient_clipping": F(0.0, 0.0),
     "prescale_gradients": B(),
     "gradient_allreduce_op": S("mean", ("mean", "sum")),
@@ -345,7 +353,10 @@ TOP = Section({
     "csv_monitor": _monitor(),
     "tensorboard": _monitor(),
     "wandb": Section({"enabled": B(), "group": S(None), "team": S(None), "project": S("deepspeed")}),
-    "comet": _enabled_open(),
+    "comet": Section({"enabled": B(), "samples_log_interval": I(100, 1), "project": S(None),
+                      "workspace": S(None), "api_key": S(None), "experiment_name": S(None),
+                      "experiment_key": S(None), "online": Leaf("bool", None),
+                      "mode": S(None, (None, "get", "create", "get_or_create"))}),
     "flops_profiler": Section({
         "enabled": B(), "recompute_fwd_factor": F(0.0, 0.0), "profile_step": I(1, 1),
         "module_depth": I(-1, -1), "top_modules": I(1, 1), "detailed": B(True), "output_file": S(None)}),

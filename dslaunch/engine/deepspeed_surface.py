@@ -10,6 +10,9 @@ Semantics are DeepSpeed's where frameworks depend on them:
 - ``is_gradient_accumulation_boundary()`` counts micro-steps, unless
   ``set_gradient_accumulation_boundary(b)`` said otherwise (Accelerate sets it before every
   backward and calls ``step()`` only at boundaries; counting callers call ``step()`` every time);
+  with ``managed_gradient_accumulation: false`` the caller owns the boundary: backward only
+  accumulates, every ``step()`` reduces (where the stage has not already) and steps, and the
+  boundary is true only while ``step()`` runs;
 - ``no_sync()`` (ZeRO 0-1 only): backward inside it reduces nothing; a backward at a boundary
   or a ``step()`` inside it is refused (a step must see reduced gradients);
 - the optimizer ``initialize`` returns carries ``overflow``, ``cur_scale`` and ``loss_scale``,
@@ -72,6 +75,10 @@ class DeepSpeedSurface:
                 if not hasattr(self.optimizer, name):
                     setattr(self.optimizer, name, getattr(self, name))
         self._boundary_override = None  # set_gradient_accumulation_boundary's answer
+        # managed_gradient_accumulation false: the caller owns the boundary, every step() is one
+        self._managed_accumulation = self._config.managed_gradient_accumulation is not False
+        self._inside_step = False
+        self._unmanaged_backwards = 0  # backward() calls since the last step() (global_samples)
         self._inside_no_sync = False
         self._step_applied = False
         self.tput_timer = ThroughputTimer(self._train_batch)
@@ -88,6 +95,8 @@ class DeepSpeedSurface:
         return self._gas
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        if not self._managed_accumulation:  # the caller's step() is the boundary
+            return self._inside_step
         if self._boundary_override is not None:
             return self._boundary_override
         return (self.micro_steps + 1) % self._gas == 0
@@ -95,7 +104,15 @@ class DeepSpeedSurface:
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """From now on, this decides whether a backward ends an accumulation window (and a
         ``step()`` steps), instead of counting micro-steps."""
+        if not self._managed_accumulation:
+            raise AssertionError(
+                "set_gradient_accumulation_boundary() cannot be used with "
+                "managed_gradient_accumulation: false (every step() is the boundary there); "
+                "remove the call or the config key")
         self._boundary_override = bool(is_boundary)
+
+    def managed_gradient_accumulation(self) -> bool:
+        return self._managed_accumulation
 
     def set_train_batch_size(self, train_batch_size: int) -> None:
         """A new global batch: the micro-batch stays, the accumulation steps follow."""
@@ -250,6 +267,7 @@ class DeepSpeedSurface:
         be used afterwards (frameworks call it to free memory between phases)."""
         from .zero.zero_init import unregister_strategy
 
+        self.monitors.close()  # a tracker's run ends here (offline ones write their files)
         strategy = self.strategy
         strategy.empty_partition_cache()
         strategy.remove_hooks()

@@ -15,6 +15,7 @@ import torch
 
 from dslaunch.config import to_dict
 
+from .autocast import Autocast
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
 from .deepspeed_surface import DeepSpeedSurface
@@ -57,6 +58,10 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.gradient_clipping = cfg.gradient_clipping
         self.steps_per_print = cfg.steps_per_print
         self.precision = build_precision(cfg.fp16, cfg.bf16)
+        # torch_autocast: forward in the autocast dtype, the safe modules' gradients reduced in
+        # it (marked before the strategy lays out its buckets)
+        self.autocast = Autocast(cfg.torch_autocast, self.device.type)
+        self.autocast.mark(model)
 
         # optimizer: user object, user factory, the config's, or none (forward only)
         client_optimizer = optimizer is not None
@@ -98,7 +103,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
-        self.monitors = Monitors((cfg.csv_monitor, cfg.tensorboard), self.global_rank)
+        self.monitors = Monitors(cfg, self.global_rank)
         self.timers = WallClock(cfg.wall_clock_breakdown)
         self._losses: list = []
         self._tokens = 0
@@ -132,7 +137,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         kwargs = self.precision.cast_inputs(kwargs)
         if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
             self._tokens += args[0].numel()  # token ids: counted for tokens/s
-        out = self.module(*args, **kwargs)
+        with self.autocast.region():
+            out = self.module(*args, **kwargs)
         if self._trains and torch.is_grad_enabled():
             self._direct_backward.attach(out)
         self.timers.stop("forward")
@@ -145,6 +151,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         the data-parallel ranks."""
         self.timers.start("backward")
         boundary = self._reduces_gradients()
+        self._unmanaged_backwards += 1
         self._losses.append(loss.detach().float())
         scale = self.precision.scaler.loss_scale / (self._gas if scale_wrt_gas else 1)
         scaled = loss.float() * scale if scale != 1.0 else loss
@@ -177,6 +184,15 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     def step(self, lr_kwargs=None):
         """Optimizer step at an accumulation boundary; in between only counts the micro-step."""
         self._check_step_allowed()
+        if not self._managed_accumulation:  # the caller's boundary: reduce what backward kept
+            self._inside_step = True
+            self.strategy.finish_accumulation()
+        try:
+            self._step(lr_kwargs)
+        finally:
+            self._inside_step = False
+
+    def _step(self, lr_kwargs):
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self.timers.start("step")
@@ -189,7 +205,12 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             else:
                 self.skipped_steps += 1
             self.global_steps += 1
-            self.global_samples += self._train_batch
+            if self._managed_accumulation:
+                self.global_samples += self._train_batch
+            else:  # the micro-batches this step really saw (DeepSpeed counts the same)
+                self.global_samples += (self._micro_batch * self.dp_world_size
+                                        * self._unmanaged_backwards)
+            self._unmanaged_backwards = 0
             self.timers.stop("step")
             self._after_step(applied)
         self.tput_timer.stop(global_step=boundary)

@@ -1,4 +1,5 @@
-"""Training monitors (CSV, TensorBoard), the wall-clock breakdown timers and the throughput timer.
+"""Training monitors (CSV, TensorBoard; W&B and Comet in ``monitor_trackers.py``), the wall-clock
+breakdown timers and the throughput timer.
 
 Monitors receive events ``(name, value, step)`` from rank 0 after each optimizer step, with
 DeepSpeed's names: ``Train/Samples/train_loss``, ``Train/Samples/lr``,
@@ -58,14 +59,21 @@ class TensorBoardMonitor:
 class Monitors:
     """All enabled monitors; only rank 0 writes."""
 
-    def __init__(self, sections, rank: int):
-        """``sections``: the config's ``(csv_monitor, tensorboard)`` sections, in that order."""
+    def __init__(self, cfg, rank: int):
+        """``cfg``: the typed config; its ``csv_monitor``, ``tensorboard``, ``wandb`` and
+        ``comet`` sections say which monitors run (the last two: ``monitor_trackers.py``)."""
         self.monitors = []
         if rank != 0:
             return
-        for section, cls in zip(sections, (CSVMonitor, TensorBoardMonitor)):
+        for section, cls in ((cfg.csv_monitor, CSVMonitor), (cfg.tensorboard, TensorBoardMonitor)):
             if section.enabled:
                 self.monitors.append(cls(section.output_path, section.job_name))
+        if cfg.wandb.enabled or cfg.comet.enabled:
+            from .monitor_trackers import CometMonitor, WandbMonitor
+
+            for section, cls in ((cfg.wandb, WandbMonitor), (cfg.comet, CometMonitor)):
+                if section.enabled:
+                    self.monitors.append(cls(section))
 
     @property
     def enabled(self) -> bool:
@@ -78,6 +86,7 @@ class Monitors:
     def close(self) -> None:
         for m in self.monitors:
             m.close()
+        self.monitors = []
 
 
 class WallClock:

@@ -11,6 +11,11 @@ casting the model once gives the ZeRO paper's 2-byte parameters and gradients th
 accounting (``engine.memory_breakdown()``) and the ZeRO stages rely on. Losses the model returns
 in fp32 (the example GPT computes cross-entropy in fp32) stay fp32.
 
+Memory-lean bf16 (``bf16.bf16_master_weights_and_grads``, DeepSpeed's key): the masters and the
+gradients the optimizer sees stay bf16, so no fp32 copy of the weights exists (``lean``); with
+``bf16_optimizer_states`` the optimizer states are bf16 too, else they stay fp32 in the CPU Adam
+of ``offload_optimizer: cpu`` (the config refuses the other combinations, as DeepSpeed does).
+
 Loss scaling (fp16 only, as DeepSpeed documents): ``fp16.loss_scale`` > 0 is a static scale;
 0 means dynamic: start at ``2**initial_scale_power``; on an overflow the step is skipped and,
 once ``hysteresis`` overflows have been seen, the scale is divided by 2 (never below
@@ -101,6 +106,17 @@ class Precision:
 
     name: str  # "fp32" | "bf16" | "fp16"
     scaler: LossScaler
+    # bf16.bf16_master_weights_and_grads: the optimizer steps bf16 masters (the bf16 weights
+    # themselves unless offloaded) with bf16 gradients instead of fp32 copies
+    master_dtype: torch.dtype = torch.float32
+    # bf16.bf16_optimizer_states: the optimizer states are bf16 too (else the CPU Adam keeps them
+    # fp32 for the bf16 masters)
+    fp32_optimizer_states: bool = True
+
+    @property
+    def lean(self) -> bool:
+        """Masters in the training dtype: no fp32 copy of the weights exists."""
+        return self.mixed and self.master_dtype == self.dtype
 
     @property
     def dtype(self) -> torch.dtype:
@@ -139,5 +155,8 @@ def build_precision(fp16, bf16) -> Precision:
             min_scale=fp16.min_loss_scale, hysteresis=fp16.hysteresis,
             consecutive_hysteresis=fp16.consecutive_hysteresis))
     if bf16.enabled:
+        if bf16.bf16_master_weights_and_grads:
+            return Precision("bf16", LossScaler(1.0), master_dtype=torch.bfloat16,
+                             fp32_optimizer_states=not bf16.bf16_optimizer_states)
         return Precision("bf16", LossScaler(1.0))
     return Precision("fp32", LossScaler(1.0))

@@ -38,12 +38,24 @@ def build_optimizer_strategy(model, optimizer, cfg, comm, precision) -> Optimize
     strategy casts the model to the training dtype itself when it needs to (after taking its
     fp32 masters).
     """
-    zero = cfg.zero_optimization
     if optimizer is None:  # forward only: evaluation, a frozen reference model
         return build_no_optimizer_strategy(model, cfg, comm, precision)
+    strategy = _build(model, optimizer, cfg, comm, precision)
+    strategy.average_gradients = cfg.gradient_allreduce_op != "sum"
+    return strategy
+
+
+def _build(model, optimizer, cfg, comm, precision) -> OptimizerStrategy:
+    zero = cfg.zero_optimization
     if hasattr(optimizer, "wants_grad_allreduce"):  # a 1-bit optimizer, maybe the user's own
         problems = onebit_problems(type(optimizer).__name__, zero.stage,
                                    zero.offload_optimizer.device)
+        for key, value, bad in (("gradient_allreduce_op", cfg.gradient_allreduce_op, "sum"),
+                                ("managed_gradient_accumulation",
+                                 cfg.managed_gradient_accumulation, False)):
+            if value == bad:
+                problems.append(f"{key}: {value!r} cannot be used with "
+                                f"{type(optimizer).__name__}")
         if problems:
             raise ValueError("; ".join(problems))
         # imported here, not at the top: onebit/strategy.py builds on this package's stage 0

@@ -20,6 +20,9 @@ class OptimizerStrategy:
     """Base class with the defaults a strategy may keep."""
 
     stage = -1
+    # gradient_allreduce_op: "mean" divides the reduced gradients by the data-parallel size,
+    # "sum" leaves the sum (build_optimizer_strategy sets it from the config)
+    average_gradients = True
 
     def __init__(self, model, optimizer, zero, comm, precision):
         """``zero``: the typed ``zero_optimization`` section (dslaunch.config.sections)."""
@@ -38,6 +41,12 @@ class OptimizerStrategy:
 
     def after_backward(self, is_boundary: bool) -> None:
         raise NotImplementedError
+
+    def finish_accumulation(self) -> None:
+        """``managed_gradient_accumulation: false``: ``step()`` is the boundary, after backwards
+        that reduced nothing; reduce the accumulated gradients now. Stages that reduce at every
+        backward (2, 3) have nothing left to do and override this."""
+        self.after_backward(True)
 
     # -- per boundary --------------------------------------------------------------------------
     # the overflow / clip decision (engine/step_policy.py); a subclass supplies the norm and the

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 
-def cpu_optimizer_for(optimizer, shard_groups: list):
-    """A DSCPUAdam over ``shard_groups`` (one parameter list per optimizer group), or None."""
+def cpu_optimizer_for(optimizer, shard_groups: list, fp32_optimizer_states: bool = True):
+    """A DSCPUAdam over ``shard_groups`` (one parameter list per optimizer group), or None.
+    ``fp32_optimizer_states=False``: states in the shards' dtype (bf16.bf16_optimizer_states)."""
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         return None
     if any(pg.get("amsgrad") or pg.get("maximize") for pg in optimizer.param_groups):
@@ -26,7 +27,8 @@ def cpu_optimizer_for(optimizer, shard_groups: list):
                "eps": pg["eps"], "weight_decay": pg["weight_decay"]}
               for pg, params in zip(optimizer.param_groups, shard_groups)]
     try:
-        new = DSCPUAdam(groups, adamw_mode=type(optimizer) is torch.optim.AdamW)
+        new = DSCPUAdam(groups, adamw_mode=type(optimizer) is torch.optim.AdamW,
+                        fp32_optimizer_states=fp32_optimizer_states)
     except Exception:  # the op could not be loaded: keep the torch optimizer
         return None
     return new if new.compiled else None

@@ -98,10 +98,12 @@ class Layout:
         return out
 
 
-def build_layout(named_params, world_size: int, bucket_numel: int) -> Layout:
-    """``named_params``: [(name, param)] in registration order."""
+def build_layout(named_params, world_size: int, bucket_numel: int, kind=None) -> Layout:
+    """``named_params``: [(name, param)] in registration order. ``kind(param)``: parameters of
+    different kinds never share a bucket (autocast: gradients reduced in different dtypes)."""
     bucket_numel = max(int(bucket_numel), 1)
     buckets, cur, used = [], [], 0
+    cur_kind = None
 
     def close():
         nonlocal cur, used
@@ -112,8 +114,10 @@ def build_layout(named_params, world_size: int, bucket_numel: int) -> Layout:
 
     for name, p in reversed(list(named_params)):
         n = p.numel()
-        if cur and used + n > bucket_numel:
+        k = kind(p) if kind is not None else None
+        if cur and (used + n > bucket_numel or k != cur_kind):
             close()
+        cur_kind = k
         cur.append(Slot(name, tuple(p.shape), used, n))
         used += n
     close()

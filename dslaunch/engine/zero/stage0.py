@@ -8,12 +8,15 @@ backward produces them), cut into buckets of at most ``reduce_bucket_size`` elem
   async all-reduce as soon as its last gradient of the boundary micro-step is ready, in bucket
   order on every rank (as DDP does), so communication overlaps the rest of backward; buckets are
   then capped at DDP's sizes (25 MiB, first 1 MiB) whatever ``reduce_bucket_size`` says.
+- bf16 with ``bf16_master_weights_and_grads`` (and bf16 optimizer states): as fp32, in bf16: the
+  buffer is bf16 and the optimizer steps the bf16 parameters themselves (no masters at all).
 - bf16/fp16: the model's parameters are low precision; the optimizer steps fp32 masters whose
   ``.grad`` are the buffer's views; after each micro-step's backward the low-precision gradients
   are added into the buffer (fp32 accumulation) and dropped; buckets are reduced at the boundary.
 Gradients are reduced once per accumulation boundary and averaged over the data-parallel ranks
 (``prescale_gradients`` divides by ``gradient_predivide_factor`` before the sum and by
-world/factor after, as DeepSpeed does).
+world/factor after, as DeepSpeed does), or summed (``gradient_allreduce_op: "sum"``: no scaling
+at all, predivide included, as in DeepSpeed).
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ class Stage0Strategy(OptimizerStrategy):
         top-level ``prescale_gradients`` and ``gradient_predivide_factor``."""
         super().__init__(model, optimizer, zero, comm, precision)
         self.bucket_elems = max(1, zero.reduce_bucket_size)
-        self.overlap = zero.overlap_comm and not precision.mixed
+        # fp32 masters unless bf16.bf16_master_weights_and_grads keeps the bf16 weights as such
+        uses_masters = precision.mixed and not getattr(precision, "lean", False)
+        self.overlap = zero.overlap_comm and not uses_masters
         self.prescale = prescale_gradients
         self.predivide = gradient_predivide_factor or 1.0
 
@@ -60,7 +65,8 @@ class Stage0Strategy(OptimizerStrategy):
                 params.append(p)
         self.params = params
         total = sum(p.numel() for p in params)
-        self.flat = torch.zeros(total, dtype=torch.float32, device=params[0].device if params
+        grad_dtype = precision.dtype if precision.mixed and not uses_masters else torch.float32
+        self.flat = torch.zeros(total, dtype=grad_dtype, device=params[0].device if params
                                 else torch.device("cpu"))
         # layout + buckets in reverse registration order
         self.views, self.buckets, self._bucket_of = {}, [], {}
@@ -81,7 +87,7 @@ class Stage0Strategy(OptimizerStrategy):
             self._bucket_of[p] = bucket
             offset += n
 
-        if precision.mixed:
+        if uses_masters:
             self.masters = {}
             for p in params:
                 m = p.detach().clone().float().requires_grad_(True)
@@ -89,8 +95,9 @@ class Stage0Strategy(OptimizerStrategy):
                 self.masters[p] = m
             self._swap_optimizer_params()
             precision.cast_model(model)
-        else:
+        else:  # the optimizer steps the parameters themselves (fp32, or bf16 when lean)
             self.masters = None
+            precision.cast_model(model)
             for p in params:
                 p.grad = self.views[p]
         self._sync_now = False
@@ -143,7 +150,7 @@ class Stage0Strategy(OptimizerStrategy):
 
     def _launch(self, bucket, async_op=True):
         chunk = self.flat[bucket.start:bucket.end]
-        if self.prescale and self.predivide != 1.0:
+        if self.prescale and self.predivide != 1.0 and self.average_gradients:
             chunk.mul_(1.0 / self.predivide)
         bucket.handle = self.comm.all_reduce(chunk, async_op=async_op)
 
@@ -175,7 +182,7 @@ class Stage0Strategy(OptimizerStrategy):
             for b in self.buckets:
                 self._launch(b, async_op=False)
         post = (self.predivide / world) if self.prescale else (1.0 / world)
-        if post != 1.0:
+        if post != 1.0 and self.average_gradients:
             self.flat.mul_(post)
 
     # -- step (base.OptimizerStrategy.step runs the policy) -------------------------------------

@@ -35,6 +35,7 @@ import weakref
 
 import torch
 
+from dslaunch.engine.autocast import comm_dtype
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.step_policy import SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
 from dslaunch.engine.zero import partition as P
@@ -56,7 +57,7 @@ class _Group:
     def __init__(self, named, world, rank, bucket_numel):
         self.names = [n for n, _ in named]
         self.params = {n: p for n, p in named}
-        self.layout = P.build_layout(named, world, bucket_numel)
+        self.layout = P.build_layout(named, world, bucket_numel, kind=comm_dtype)
         self.rank = rank
         # which bucket each parameter lives in
         self.bucket_of = {s.name: bi for bi, b in enumerate(self.layout.buckets) for s in b.slots}
@@ -67,9 +68,10 @@ class _Group:
         self.master = None  # fp32 shard when mixed precision or offload
         self.shard_params = []  # what the optimizer steps (one per bucket chunk)
 
-    def take_master(self, device, pin=False):
-        """fp32 copy of this rank's chunks, read from the (still fp32) parameters."""
-        self.master = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=device)
+    def take_master(self, device, pin=False, dtype=torch.float32):
+        """Master copy (fp32, or bf16 when lean) of this rank's chunks, read from the (still
+        fp32) parameters."""
+        self.master = torch.zeros(self.layout.shard_numel, dtype=dtype, device=device)
         if pin:
             self.master = self.master.pin_memory()
         for _, s, lo, hi, pos in self.layout.shard_pieces(self.rank):
@@ -108,7 +110,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             self.opt_device.type == "cpu"
         if self.need_master:
             for g in self.groups:
-                g.take_master(self.opt_device, pin)
+                g.take_master(self.opt_device, pin, self.master_dtype)
         if self.mixed:
             if precision is not None:
                 precision.cast_model(model)
@@ -118,11 +120,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             g.flatten(self.dtype, self.device)
             self._make_shard(g)
         shard_groups = [g.shard_params for g in self.groups]
-        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.offload_optimizer else None
-        if cpu_opt is not None:  # the engine takes strategy.optimizer as its optimizer
-            self.optimizer = cpu_opt
-        else:
-            repoint_optimizer(optimizer, shard_groups)
+        self._install_optimizer(optimizer, shard_groups)
         register_strategy(self)  # GatheredParameters(modifier_rank=...) refreshes our masters
         if stage == 1:
             for g in self.groups:
@@ -156,10 +154,27 @@ class ZeroStage12Strategy(OptimizerStrategy):
             views = g.chunks
         g.shard_params = [torch.nn.Parameter(v) for v in views]
         if self.stage >= 2 or self.offload_optimizer:
-            if self.offload_optimizer:  # the CPU step reads an fp32 gradient shard
-                g.grad_shard = torch.zeros(shard_numel, dtype=torch.float32, device="cpu")
+            if self.offload_optimizer:  # the CPU step reads a gradient shard of the masters'
+                g.grad_shard = torch.zeros(shard_numel, dtype=self.master_dtype, device="cpu")
             else:
                 g.grad_shard = torch.zeros(shard_numel, dtype=self.dtype, device=self.device)
+
+    def _install_optimizer(self, optimizer, shard_groups) -> None:
+        """The CPU Adam over the shards when offloaded (the engine then takes it as its
+        optimizer), else the user's optimizer re-pointed at them."""
+        fp32_states = getattr(self.precision, "fp32_optimizer_states", True)
+        cpu_opt = cpu_optimizer_for(optimizer, shard_groups, fp32_states) \
+            if self.offload_optimizer else None
+        if cpu_opt is not None:
+            self.optimizer = cpu_opt
+            return
+        if self.master_dtype != torch.float32 and fp32_states:
+            raise ValueError(
+                "bf16.bf16_master_weights_and_grads: fp32 optimizer states for bf16 master "
+                f"weights need the compiled CPU Adam (optimizer Adam or AdamW, the cpu_adam op "
+                f"built); got {type(optimizer).__name__} without it. Set "
+                "bf16.bf16_optimizer_states true to keep the states in bf16")
+        repoint_optimizer(optimizer, shard_groups)
 
     def _attach_grad_views(self, g: _Group):
         for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
@@ -185,7 +200,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
         self.device = first.device
         self.mixed = self.dtype != torch.float32
         self.opt_device = torch.device("cpu") if self.offload_optimizer else self.device
-        self.need_master = self.mixed or self.offload_optimizer
+        # bf16 master weights and grads: the optimizer steps the bf16 chunks themselves (a
+        # separate master only where the step runs elsewhere: offload)
+        self.master_dtype = getattr(precision, "master_dtype", torch.float32) \
+            if self.mixed else torch.float32
+        lean = self.master_dtype == self.dtype
+        self.need_master = (self.mixed and not lean) or self.offload_optimizer
         return named
 
     def _staging(self, numel):
@@ -242,9 +262,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
         g = self.groups[gi]
         staging = self._open.pop(key)
         chunk = g.layout.buckets[bi].chunk(self.world)
-        out = torch.empty(chunk, dtype=self.dtype, device=self.device)
+        send, cd = self._comm_input(key, staging)
+        out = torch.empty(chunk, dtype=cd, device=self.device)
         if self.overlap_comm:
-            work = self.comm.reduce_scatter_tensor(out, staging, async_op=True,
+            work = self.comm.reduce_scatter_tensor(out, send, async_op=True,
                                                      input_is_scratch=True)
             self._in_flight.append((g, bi, work, out, staging))
             # No wait here: waiting on (or polling) async gloo work from inside the autograd
@@ -252,7 +273,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             # without an active exception"). All waits happen in after_backward; the price is
             # that in-flight buckets keep their staging buffers until backward ends.
         else:
-            self.comm.reduce_scatter_tensor(out, staging, input_is_scratch=True)
+            self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
             self._finish(g, bi, None, out, staging)
 
     def _finish(self, g, bi, work, out, staging):
@@ -260,7 +281,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             work.wait()
         off = g.layout.shard_offsets()[bi]
         dst = g.grad_shard[off: off + out.numel()]
-        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=1.0 / self.world)  # offload: to the CPU
+        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=self._grad_post())  # offload: to the CPU
         self._unstage(staging)
 
     # -- the engine's seam ---------------------------------------------------------------------
@@ -286,25 +307,52 @@ class ZeroStage12Strategy(OptimizerStrategy):
         if not is_boundary:
             return
         self._stage1_grad_chunks = []
-        for g in self.groups:
+        for gi, g in enumerate(self.groups):
             outs = []
-            for b, bview in zip(g.layout.buckets, P.bucket_views(g.grad_flat, g.layout)):
-                out = torch.empty(b.chunk(self.world), dtype=self.dtype, device=self.device)
+            for bi, (b, bview) in enumerate(zip(g.layout.buckets,
+                                                P.bucket_views(g.grad_flat, g.layout))):
+                send, cd = self._comm_input((gi, bi), bview)
+                out = torch.empty(b.chunk(self.world), dtype=cd, device=self.device)
                 # the flat gradient buffer is reduced in place where the collective runs as an
                 # all_reduce (gloo): it is zeroed before the next accumulation anyway
-                self.comm.reduce_scatter_tensor(out, bview, input_is_scratch=True)
-                outs.append(out)
+                self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
+                outs.append(out if cd == self.dtype else out.to(self.dtype))
             if g.grad_shard is not None:  # offload: fp32 shard on the CPU
                 for dst, out in zip(P.shard_chunks(g.grad_shard, g.layout), outs):
-                    dst.copy_(out).mul_(1.0 / self.world)
+                    dst.copy_(out).mul_(self._grad_post())
                 outs = P.shard_chunks(g.grad_shard, g.layout)
             else:
                 for out in outs:
-                    out.mul_(1.0 / self.world)
+                    out.mul_(self._grad_post())
             self._stage1_grad_chunks.append(outs)
 
     # DeepSpeed-era name for the same call
     on_backward_done = after_backward
+
+    def _comm_input(self, key, grads):
+        """(what to reduce, its dtype) for bucket ``key``: the gradients themselves, or, when
+        autocast gave every parameter of the bucket a lower communication dtype, a copy in it
+        (``engine/autocast.py``)."""
+        cd = self._bucket_comm_dtype(key)
+        return (grads, cd) if cd == grads.dtype else (grads.to(cd), cd)
+
+    def _bucket_comm_dtype(self, key):
+        cache = self.__dict__.setdefault("_comm_dtypes", {})
+        if key not in cache:
+            g = self.groups[key[0]]
+            kinds = {comm_dtype(g.params[s.name]) for s in g.layout.buckets[key[1]].slots}
+            cd = kinds.pop() if len(kinds) == 1 else None
+            cache[key] = cd if cd is not None else self.dtype
+        return cache[key]
+
+    def finish_accumulation(self) -> None:
+        if self.stage == 1:  # stages 2-3 reduced at every backward
+            self.after_backward(True)
+
+    def _grad_post(self) -> float:
+        """What the reduced (summed) gradients are multiplied by: 1/world to average them, 1 when
+        ``gradient_allreduce_op`` is "sum"."""
+        return 1.0 / self.world if self.average_gradients else 1.0
 
     def _grad_chunks(self):
         if self.stage == 1:
@@ -330,8 +378,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
         for g, gchunks in zip(self.groups, self._grad_chunks()):
             for sp, gc in zip(g.shard_params, gchunks):
                 if self.need_master:
-                    grad = gc if gc.dtype == torch.float32 and gc.device == sp.device else \
-                        gc.to(device=sp.device, dtype=torch.float32)
+                    grad = gc if gc.dtype == sp.dtype and gc.device == sp.device else \
+                        gc.to(device=sp.device, dtype=sp.dtype)
                 else:
                     grad = gc
                 if coef != 1.0:

@@ -34,9 +34,8 @@ import torch
 
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero.base import OptimizerStrategy
-from dslaunch.engine.zero.common import get_comm, offloads_optimizer, repoint_optimizer
+from dslaunch.engine.zero.common import get_comm, offloads_optimizer
 from dslaunch.engine.zero.nvme.param_store import nvme_param_store
-from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.param_status import attach_ds_attributes
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
 from dslaunch.engine.zero.stage3_units import plan_units
@@ -86,11 +85,7 @@ class Stage3Strategy(ZeroStage12Strategy):
             g.chunks = self.store.chunk_views(gi)
             self._make_shard(g)
         shard_groups = [g.shard_params for g in self.groups]
-        cpu_opt = cpu_optimizer_for(optimizer, shard_groups) if self.offload_optimizer else None
-        if cpu_opt is not None:
-            self.optimizer = cpu_opt
-        else:
-            repoint_optimizer(optimizer, shard_groups)
+        self._install_optimizer(optimizer, shard_groups)
         register_strategy(self)
         self._install_hooks(model)
 
@@ -146,7 +141,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         for gi, g in enumerate(self.groups):
             lay = g.layout
             if self.need_master:
-                g.master = torch.zeros(lay.shard_numel, dtype=torch.float32,
+                g.master = torch.zeros(lay.shard_numel, dtype=self.master_dtype,
                                        device=self.opt_device)
                 if pin and self.opt_device.type == "cpu":
                     g.master = g.master.pin_memory()
@@ -254,13 +249,14 @@ class Stage3Strategy(ZeroStage12Strategy):
                 g.params[s.name].grad = None
         c = b.chunk(self.world)
         if self.world > 1:
-            out = torch.empty(c, dtype=self.dtype, device=self.device)
-            self.comm.reduce_scatter_tensor(out, staging, input_is_scratch=True)
+            send, cd = self._comm_input(key, staging)
+            out = torch.empty(c, dtype=cd, device=self.device)
+            self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
         else:
             out = staging
         off = g.layout.shard_offsets()[bi]
         dst = g.grad_shard[off: off + c]
-        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=1.0 / self.world)
+        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=self._grad_post())
         self._unstage(staging)
         if self.fetcher.active.get(key, 0) == 0:
             self.store.release(key)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from dslaunch.engine.autocast import comm_dtype
 from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.leaf_modules import z3_leaf_module
 
@@ -43,11 +44,12 @@ class UnitPlan:
 
 
 def _pack(named, cap):
-    """Split [(name, param)] into runs of at most ``cap`` elements (a bigger one goes alone)."""
+    """Split [(name, param)] into runs of at most ``cap`` elements (a bigger one goes alone);
+    parameters with different autocast communication dtypes never share a run."""
     runs, cur, used = [], [], 0
     for name, p in named:
         n = p.numel()
-        if cur and used + n > cap:
+        if cur and (used + n > cap or comm_dtype(p) != comm_dtype(cur[-1][1])):
             runs.append(cur)
             cur, used = [], 0
         cur.append((name, p))
