@@ -171,6 +171,9 @@ def main() -> None:
         made.write_text(json.dumps(dict(want, params=[params, ds_params])))
     if a.make_only:
         return
+    from dslaunch.engine.checkpoint.files import write_to_fp32_script
+
+    write_to_fp32_script(str(ours_ck))  # this checkout's script, also into a reused checkpoint
     ds_call = ("import sys\nfrom deepspeed.utils.zero_to_fp32 import "
                "convert_zero_checkpoint_to_fp32_state_dict as c\n"
                "c(sys.argv[1], sys.argv[2], max_shard_size=None)")

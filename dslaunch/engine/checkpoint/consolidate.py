@@ -2,10 +2,14 @@
 (ZeRO 0-3 of ``save_load.py``, pipeline / tensor-parallel of ``pipeline.py``), and loading a
 pipeline one back into an unpartitioned model.
 
-Both stream: rank files are opened with ``torch.load(mmap=True, weights_only=True)``, so only the
-pages of the tensors being copied are read, and the output is built one parameter at a time; the
-peak is about the output plus what the OS keeps cached of the shards, not several model copies.
-In both, ZeRO 1-3 fp32 master shards are gathered by parameter name (``shard_index.py``).
+Both stream: files are opened with ``torch.load(mmap=True, weights_only=True)``, so only the
+pages of the tensors being copied are read. ZeRO 0-3 runs the standalone script's
+``zero_checkpoint``: the output is allocated once, each rank file is mapped in turn and its master
+shard copied into place, the copied pages given back at once (``madvise``), so the peak is about
+one fp32 copy of the model (``benchmarks/bench_zero_to_fp32.py``). Pipeline / TP checkpoints are
+built one parameter at a time, ZeRO 1-3 masters gathered by name (``shard_index.py``). Output
+(``save_state_file``): one torch file, safetensors, or numbered shards + Hugging Face index json
+(the script's ``write_output``).
 
 ZeRO 0-3: stage 0 and stages 1-2 in fp32 keep exact fp32 weights in ``model_states.pt``; for
 ZeRO 1-3 the fp32 master shards (exact in bf16/fp16 too) are reassembled from the rank files.
@@ -37,7 +41,12 @@ from dslaunch.engine.zero.partition import Layout
 from .files import CheckpointError, RankFiles, load_file, model_file, read_meta, resolve_tag
 from .pipeline import FORMAT, layer_file
 from .shard_index import ParamIndex
-from .zero_to_fp32_script import check_output_options, write_output, zero_checkpoint
+from .zero_to_fp32_script import (
+    check_output_options,
+    write_output,
+    write_zero_checkpoint,
+    zero_checkpoint,
+)
 
 # -- shared by both formats --------------------------------------------------------------------
 
@@ -90,14 +99,26 @@ def save_state_file(result: dict, out, max_shard_size=None,
 # -- ZeRO 0-3 checkpoints ----------------------------------------------------------------------
 
 def to_fp32(ckpt_dir: str, out: str, tag=None, max_shard_size=None,
-            safe_serialization: bool = False) -> dict:
+            safe_serialization: bool = False, exclude=()) -> dict:
     """Write the consolidated fp32 state_dict of ``ckpt_dir`` (tag or ``latest``) to ``out`` (a
-    file, or a directory: ``write_output``). Returns {"tensors", "params_from_shards", "bytes",
-    "path"}."""
+    file, or a directory: ``write_output``); one torch file is written in place, never whole in
+    memory (``write_zero_checkpoint``). Names in ``exclude`` are left out. Returns {"tensors",
+    "params_from_shards", "bytes", "path"}."""
     check_output(max_shard_size, safe_serialization)
-    result, info = fp32_state_dict(ckpt_dir, tag)
-    info["path"] = save_state_file(result, out, max_shard_size, safe_serialization)
-    return info
+    tag = resolve_tag(os.fspath(ckpt_dir), tag)
+    path = os.path.join(ckpt_dir, tag)
+    meta = read_meta(path)
+    if not os.path.isfile(model_file(path)):
+        raise CheckpointError(f"{model_file(path)}: checkpoint file not found")
+    try:
+        written, count, nbytes = write_zero_checkpoint(path, meta, out, max_shard_size,
+                                                       safe_serialization, set(exclude))
+    except KeyError as e:
+        raise CheckpointError(f"{path}: not a dslaunch ZeRO checkpoint (no {e} entry)") from None
+    except (ValueError, RuntimeError) as e:
+        raise CheckpointError(str(e)) from None
+    sharded = sum(1 for _ in _sharded_names(path, meta))
+    return {"tensors": count, "params_from_shards": sharded, "bytes": nbytes, "path": written}
 
 
 def fp32_state_dict(ckpt_dir: str, tag=None) -> tuple[dict, dict]:

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from .consolidate import check_output, fp32_state_dict, frozen_names, pipe_fp32_state_dict, save_state_file
+from .consolidate import check_output, fp32_state_dict, frozen_names, pipe_fp32_state_dict, save_state_file, to_fp32
 from .pipeline import is_pipe_checkpoint
 
 
@@ -44,6 +44,11 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_s
     json; otherwise it is the one file written. Returns the path written (the index when
     sharded). ``safe_serialization`` needs the safetensors package (a clear error without)."""
     check_output(max_shard_size, safe_serialization)
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    if not is_pipe_checkpoint(checkpoint_dir, tag):  # streamed to the output, never whole
+        frozen = frozen_names(checkpoint_dir, tag) if exclude_frozen_parameters else ()
+        return to_fp32(checkpoint_dir, output_dir, tag, max_shard_size, safe_serialization,
+                       frozen)["path"]
     state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag,
                                                      exclude_frozen_parameters)
     return save_state_file(state, output_dir, max_shard_size, safe_serialization)

@@ -32,6 +32,7 @@ copied are handed back at once (``madvise``, Linux), so the shards never add up 
 import argparse
 import ctypes
 import json
+import mmap
 import os
 import re
 import sys
@@ -49,12 +50,16 @@ class Mapped:
     """A torch file loaded memory-mapped, and the address ranges of its mapping (from
     /proc/self/maps) so that ``release`` can drop pages of this file and of nothing else."""
 
-    def __init__(self, path):
+    def __init__(self, path, shared=False):
         self.path = path
         if not os.path.isfile(path):
             raise ValueError(f"{path}: checkpoint file not found")
         try:
-            self.obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            if shared:  # writable: what is written into the tensors goes to the file
+                with torch.serialization.set_default_mmap_options(mmap.MAP_SHARED):
+                    self.obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            else:
+                self.obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # truncated, not a torch file, unsafe pickle...
             raise ValueError(f"{path}: cannot read checkpoint file ({type(e).__name__})") from None
         self.ranges = _mapped_ranges(path)
@@ -92,9 +97,10 @@ _MADV_DONTNEED = 4
 
 
 def release(t, mapped):
-    """Drop the whole pages under tensor ``t`` (read from ``mapped``) from this process: they are
-    clean pages of a file mapping, so the memory goes back and a later read maps them again."""
-    if _MADVISE is None or not mapped.ranges or t.numel() == 0:
+    """Drop the whole pages under tensor ``t`` (of the file ``mapped``) from this process: pages of
+    a file mapping (clean ones of a private mapping, or any of a shared one, whose writes are in
+    the file's page cache), so the memory goes back and a later read maps them again."""
+    if mapped is None or _MADVISE is None or not mapped.ranges or t.numel() == 0:
         return
     start = t.data_ptr()
     end = start + t.numel() * t.element_size()
@@ -105,14 +111,17 @@ def release(t, mapped):
         _MADVISE(lo, hi - lo, _MADV_DONTNEED)
 
 
-def copy_released(dst, src, mapped):
+def copy_released(dst, src, mapped, dst_mapped=None):
     """``dst.copy_(src)`` for flat tensors, chunk by chunk, releasing ``src``'s pages as it goes
-    (``src`` is a tensor of the mapped file ``mapped``)."""
+    (``src`` is a tensor of the mapped file ``mapped``), and ``dst``'s when it is a tensor of the
+    output file mapped shared (``dst_mapped``)."""
     step = max(1, COPY_CHUNK // max(1, src.element_size()))
     for a in range(0, src.numel(), step):
         piece = src[a: a + step]
-        dst[a: a + piece.numel()].copy_(piece)
+        target = dst[a: a + piece.numel()]
+        target.copy_(piece)
         release(piece, mapped)
+        release(target, dst_mapped)
 
 
 def fp32_like(saved):
@@ -149,9 +158,11 @@ def shard_pieces(layout, rank):
         pos += c
 
 
-def zero_checkpoint(path, meta):
+def zero_checkpoint(path, meta, exclude=(), alloc=None):
     """Stream a ZeRO 0-3 checkpoint: buffers and unsharded weights from ``model_states.pt``, then
-    each rank's fp32 master shard copied into place, one rank file mapped at a time."""
+    each rank's fp32 master shard copied into place, one rank file mapped at a time. ``alloc``:
+    specs {name: (shape, dtype)} -> (output tensors, the Mapped file they live in or None);
+    default: new tensors in memory. Names in ``exclude`` are left out."""
     model = Mapped(os.path.join(path, "model_states.pt"))
     module = model.obj["module"]
     sharded = {}
@@ -162,29 +173,52 @@ def zero_checkpoint(path, meta):
                 for name, _shape, _start, numel in bucket["params"]:
                     sharded[name] = numel
         del first
-    out, filled = {}, {}
+    specs = {name: (tuple(t.shape), torch.float32 if t.is_floating_point() else t.dtype)
+             for name, t in module.items() if name not in exclude}
+    out, dst = alloc(specs) if alloc else (
+        {n: torch.empty(shape, dtype=dtype) for n, (shape, dtype) in specs.items()}, None)
+    filled = {}
     for name, saved in module.items():
-        if name in sharded:
-            out[name] = fp32_like(saved)
-            filled[name] = 0
-        else:
-            out[name] = fill(saved, model)
+        if name in out and name not in sharded:
+            copy_released(out[name].view(-1), saved.reshape(-1), model, dst)
     del model, module
     for rank in range(int(meta.get("world_size", 1)) if sharded else 0):
         f = Mapped(rank_path(path, rank))
         for group in f.obj["strategy"]["zero"]["groups"]:
             master = group["master"]
             for name, lo, hi, pos in shard_pieces(group["layout"], rank):
-                if name not in out:
+                if name not in specs and name not in exclude:
                     raise ValueError(f"{f.path}: shard tensor {name!r} is not in model_states.pt")
-                copy_released(out[name].view(-1)[lo:hi], master[pos: pos + hi - lo], f)
-                filled[name] += hi - lo
+                if name in out:
+                    copy_released(out[name].view(-1)[lo:hi], master[pos: pos + hi - lo], f, dst)
+                    filled[name] = filled.get(name, 0) + hi - lo
         del f
-    for name, n in filled.items():
-        if n != sharded[name] or n != out[name].numel():
-            raise ValueError(f"{path}: tensor {name!r}: the shards hold {n} of its "
-                             f"{out[name].numel()} elements")
+    for name in sharded:
+        if name in out and (filled.get(name, 0) != sharded[name] or
+                            sharded[name] != out[name].numel()):
+            raise ValueError(f"{path}: tensor {name!r}: the shards hold {filled.get(name, 0)} of "
+                             f"its {out[name].numel()} elements")
     return out
+
+
+def torch_file_alloc(target):
+    """An ``alloc`` for ``zero_checkpoint`` whose tensors are the torch file ``target`` itself:
+    its skeleton is saved without data (``torch.serialization.skip_data``: the untouched empty
+    tensors are never resident), then loaded mapped shared, so the consolidation writes straight
+    into the file and its pages are released as they are written: memory stays far below one
+    copy of the model. None where this torch lacks skip_data / mmap options."""
+    if not (hasattr(torch.serialization, "skip_data")
+            and hasattr(torch.serialization, "set_default_mmap_options")):
+        return None
+
+    def alloc(specs):
+        skeleton = {n: torch.empty(shape, dtype=dtype) for n, (shape, dtype) in specs.items()}
+        with torch.serialization.skip_data():
+            torch.save(skeleton, target)
+        del skeleton
+        out = Mapped(target, shared=True)
+        return out.obj, out
+    return alloc
 
 
 # -- pipeline / tensor parallel ----------------------------------------------------------------
@@ -364,6 +398,51 @@ def write_output(state, out, max_shard_size=None, safe_serialization=False):
     return index
 
 
+def write_zero_checkpoint(path, meta, out, max_shard_size=None, safe_serialization=False,
+                          exclude=()):
+    """Consolidate a ZeRO 0-3 checkpoint into ``out`` (``write_output``'s rules). One torch file
+    is written in place (``torch_file_alloc``), under a temporary name then renamed; shards and
+    safetensors are built in memory first (about one fp32 copy of the model). Returns (path
+    written, tensors, bytes)."""
+    check_output_options(max_shard_size, safe_serialization)
+    out = os.fspath(out)
+    target = None
+    if not safe_serialization and not is_dir_output(out, max_shard_size):
+        target = out
+    elif (not safe_serialization and max_shard_size is None and is_dir_output(out)
+          and _model_bytes(path, exclude) <= parse_size(DEFAULT_SHARD_SIZE)):
+        os.makedirs(out, exist_ok=True)
+        target = os.path.join(out, "pytorch_model.bin")  # one file in the directory
+    alloc = torch_file_alloc(target + ".part") if target else None
+    if alloc is not None:
+        try:
+            state = zero_checkpoint(path, meta, exclude, alloc)
+            count, size = len(state), sum(nbytes(t) for t in state.values())
+            del state
+            os.replace(target + ".part", target)
+            return target, count, size
+        finally:
+            if os.path.exists(target + ".part"):
+                os.remove(target + ".part")
+    state = zero_checkpoint(path, meta, exclude)
+    written = write_output(state, out, max_shard_size, safe_serialization)
+    return written, len(state), sum(nbytes(t) for t in state.values())
+
+
+def _model_bytes(path, exclude):
+    """Bytes of the consolidated output (fp32 for floating point), from the model file's shapes."""
+    module = Mapped(os.path.join(path, "model_states.pt")).obj["module"]
+    return sum(t.numel() * (4 if t.is_floating_point() else t.element_size())
+               for n, t in module.items() if n not in exclude)
+
+
+def frozen_of(meta):
+    frozen = set(meta.get("frozen_params", []))
+    for shard in meta.get("shards", {}).values():
+        frozen.update(shard.get("frozen_params", []))
+    return frozen
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog=f"written by {WRITTEN_BY}")
@@ -387,21 +466,23 @@ def main(argv=None):
         path = os.path.join(args.checkpoint_dir, tag)
         with open(os.path.join(path, "metadata.json")) as f:
             meta = json.load(f)
-        pipe = meta.get("format") == "dslaunch-pipe-1"
-        state = pipe_checkpoint(path, meta) if pipe else zero_checkpoint(path, meta)
-        if args.exclude_frozen_parameters:
-            frozen = set(meta.get("frozen_params", []))
-            for shard in meta.get("shards", {}).values():
-                frozen.update(shard.get("frozen_params", []))
-            state = {k: v for k, v in state.items() if k not in frozen}
-        if args.debug:
-            for k, v in state.items():
+        exclude = frozen_of(meta) if args.exclude_frozen_parameters else set()
+        if meta.get("format") == "dslaunch-pipe-1":
+            state = {k: v for k, v in pipe_checkpoint(path, meta).items() if k not in exclude}
+            out = write_output(state, args.output_dir, args.max_shard_size,
+                               args.safe_serialization)
+            count = len(state)
+        else:
+            out, count, _ = write_zero_checkpoint(path, meta, args.output_dir,
+                                                  args.max_shard_size, args.safe_serialization,
+                                                  exclude)
+        if args.debug and not args.safe_serialization and not out.endswith(".json"):
+            for k, v in torch.load(out, weights_only=True, mmap=True).items():
                 print(f"{k}: {list(v.shape)} {str(v.dtype).replace('torch.', '')}")
-        out = write_output(state, args.output_dir, args.max_shard_size, args.safe_serialization)
     except (OSError, KeyError, ValueError, RuntimeError) as e:
         sys.exit(f"zero_to_fp32.py: cannot consolidate {args.checkpoint_dir}: "
                  f"{type(e).__name__}: {e}")
-    print(f"wrote {out}: {len(state)} tensors (fp32) from {path}")
+    print(f"wrote {out}: {count} tensors (fp32) from {path}")
 
 
 if __name__ == "__main__":
