@@ -96,7 +96,7 @@ def is_deepspeed_checkpoint(path: str) -> bool:
         return False
     return (os.path.isfile(os.path.join(path, MODEL_12))
             or os.path.isfile(os.path.join(path, MODEL_3.format(0)))
-            or bool(glob.glob(os.path.join(path, "*_optim_states.pt"))))
+            or bool(glob.glob(os.path.join(path, "*zero_pp_rank_*_optim_states.pt"))))
 
 
 class DeepSpeedCheckpoint:
