@@ -6,7 +6,8 @@ Both stream: files are opened with ``torch.load(mmap=True, weights_only=True)``,
 pages of the tensors being copied are read. ZeRO 0-3 runs the standalone script's
 ``zero_checkpoint``: the output is allocated once, each rank file is mapped in turn and its master
 shard copied into place, the copied pages given back at once (``madvise``), so the peak is about
-one fp32 copy of the model (``benchmarks/bench_zero_to_fp32.py``). Pipeline / TP checkpoints are
+one fp32 copy of the model; ``to_fp32`` writing one torch file fills the file in place and holds
+far less (``write_zero_checkpoint``; ``benchmarks/bench_zero_to_fp32.py``). Pipeline / TP checkpoints are
 built one parameter at a time, ZeRO 1-3 masters gathered by name (``shard_index.py``). Output
 (``save_state_file``): one torch file, safetensors, or numbered shards + Hugging Face index json
 (the script's ``write_output``).

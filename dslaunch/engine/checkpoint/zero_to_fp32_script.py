@@ -24,9 +24,12 @@ the ranks' shards in ``rank_{r}_optim_states.pt``) and pipeline / tensor paralle
 (``layer_stage{S}_tp{T}_model_states.pt``; tensor-parallel slices merged, fp32 masters in
 bf16/fp16).
 
-Memory: about one copy of the fp32 weights. The output tensors are allocated once; the files are
-memory-mapped (``torch.load(mmap=True)``) and read one rank at a time, and the pages of what was
-copied are handed back at once (``madvise``, Linux), so the shards never add up in memory.
+Memory: the files are memory-mapped (``torch.load(mmap=True)``) and read one rank at a time, and
+the pages of what was copied are handed back at once (``madvise``, Linux), so the shards never
+add up in memory. One torch file (the default) is filled in place: its skeleton is saved without
+data, mapped shared, and written rank by rank, its pages released too, so the process holds a
+few chunks beyond torch itself. Shards and safetensors are built in memory first: about one fp32
+copy of the model.
 """
 
 import argparse
@@ -206,9 +209,10 @@ def torch_file_alloc(target):
     its skeleton is saved without data (``torch.serialization.skip_data``: the untouched empty
     tensors are never resident), then loaded mapped shared, so the consolidation writes straight
     into the file and its pages are released as they are written: memory stays far below one
-    copy of the model. None where this torch lacks skip_data / mmap options."""
-    if not (hasattr(torch.serialization, "skip_data")
-            and hasattr(torch.serialization, "set_default_mmap_options")):
+    copy of the model. None where this torch lacks them (the caller builds the state in memory)."""
+    ser = torch.serialization
+    if not (hasattr(ser, "skip_data")  # torch >= 2.6: both context managers
+            and isinstance(getattr(ser, "set_default_mmap_options", None), type)):
         return None
 
     def alloc(specs):
