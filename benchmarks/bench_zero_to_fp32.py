@@ -19,7 +19,8 @@ of the one child: VmHWM, so mapped file pages the process touched count too):
   which the peer venv lacks; a model this size is one shard either way.
 
 Also measured: an idle python that imports torch (each venv), the baseline the peaks include.
-Ratios dslaunch / DeepSpeed of the medians (time) and of the peaks. Targets (issue 18): peak
+Ratios dslaunch / DeepSpeed of the medians (wall time, and user+system CPU time, which a loaded
+machine disturbs less) and of the peaks. Targets (issue 18): peak
 RSS <= 0.5x, time <= 1.0x.
 
     .venv/bin/python benchmarks/bench_zero_to_fp32.py [--rounds 2] [--layers 15 --d-model 1024]
@@ -51,6 +52,7 @@ WRAP = ("import json, resource, subprocess, sys, time\n"
         "t = time.perf_counter(); p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
         "w = time.perf_counter() - t; r = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
         "print(json.dumps({'rc': p.returncode, 'wall_s': w, 'peak_rss_bytes': r.ru_maxrss * 1024,"
+        " 'cpu_s': r.ru_utime + r.ru_stime,"
         " 'tail': (p.stdout + p.stderr)[-2000:]}))")
 
 
@@ -61,7 +63,8 @@ def measure(cmd: list) -> dict:
     out = json.loads(p.stdout.strip().splitlines()[-1])
     if out["rc"] != 0:
         raise SystemExit(f"{cmd} failed:\n{out['tail']}")
-    return {"wall_s": round(out["wall_s"], 3), "peak_rss_bytes": out["peak_rss_bytes"]}
+    return {"wall_s": round(out["wall_s"], 3), "cpu_s": round(out["cpu_s"], 3),
+            "peak_rss_bytes": out["peak_rss_bytes"]}
 
 
 # -- the rank side: one step, then save (run by `dslaunch run` or the peer's torchrun) ----------
@@ -200,11 +203,13 @@ def main() -> None:
         walls = [m["wall_s"] for m in runs[name]]
         peak = max(m["peak_rss_bytes"] for m in runs[name])
         return {"runs": runs[name], "median_wall_s": statistics.median(walls),
+                "median_cpu_s": statistics.median(m["cpu_s"] for m in runs[name]),
                 "peak_rss_bytes": peak, "peak_rss_x_model_fp32": round(peak / model_fp32, 3)}
 
     res = {k: summary(k) for k in cmds}
     ds = res["deepspeed"]
     ratios = {k: {"time": round(res[k]["median_wall_s"] / ds["median_wall_s"], 3),
+                  "cpu_time": round(res[k]["median_cpu_s"] / ds["median_cpu_s"], 3),
                   "peak_rss": round(res[k]["peak_rss_bytes"] / ds["peak_rss_bytes"], 3)}
               for k in ("dslaunch_script", "dslaunch_cli")}
     result = {
@@ -227,8 +232,8 @@ def main() -> None:
     print(json.dumps({k: result[k] for k in ("params", "model_fp32_bytes", "baselines",
                                              "ratios_vs_deepspeed")}, indent=1))
     for k, v in res.items():
-        print(f"{k}: median {v['median_wall_s']:.2f}s, peak RSS {v['peak_rss_bytes'] / 2**20:.0f} "
-              f"MiB ({v['peak_rss_x_model_fp32']}x fp32 model)")
+        print(f"{k}: median {v['median_wall_s']:.2f}s (cpu {v['median_cpu_s']:.2f}s), peak RSS "
+              f"{v['peak_rss_bytes'] / 2**20:.0f} MiB ({v['peak_rss_x_model_fp32']}x fp32 model)")
     print(f"wrote {path}", file=sys.stderr)
 
 
