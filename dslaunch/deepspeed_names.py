@@ -287,7 +287,10 @@ NAMES: list[Name] = [
              "dslaunch.engine.checkpoint.fp32_state:get_fp32_state_dict_from_zero_checkpoint"),
     _present("deepspeed.utils.zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict",
              "dslaunch.engine.checkpoint.fp32_state:convert_zero_checkpoint_to_fp32_state_dict",
-             "writes one torch file (no sharding, no safetensors)"),
+             "DeepSpeed's arguments in its order; a torch file or safetensors "
+             "(`safe_serialization`), numbered shards + Hugging Face index json above "
+             "`max_shard_size`; streams (a torch file is filled in place; at most about one fp32 "
+             "copy of the model in memory otherwise); reads dslaunch checkpoints"),
     _present("deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint",
              "dslaunch.engine.checkpoint.fp32_state:load_state_dict_from_zero_checkpoint"),
     _missing("deepspeed.utils.zero_to_fp32.get_model_state_file", DS_FILES),

@@ -72,6 +72,9 @@ def test_corrupt_file_names_it(tmp_path, saved):
     shutil.copy(saved / "global_step1" / "model_states.pt", f)
     with pytest.raises(CheckpointError, match=r"rank_0_optim_states.pt: checkpoint file not found"):
         _engine().load_checkpoint(d)
+    (d / "global_step1" / "metadata.json").unlink()  # not taken for a DeepSpeed checkpoint
+    with pytest.raises(CheckpointError, match=r"metadata.json: checkpoint metadata not found"):
+        _engine().load_checkpoint(d)
 
 
 def test_model_mismatch_names_first_tensor(saved):

@@ -391,6 +391,76 @@ def test_zero_to_fp32_calls_and_frozen_parameters(tmp_path):
     fresh = GPT(GPTConfig(seq_len=8, n_layer=1, d_model=32, n_head=2))
     assert zero_to_fp32.load_state_dict_from_zero_checkpoint(fresh, ck) is fresh
     _assert_same(fresh.state_dict(), full)
-    with pytest.raises(ValueError, match="safe_serialization"):
+    with pytest.raises(RuntimeError, match="max_shard_size '5XB'"):
         zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict(ck, tmp_path / "x",
-                                                                safe_serialization=True)
+                                                                max_shard_size="5XB")
+    assert not (tmp_path / "x").exists()
+
+
+def _script(ckpt, out, *flags, block_safetensors=False):
+    """<ckpt>/zero_to_fp32.py run as _run_script_isolated does; the process, not its result.
+    ``block_safetensors``: as where the package is not installed (an import of it fails)."""
+    site = str(Path(torch.__file__).resolve().parents[1])
+    block = "sys.modules['safetensors'] = None; " if block_safetensors else ""
+    boot = ("import importlib.util, runpy, sys; sys.path.append(sys.argv.pop(1)); " + block +
+            "assert importlib.util.find_spec('dslaunch') is None, 'dslaunch is importable'; "
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    return subprocess.run([sys.executable, "-I", "-S", "-c", boot, site,
+                           str(ckpt / "zero_to_fp32.py"), str(ckpt), str(out), *map(str, flags)],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1"})
+
+
+def _read_sharded(out: Path, index_name: str, load) -> dict:
+    """The tensors of a sharded output, checked against its Hugging Face index."""
+    index = json.loads((out / index_name).read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert sorted(p.name for p in out.iterdir()) == sorted(files + [index_name])  # no .part left
+    state = {}
+    for f in files:
+        part = load(out / f)
+        assert {n for n, v in index["weight_map"].items() if v == f} == set(part)
+        state.update(part)
+    assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size()
+                                                  for v in state.values())
+    return state
+
+
+def test_zero_to_fp32_safetensors_and_shards(work):
+    """ZeRO 3 (bf16) checkpoint, 2 ranks: the script (torch + safetensors only) and the library
+    write safetensors and Hugging Face shards + index that hold the model's fp32 weights exactly;
+    no safetensors package or a bad size is a clear error."""
+    from safetensors.torch import load_file
+
+    _, values, ck, _ = run(work, "s3")
+    want = values[0]["fp32"]
+    total = sum(v.numel() * 4 for v in want.values())
+    limit = total // 3  # at least three shards, none above the limit unless one tensor alone
+    proc = _script(ck, work / "st", "-t", "final", "--safe_serialization",
+                   "--max_shard_size", str(limit))
+    assert proc.returncode == 0, proc.stderr
+    index = json.loads((work / "st" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) >= 3 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    got = _read_sharded(work / "st", "model.safetensors.index.json", load_file)
+    _assert_same(got, want)
+    for f in files:
+        part = load_file(work / "st" / f)
+        assert len(part) == 1 or sum(v.numel() * 4 for v in part.values()) <= limit
+    # the library: torch shards (a directory because max_shard_size is given), one safetensors
+    path = zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict(
+        ck, work / "lib_bin", max_shard_size=f"{limit / 1000}KB", tag="final")
+    assert path == str(work / "lib_bin" / "pytorch_model.bin.index.json")
+    _assert_same(_read_sharded(work / "lib_bin", "pytorch_model.bin.index.json",
+                               lambda f: torch.load(f, weights_only=True)), want)
+    (work / "lib_one").mkdir()
+    path = zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict(
+        ck, work / "lib_one", safe_serialization=True, tag="final")
+    assert path == str(work / "lib_one" / "model.safetensors")
+    _assert_same(load_file(path), want)
+    # errors: no safetensors, a size that is no size; nothing written
+    proc = _script(ck, work / "none.safetensors", "--safe_serialization", block_safetensors=True)
+    assert proc.returncode != 0 and "pip install safetensors" in proc.stderr, proc.stderr
+    proc = _script(ck, work / "bad", "--max_shard_size", "5XB")
+    assert proc.returncode != 0 and "max_shard_size '5XB'" in proc.stderr, proc.stderr
+    assert not (work / "none.safetensors").exists() and not (work / "bad").exists()

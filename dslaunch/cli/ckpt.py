@@ -13,26 +13,35 @@ def ckpt():
 
 @ckpt.command("to-fp32")
 @click.argument("ckpt_dir", type=click.Path(exists=True, file_okay=False))
-@click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--tag", default=None, help="Checkpoint tag (default: the one in 'latest').")
-def to_fp32_cmd(ckpt_dir, out, tag):
-    """Write one plain fp32 state_dict (torch.load(weights_only=True) + model.load_state_dict)."""
+@click.argument("out", type=click.Path())
+@click.option("--tag", "-t", default=None, help="Checkpoint tag (default: the one in 'latest').")
+@click.option("--safe_serialization", "--safe-serialization", is_flag=True,
+              help="Write safetensors (needs the safetensors package).")
+@click.option("--max_shard_size", "--max-shard-size", default=None,
+              help="Shard above this size (e.g. 5GB, 500MB) with a Hugging Face index json; "
+                   "OUT is then a directory.")
+def to_fp32_cmd(ckpt_dir, out, tag, safe_serialization, max_shard_size):
+    """Write one plain fp32 state_dict (torch.load(weights_only=True) + model.load_state_dict).
+
+    OUT is a file, or a directory when it exists as one, ends with '/' or --max_shard_size is
+    given: pytorch_model.bin / model.safetensors in it, or numbered shards and their index json
+    above the shard size (default 5GB), as DeepSpeed's zero_to_fp32.py writes."""
     from dslaunch.engine.checkpoint.consolidate import pipe_to_fp32, to_fp32
     from dslaunch.engine.checkpoint.files import CheckpointError
     from dslaunch.engine.checkpoint.pipeline import is_pipe_checkpoint
 
     try:
         if is_pipe_checkpoint(ckpt_dir, tag):
-            info = pipe_to_fp32(ckpt_dir, out, tag)
-            click.echo(f"wrote {out}: {info['tensors']} tensors, {info['bytes']:,} bytes "
+            info = pipe_to_fp32(ckpt_dir, out, tag, max_shard_size, safe_serialization)
+            click.echo(f"wrote {info['path']}: {info['tensors']} tensors, {info['bytes']:,} bytes "
                        f"({info['tp_merged']} merged from tensor-parallel slices, "
                        f"{info['tied']} tied copies written once); names are PipelineModule's "
                        "('N.param', 'tied_modules.KEY.param')")
             return
-        info = to_fp32(ckpt_dir, out, tag)
+        info = to_fp32(ckpt_dir, out, tag, max_shard_size, safe_serialization)
     except CheckpointError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"wrote {out}: {info['tensors']} tensors, {info['bytes']:,} bytes "
+    click.echo(f"wrote {info['path']}: {info['tensors']} tensors, {info['bytes']:,} bytes "
                f"({info['params_from_shards']} rebuilt from ZeRO shards)")
 
 

@@ -13,11 +13,17 @@ Modules (one idea each):
   the range arithmetic behind consolidation and reshaping.
 - ``pipeline.py``: ``PipelineEngine`` checkpoints, one weights file per (stage, TP rank).
 - ``consolidate.py``: ``dslaunch ckpt to-fp32``, either format -> one plain fp32 state_dict;
-  ``load_consolidated`` (``dslaunch.pipe``).
+  ``load_consolidated`` (``dslaunch.pipe``). Streams: the ZeRO path is the script's
+  ``zero_checkpoint`` (below); output as a torch file, safetensors, or Hugging Face shards.
 - ``fp32_state.py``: DeepSpeed's ``zero_to_fp32`` calls over ``consolidate.py`` (public in
   ``dslaunch.utils.zero_to_fp32``).
 - ``zero_to_fp32_script.py``: the template of ``<dir>/zero_to_fp32.py``, the same consolidation
-  with torch alone (no dslaunch import), written beside the checkpoints on every save.
+  with torch alone (no dslaunch import), written beside the checkpoints on every save; its
+  streaming ZeRO reader (one rank file mapped at a time, copied pages given back) and its output
+  writer (``--safe_serialization``, ``--max_shard_size`` + index json) are what
+  ``consolidate.py`` runs too, so there is one implementation.
+- ``deepspeed_format.py``: DeepSpeed 0.19's own ZeRO 1-3 checkpoints, read by parameter name
+  (``load_checkpoint`` of a DeepSpeed folder: weights, optimizer states, counters).
 - ``reshape.py``: ``dslaunch ckpt reshape``, a ZeRO 0-3 checkpoint rewritten offline for another
   world size. (The CLI itself is ``dslaunch/cli/ckpt.py``.)
 - ``clone.py``: ``clone_tensors_for_torch_save`` (public in ``dslaunch.checkpoint.utils``).

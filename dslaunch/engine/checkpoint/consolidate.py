@@ -2,10 +2,15 @@
 (ZeRO 0-3 of ``save_load.py``, pipeline / tensor-parallel of ``pipeline.py``), and loading a
 pipeline one back into an unpartitioned model.
 
-Both stream: rank files are opened with ``torch.load(mmap=True, weights_only=True)``, so only the
-pages of the tensors being copied are read, and the output is built one parameter at a time; the
-peak is about the output plus what the OS keeps cached of the shards, not several model copies.
-In both, ZeRO 1-3 fp32 master shards are gathered by parameter name (``shard_index.py``).
+Both stream: files are opened with ``torch.load(mmap=True, weights_only=True)``, so only the
+pages of the tensors being copied are read. ZeRO 0-3 runs the standalone script's
+``zero_checkpoint``: the output is allocated once, each rank file is mapped in turn and its master
+shard copied into place, the copied pages given back at once (``madvise``), so the peak is about
+one fp32 copy of the model; ``to_fp32`` writing one torch file fills the file in place and holds
+far less (``write_zero_checkpoint``; ``benchmarks/bench_zero_to_fp32.py``). Pipeline / TP checkpoints are
+built one parameter at a time, ZeRO 1-3 masters gathered by name (``shard_index.py``). Output
+(``save_state_file``): one torch file, safetensors, or numbered shards + Hugging Face index json
+(the script's ``write_output``).
 
 ZeRO 0-3: stage 0 and stages 1-2 in fp32 keep exact fp32 weights in ``model_states.pt``; for
 ZeRO 1-3 the fp32 master shards (exact in bf16/fp16 too) are reassembled from the rank files.
@@ -37,6 +42,12 @@ from dslaunch.engine.zero.partition import Layout
 from .files import CheckpointError, RankFiles, load_file, model_file, read_meta, resolve_tag
 from .pipeline import FORMAT, layer_file
 from .shard_index import ParamIndex
+from .zero_to_fp32_script import (
+    check_output_options,
+    write_output,
+    write_zero_checkpoint,
+    zero_checkpoint,
+)
 
 # -- shared by both formats --------------------------------------------------------------------
 
@@ -67,48 +78,80 @@ def _gather_master(files: RankFiles, where: dict, name: str, rank_of=lambda k: k
     return idx.gather(lambda k: files.zero(rank_of(k))["groups"][gi]["master"], name)
 
 
-def save_state_file(result: dict, out) -> None:
-    """``torch.save`` under a temporary name, then renamed: never half a file at ``out``."""
-    tmp = os.fspath(out) + ".part"
-    torch.save(result, tmp)
-    os.replace(tmp, out)
+def check_output(max_shard_size=None, safe_serialization: bool = False) -> None:
+    """A CheckpointError now for output options that cannot be honoured (no safetensors, a
+    shard size that is no size), before any consolidating."""
+    try:
+        check_output_options(max_shard_size, safe_serialization)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def save_state_file(result: dict, out, max_shard_size=None,
+                    safe_serialization: bool = False) -> str:
+    """Write a consolidated state_dict (``write_output``: a file, or a directory of shards and
+    their index), every file under a temporary name then renamed. Returns the path written."""
+    try:
+        return write_output(result, out, max_shard_size, safe_serialization)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 # -- ZeRO 0-3 checkpoints ----------------------------------------------------------------------
 
-def to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
-    """Write the consolidated fp32 state_dict of ``ckpt_dir`` (tag or ``latest``) to ``out``.
-    Returns {"tensors", "params_from_shards", "bytes"}."""
-    result, info = fp32_state_dict(ckpt_dir, tag)
-    save_state_file(result, out)
-    return info
-
-
-def fp32_state_dict(ckpt_dir: str, tag=None) -> tuple[dict, dict]:
-    """The consolidated fp32 state_dict of a ZeRO 0-3 checkpoint, and ``to_fp32``'s summary."""
+def to_fp32(ckpt_dir: str, out: str, tag=None, max_shard_size=None,
+            safe_serialization: bool = False, exclude=()) -> dict:
+    """Write the consolidated fp32 state_dict of ``ckpt_dir`` (tag or ``latest``) to ``out`` (a
+    file, or a directory: ``write_output``); one torch file is written in place, never whole in
+    memory (``write_zero_checkpoint``). Names in ``exclude`` are left out. Returns {"tensors",
+    "params_from_shards", "bytes", "path"}."""
+    check_output(max_shard_size, safe_serialization)
     tag = resolve_tag(os.fspath(ckpt_dir), tag)
     path = os.path.join(ckpt_dir, tag)
     meta = read_meta(path)
-    module = _load(model_file(path)).get("module")
-    if not isinstance(module, dict):
-        raise CheckpointError(f"{model_file(path)}: no 'module' weights")
-    files = RankFiles(path, int(meta.get("world_size", 1)))
-    z0 = files.zero(0) if int(meta.get("zero_stage") or 0) in (1, 2, 3) else None
-    from_shards = _shard_index(z0) if z0 is not None else {}
-    result, nbytes = {}, 0
-    for name, t in module.items():
-        if name in from_shards:
-            shape = from_shards[name][0].where[name][1].shape
-            v = _gather_master(files, from_shards, name).to(torch.float32).clone().view(shape)
-            if tuple(v.shape) != tuple(t.shape):
-                raise CheckpointError(f"{path}: tensor {name!r} is {list(t.shape)} in the model "
-                                      f"file but {list(v.shape)} in the shards")
-        else:
-            v = _fp32(t)
-        result[name] = v
-        nbytes += v.numel() * v.element_size()
-    return result, {"tensors": len(result), "params_from_shards": len(from_shards),
-                    "bytes": nbytes}
+    if not os.path.isfile(model_file(path)):
+        raise CheckpointError(f"{model_file(path)}: checkpoint file not found")
+    try:
+        written, count, nbytes = write_zero_checkpoint(path, meta, out, max_shard_size,
+                                                       safe_serialization, set(exclude))
+    except KeyError as e:
+        raise CheckpointError(f"{path}: not a dslaunch ZeRO checkpoint (no {e} entry)") from None
+    except (ValueError, RuntimeError) as e:
+        raise CheckpointError(str(e)) from None
+    sharded = sum(1 for _ in _sharded_names(path, meta))
+    return {"tensors": count, "params_from_shards": sharded, "bytes": nbytes, "path": written}
+
+
+def fp32_state_dict(ckpt_dir: str, tag=None) -> tuple[dict, dict]:
+    """The consolidated fp32 state_dict of a ZeRO 0-3 checkpoint, and ``to_fp32``'s summary.
+
+    Streams (the standalone script's ``zero_checkpoint``, one implementation for both): the
+    output is allocated once, then each rank file is mapped in turn, its master shard copied into
+    place and its pages given back, so the peak is about one fp32 copy of the model."""
+    tag = resolve_tag(os.fspath(ckpt_dir), tag)
+    path = os.path.join(ckpt_dir, tag)
+    meta = read_meta(path)
+    if not os.path.isfile(model_file(path)):
+        raise CheckpointError(f"{model_file(path)}: checkpoint file not found")
+    try:
+        result = zero_checkpoint(path, meta)
+    except KeyError as e:
+        raise CheckpointError(f"{path}: not a dslaunch ZeRO checkpoint (no {e} entry)") from None
+    except (ValueError, RuntimeError) as e:
+        raise CheckpointError(str(e)) from None
+    sharded = sum(1 for _ in _sharded_names(path, meta))
+    nbytes = sum(v.numel() * v.element_size() for v in result.values())
+    return result, {"tensors": len(result), "params_from_shards": sharded, "bytes": nbytes}
+
+
+def _sharded_names(path: str, meta: dict):
+    if int(meta.get("zero_stage") or 0) not in (1, 2, 3):
+        return
+    z0 = RankFiles(path, 1).zero(0)
+    for g in z0["groups"]:
+        for b in g["layout"]["buckets"]:
+            for p in b["params"]:
+                yield p[0]
 
 
 # -- pipeline / tensor-parallel checkpoints ----------------------------------------------------
@@ -166,11 +209,13 @@ def _unsplit(name, split, pieces) -> torch.Tensor:
     return out
 
 
-def pipe_to_fp32(ckpt_dir: str, out: str, tag=None) -> dict:
+def pipe_to_fp32(ckpt_dir: str, out: str, tag=None, max_shard_size=None,
+                 safe_serialization: bool = False) -> dict:
     """Write the consolidated fp32 state_dict of a pipeline/TP checkpoint to ``out``.
-    Returns {"tensors", "tp_merged", "tied", "bytes"}."""
+    Returns {"tensors", "tp_merged", "tied", "bytes", "path"}."""
+    check_output(max_shard_size, safe_serialization)
     result, info = pipe_fp32_state_dict(ckpt_dir, tag)
-    save_state_file(result, out)
+    info["path"] = save_state_file(result, out, max_shard_size, safe_serialization)
     return info
 
 

@@ -13,10 +13,8 @@ import os
 
 import torch
 
-from .consolidate import fp32_state_dict, frozen_names, pipe_fp32_state_dict, save_state_file
+from .consolidate import check_output, fp32_state_dict, frozen_names, pipe_fp32_state_dict, save_state_file, to_fp32
 from .pipeline import is_pipe_checkpoint
-
-DEFAULT_FILE = "pytorch_model.bin"  # what DeepSpeed writes into an output directory
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
@@ -36,23 +34,24 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
     return state
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_file, tag=None,
-                                               exclude_frozen_parameters: bool = False,
-                                               max_shard_size=None,
-                                               safe_serialization: bool = False) -> str:
-    """Write that state_dict to ``output_file``, or to ``pytorch_model.bin`` inside it when it is
-    an existing directory (newer DeepSpeed takes an output directory there). One torch file
-    whatever ``max_shard_size`` says; ``safe_serialization`` (safetensors) is not supported.
-    Returns the path written."""
-    if safe_serialization:
-        raise ValueError("convert_zero_checkpoint_to_fp32_state_dict: safe_serialization is not "
-                         "supported; dslaunch writes one torch file")
-    out = os.fspath(output_file)
-    if os.path.isdir(out):
-        out = os.path.join(out, DEFAULT_FILE)
-    save_state_file(get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag,
-                                                   exclude_frozen_parameters), out)
-    return out
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir, max_shard_size=None,
+                                               safe_serialization: bool = False, tag=None,
+                                               exclude_frozen_parameters: bool = False) -> str:
+    """Write that state_dict (DeepSpeed's arguments, in DeepSpeed's order). ``output_dir`` is a
+    directory when it exists as one, ends with a separator or ``max_shard_size`` is given:
+    ``pytorch_model.bin`` (``model.safetensors`` with ``safe_serialization``) in it, or numbered
+    shards of at most ``max_shard_size`` (default 5GB, as DeepSpeed) and their Hugging Face index
+    json; otherwise it is the one file written. Returns the path written (the index when
+    sharded). ``safe_serialization`` needs the safetensors package (a clear error without)."""
+    check_output(max_shard_size, safe_serialization)
+    checkpoint_dir = os.fspath(checkpoint_dir)
+    if not is_pipe_checkpoint(checkpoint_dir, tag):  # streamed to the output, never whole
+        frozen = frozen_names(checkpoint_dir, tag) if exclude_frozen_parameters else ()
+        return to_fp32(checkpoint_dir, output_dir, tag, max_shard_size, safe_serialization,
+                       frozen)["path"]
+    state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag,
+                                                     exclude_frozen_parameters)
+    return save_state_file(state, output_dir, max_shard_size, safe_serialization)
 
 
 def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir, tag=None):

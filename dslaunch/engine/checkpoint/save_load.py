@@ -29,6 +29,7 @@ import sys
 
 import torch
 
+from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
 from .files import (
     CheckpointError,
     atomic_text,
@@ -141,12 +142,16 @@ def check_module(sd: dict, model: torch.nn.Module, path: str, strict: bool) -> N
 def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False):
     """Returns ``(path, client_state)`` as DeepSpeed does; ``(None, None)`` (and a warning)
-    when no tag is given and ``load_dir`` has no ``latest`` file."""
+    when no tag is given and ``load_dir`` has no ``latest`` file. A checkpoint written by
+    DeepSpeed (ZeRO 1-3) loads too (``deepspeed_format.py``)."""
     load_dir = os.fspath(load_dir)
     tag = find_tag(load_dir, tag)
     if tag is None:
         return None, None
     path = os.path.join(load_dir, tag)
+    if is_deepspeed_checkpoint(path):  # a run moving over from DeepSpeed
+        return load_deepspeed_checkpoint(engine, path, strict, load_optimizer_states,
+                                         load_lr_scheduler_states, load_module_only)
     meta = read_meta(path)
     mpath = model_file(path)
     states = load_file(mpath, mmap=True)  # only copied into the model: no second copy of it
