@@ -95,6 +95,6 @@ def test_bench_train_smoke_dslaunch_vs_ddp(tmp_path):
         pytest.skip("dslaunch engine not there yet: only DDP's side checked")
     assert ds["status"] == "ok", saved["runs"]
     assert out.returncode == 0, out.stderr[-3000:]
-    assert set(ds["ratios"]["ddp"]) == {"tokens_per_s", "tokens_per_s_paired", "peak_rss"}
+    assert set(ds["ratios"]["ddp"]) == {"tokens_per_s", "tokens_per_s_paired", "peak_rss", "loss_max_abs_diff"}
     # same model, data and fp32 Adam: the losses agree with DDP's
     assert ds["loss_max_abs_diff_vs_ddp"] < 1e-4
