@@ -9,8 +9,10 @@ Defaults worth knowing:
   default: each rank's threads compete for the same cores);
 - ``--launcher slurm`` without a hostfile: the allocation's nodes, ``SLURM_NTASKS_PER_NODE`` slots
   each (inside ``salloc`` / ``sbatch``);
+- no ``--launcher``: local when every host is this one, else pdsh when installed, else ssh
+  (DeepSpeed's choice); DeepSpeed's other flags: ``cli/deepspeed_flags.py``, docs/launcher.md;
 - ``MASTER_ADDR``: 127.0.0.1 for a local run, else the plan's first host; ``MASTER_PORT``: a
-  port free on this host;
+  port free on this host (29500 with ``--no_ssh``: every node must agree without talking);
 - ``OMP_NUM_THREADS``: cores // local ranks (min 1) unless it is already set or ``--omp-threads``;
 - ``--local_rank`` is not added to the script's argv (as torchrun); LOCAL_RANK is in its env.
 """
@@ -119,7 +121,7 @@ def _env(env_items: tuple, cwd: Path) -> tuple:
 
 def _print_summary(plan: WorldPlan) -> None:
     click.echo(f"launcher: {plan.launcher}   world size: {plan.world_size}   "
-               f"master: {plan.master_addr}:{plan.master_port}")
+               f"master: {plan.master_addr}:{plan.master_port}   run id: {plan.run_id}")
     for n in plan.nodes:
         click.echo(f"  node {n['node_rank']} {n['host']}: slots {n['slots']} -> ranks {n['ranks']}")
     click.echo(f"each rank runs: {plan.rank_command()}  (cwd {plan.cwd})")
