@@ -193,7 +193,7 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run")
     no_ssh, node_rank = runner_options.pop("no_ssh"), runner_options.get("node_rank")
-    runner_options.pop("no_local_rank")  # no --local_rank argument is added either way (see help)
+    runner_options.pop("no_local_rank")  # accepted only: nothing here adds --local_rank (see help)
     bind_cores, bind_core_list = runner_options.pop("bind_cores"), runner_options.pop("bind_core_list")
     run_id = runner_options.pop("run_id")
     if node_rank is not None and not no_ssh:
