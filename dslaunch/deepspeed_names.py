@@ -391,8 +391,9 @@ NAMES: list[Name] = [
     _missing("deepspeed.module_inject", AUTOTP),
     _missing("deepspeed.inference", INFERENCE),
     _missing("deepspeed.compression", "not planned yet: DeepSpeed's compression library"),
-    _missing("deepspeed.launcher.runner", "the launcher is the `dslaunch run` command (issue 19 "
-             "brings the `deepspeed` command line and `.deepspeed_env` as aliases)"),
+    _missing("deepspeed.launcher.runner", "the launcher is the `dslaunch run` command; "
+             "`python -m dslaunch` takes a `deepspeed` command line as typed (its flags, "
+             "`.deepspeed_env`; docs/launcher.md)"),
 ]
 
 BY_NAME = {n.deepspeed: n for n in NAMES}

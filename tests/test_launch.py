@@ -260,7 +260,8 @@ def test_agent_stops_ranks_when_its_stdin_closes(tmp_path):
 def test_local_launcher_refuses_remote_hosts(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\nnode7 slots=2\n")
-    r = dslaunch("run", "-H", hostfile, "--dry-run", SCRIPTS / "launch_env.py", tmp_path)
+    r = dslaunch("run", "-H", hostfile, "--launcher", "local", "--dry-run", SCRIPTS / "launch_env.py",
+                 tmp_path)
     assert r.returncode != 0
     assert "the local launcher runs only on this host" in r.stderr and "node7" in r.stderr
 

@@ -9,8 +9,10 @@ Defaults worth knowing:
   default: each rank's threads compete for the same cores);
 - ``--launcher slurm`` without a hostfile: the allocation's nodes, ``SLURM_NTASKS_PER_NODE`` slots
   each (inside ``salloc`` / ``sbatch``);
+- no ``--launcher``: local when every host is this one, else pdsh when installed, else ssh
+  (DeepSpeed's choice); DeepSpeed's other flags: ``cli/deepspeed_flags.py``, docs/launcher.md;
 - ``MASTER_ADDR``: 127.0.0.1 for a local run, else the plan's first host; ``MASTER_PORT``: a
-  port free on this host;
+  port free on this host (29500 with ``--no_ssh``: every node must agree without talking);
 - ``OMP_NUM_THREADS``: cores // local ranks (min 1) unless it is already set or ``--omp-threads``;
 - ``--local_rank`` is not added to the script's argv (as torchrun); LOCAL_RANK is in its env.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import click
 
+from dslaunch.cli.deepspeed_flags import NO_SSH_PORT, deepspeed_options, launcher_name, no_ssh_run_id
 from dslaunch.config import ConfigError, load_config, resolve_config
 from dslaunch.launcher.plan import LOCAL_HOSTS, WorldPlan, build_plan
 from dslaunch.launcher.runners import RUNNERS, RunnerError, get_runner
@@ -118,7 +121,7 @@ def _env(env_items: tuple, cwd: Path) -> tuple:
 
 def _print_summary(plan: WorldPlan) -> None:
     click.echo(f"launcher: {plan.launcher}   world size: {plan.world_size}   "
-               f"master: {plan.master_addr}:{plan.master_port}")
+               f"master: {plan.master_addr}:{plan.master_port}   run id: {plan.run_id}")
     for n in plan.nodes:
         click.echo(f"  node {n['node_rank']} {n['host']}: slots {n['slots']} -> ranks {n['ranks']}")
     click.echo(f"each rank runs: {plan.rank_command()}  (cwd {plan.cwd})")
@@ -155,10 +158,11 @@ def _print_summary(plan: WorldPlan) -> None:
               help="DeepSpeed-style JSON/YAML config: validated before any rank starts, passed in DSLAUNCH_CONFIG.")
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
               help="Set a variable on every rank (repeatable); the value is passed literally.")
-@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--log-dir", "--enable_each_rank_log", "log_dir", type=click.Path(file_okay=False), default=None,
               help="Also write each rank's output to DIR/rank_N.log.")
-@click.option("--launcher", default="local", show_default=True,
-              help=f"How agents are started: {', '.join(RUNNERS)}.")
+@click.option("--launcher", default=None,
+              help=f"How agents are started: {', '.join(RUNNERS)} (any case). Default: local when "
+                   "every host is this one, else pdsh when installed, else ssh.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a module name, run as python -m.")
@@ -175,6 +179,7 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.option("--python", "python", default=None,
               help="Interpreter for agents and ranks (default: the one running dslaunch).")
 @_extra_options
+@deepspeed_options
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, master_port, config,
@@ -187,25 +192,53 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         raise click.UsageError(f"no such option: {script}")
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run")
-    try:
-        runner_cls = get_runner(launcher)
-    except RunnerError as exc:
-        raise click.UsageError(str(exc)) from None
+    no_ssh, node_rank = runner_options.pop("no_ssh"), runner_options.get("node_rank")
+    runner_options.pop("no_local_rank")  # accepted only: nothing here adds --local_rank (see help)
+    bind_cores, bind_core_list = runner_options.pop("bind_cores"), runner_options.pop("bind_core_list")
+    run_id = runner_options.pop("run_id")
+    if node_rank is not None and not no_ssh:
+        raise click.UsageError("--node_rank goes with --no_ssh (the launcher numbers the nodes itself)")
+    if no_ssh and launcher:
+        raise click.UsageError("--no_ssh starts this node's ranks itself: leave out --launcher")
+    if no_ssh and max_restarts:
+        raise click.UsageError("--max-restarts with --no_ssh: each node's launcher would restart "
+                               "only its own ranks; restart the whole job from outside instead")
+    if bind_core_list and not bind_cores:
+        raise click.UsageError("--bind_core_list goes with --bind_cores_to_rank")
+    if bind_core_list:
+        from dslaunch.launcher.cores import CoreListError, parse_core_list
 
-    cwd = Path(chdir).resolve() if chdir else Path.cwd()
-    if launcher == "local":
-        if not cwd.is_dir():
-            raise click.ClickException(f"--chdir {chdir}: no such directory")
-        if not module and not (cwd / script).is_file():
-            raise click.ClickException(f"script not found: {script}")
+        try:
+            parse_core_list(bind_core_list)
+        except CoreListError as exc:
+            raise click.UsageError(str(exc)) from None
 
-    hosts, _source = _hosts(hostfile, nproc_per_node, launcher)
+    hosts, _source = _hosts(hostfile, nproc_per_node, (launcher or "").lower())
     try:
         selection = select_resources(hosts, include=include, exclude=exclude, num_nodes=num_nodes,
                                      nproc_per_node=nproc_per_node)
     except ResourceError as exc:
         raise click.ClickException(str(exc)) from None
     world_size = sum(len(s) for s in selection.values())
+    if no_ssh:
+        from dslaunch.launcher.runners.nossh import NoSSHRunner
+
+        runner_cls, launcher = NoSSHRunner, "no_ssh"
+        master_port = master_port or NO_SSH_PORT
+        run_id = run_id or no_ssh_run_id(selection, master_addr, master_port)
+    else:
+        launcher = launcher_name(launcher, selection)
+        try:
+            runner_cls = get_runner(launcher)
+        except RunnerError as exc:
+            raise click.UsageError(str(exc)) from None
+
+    cwd = Path(chdir).resolve() if chdir else Path.cwd()
+    if launcher in ("local", "no_ssh"):
+        if not cwd.is_dir():
+            raise click.ClickException(f"--chdir {chdir}: no such directory")
+        if not module and not (cwd / script).is_file():
+            raise click.ClickException(f"script not found: {script}")
 
     config_json = _config(config, world_size) if config else None
     env, env_sources = _env(env_items, cwd)
@@ -216,7 +249,8 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         python=python or sys.executable, config=config_json,
         config_path=str(Path(config).resolve()) if config else None,
         log_dir=str(Path(log_dir).resolve()) if log_dir else None, omp_threads=omp_threads,
-        grace_period=grace_period, max_restarts=max_restarts,
+        grace_period=grace_period, max_restarts=max_restarts, run_id=run_id,
+        bind_cores=bind_cores, bind_core_list=bind_core_list,
     )
     runner = runner_cls(plan, runner_options)
     try:

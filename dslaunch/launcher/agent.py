@@ -25,6 +25,7 @@ import threading
 import time
 
 from dslaunch.launcher import errors, events
+from dslaunch.launcher.cores import CoreListError, format_cores, rank_cores
 from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
 
 TAIL_LINES = 20
@@ -57,8 +58,10 @@ def usable_cores() -> int:
 
 
 class Rank:
-    def __init__(self, rank: int, local_rank: int, proc: subprocess.Popen, error_file: str):
+    def __init__(self, rank: int, local_rank: int, proc: subprocess.Popen, error_file: str,
+                 torch_error_file: str = ""):
         self.rank, self.local_rank, self.proc, self.error_file = rank, local_rank, proc, error_file
+        self.torch_error_file = torch_error_file
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.reader: threading.Thread | None = None
         self.exited = False
@@ -102,31 +105,55 @@ class Agent:
         self.write(events.format_event(name, **fields))
 
     # ---- starting ranks ------------------------------------------------------------------------
-    def rank_env(self, rank: int, local_rank: int, gpus: bool) -> dict:
+    def rank_env(self, rank: int, local_rank: int, gpus: bool, torch_error_file: str = "",
+                 cores: list | None = None) -> dict:
+        """What one rank's environment holds: ours, torchrun's whole set (so
+        ``torch.distributed.is_torchelastic_launched()`` is True and frameworks that detect
+        torchrun see it), and DeepSpeed's launch.py names."""
         plan, node = self.plan, self.node
+        local_ranks = len(node["ranks"])
         env = dict(os.environ)
         env.update(plan.env)
         env.update(
             RANK=str(rank),
             LOCAL_RANK=str(local_rank),
             WORLD_SIZE=str(plan.world_size),
-            LOCAL_WORLD_SIZE=str(len(node["ranks"])),
+            LOCAL_WORLD_SIZE=str(local_ranks),
             NODE_RANK=str(self.node_rank),
-            GROUP_RANK=str(self.node_rank),
             MASTER_ADDR=str(plan.master_addr),
             MASTER_PORT=str(plan.master_port),
             DSLAUNCH_RESTART_COUNT=str(self.restart_count),
-            TORCHELASTIC_RESTART_COUNT=str(self.restart_count),
             PYTHONUNBUFFERED="1",  # lines reach the launcher as they are printed
+            # torchrun's: one role ("default") holding every rank, one group per node
+            GROUP_RANK=str(self.node_rank),
+            GROUP_WORLD_SIZE=str(len(plan.nodes)),
+            ROLE_NAME="default",
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(plan.world_size),
+            TORCHELASTIC_RUN_ID=plan.run_id or "none",
+            TORCHELASTIC_RESTART_COUNT=str(self.restart_count),
+            TORCHELASTIC_MAX_RESTARTS=str(plan.max_restarts),
+            TORCHELASTIC_ERROR_FILE=torch_error_file,
+            # torchrun says True: there its agent hosts the store. Ours hosts none, so rank 0's
+            # init_process_group must create it (False), as with a hand-set MASTER_ADDR/PORT.
+            TORCHELASTIC_USE_AGENT_STORE="False",
+            TORCHELASTIC_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP",  # what this agent handles
+            # DeepSpeed's launch.py's
+            LOCAL_SIZE=str(local_ranks),
+            CROSS_RANK=str(self.node_rank),
+            CROSS_SIZE=str(len(plan.nodes)),
         )
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default, kept if set
         if plan.config is not None:
             env["DSLAUNCH_CONFIG"] = plan.config
         if plan.config_path:
             env["DSLAUNCH_CONFIG_PATH"] = plan.config_path
         if plan.omp_threads is not None:
             env["OMP_NUM_THREADS"] = str(plan.omp_threads)
+        elif cores:
+            env["OMP_NUM_THREADS"] = str(len(cores))  # one thread per core of its share
         elif "OMP_NUM_THREADS" not in env:
-            env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // max(1, len(node["ranks"]))))
+            env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // max(1, local_ranks)))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node["slots"])
         return env
@@ -136,20 +163,29 @@ class Agent:
         cwd = self.plan.cwd or None
         if cwd and not os.path.isdir(cwd):
             raise RuntimeError(f"working directory {cwd} does not exist on {self.host}")
+        local_ranks = len(self.node["ranks"])
         for local_rank, rank in enumerate(self.node["ranks"]):
             error_file = os.path.join(self.tmpdir, f"error_{rank}.json")
-            argv = [sys.executable, "-u", "-m", "dslaunch.launcher.bootstrap",
-                    "--error-file", error_file, *self.plan.program]
+            # torch's @record writes its own format to its own file (errors.read_rank_error)
+            torch_error_file = os.path.join(self.tmpdir, f"torchelastic_error_{rank}.json")
+            argv = [sys.executable, "-u", "-m", "dslaunch.launcher.bootstrap", "--error-file", error_file]
+            cores = None
+            if self.plan.bind_cores:
+                try:
+                    cores = rank_cores(local_rank, local_ranks, self.plan.bind_core_list)
+                except CoreListError as exc:
+                    raise RuntimeError(str(exc)) from None
+                argv += ["--cpus", format_cores(cores)]
             proc = subprocess.Popen(
-                argv,
-                env=self.rank_env(rank, local_rank, gpus),
+                [*argv, *self.plan.program],
+                env=self.rank_env(rank, local_rank, gpus, torch_error_file, cores),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,  # one pipe: stdout and stderr stay in order per rank
                 start_new_session=True,  # own process group: killpg reaches its children too
             )
-            r = Rank(rank, local_rank, proc, error_file)
+            r = Rank(rank, local_rank, proc, error_file, torch_error_file)
             self.ranks.append(r)
             r.reader = threading.Thread(target=self._read_rank, args=(r,), daemon=True)
             r.reader.start()
@@ -223,7 +259,7 @@ class Agent:
         self.signalled = signal.Signals(signum).name
 
     def _exit_event(self, r: Rank, rc: int, exited_at: float) -> None:
-        error = errors.read_rank_error(r.error_file, TAIL_LINES)
+        error = errors.read_rank_error(r.error_file, TAIL_LINES, r.torch_error_file)
         failed_at = errors.failure_time(error, exited_at)
         self.event(events.EXIT, rank=r.rank, local_rank=r.local_rank, returncode=rc,
                    signal=events.signal_name(rc), time=failed_at,

@@ -1,5 +1,5 @@
 """Runs one rank's program unchanged: ``python -m dslaunch.launcher.bootstrap [--error-file F]
-[-m module | script] args...``.
+[--cpus LIST] [-m module | script] args...``.
 
 - The script runs as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set as ``python script``
   would set them (``-m``: as ``python -m`` would), so user code cannot tell the difference.
@@ -12,6 +12,7 @@
   flushed) but skips the interpreter's final teardown: C++ objects that own threads (gloo's
   process groups) are destroyed there in arbitrary order and can call std::terminate, which
   turned ranks that had finished their work into SIGABRT failures.
+- ``--cpus 0-3``: the rank is pinned to those cores first (``--bind_cores_to_rank``, cores.py).
 - ``--local_rank`` is NOT added to argv (torchrun does not either): LOCAL_RANK is in the env, and a
   script that declares ``--local_rank`` with a default keeps working.
 
@@ -31,25 +32,29 @@ import threading
 import time
 import traceback
 
-USAGE = "usage: python -m dslaunch.launcher.bootstrap [--error-file FILE] [-m MODULE | SCRIPT] [ARGS...]"
+USAGE = ("usage: python -m dslaunch.launcher.bootstrap [--error-file FILE] [--cpus LIST] "
+         "[-m MODULE | SCRIPT] [ARGS...]")
 
 
 def _parse(argv: list) -> tuple:
-    error_file = None
-    while argv and argv[0].startswith("--error-file"):
-        if argv[0] == "--error-file" and len(argv) > 1:
-            error_file, argv = argv[1], argv[2:]
-        elif argv[0].startswith("--error-file="):
-            error_file, argv = argv[0].split("=", 1)[1], argv[1:]
+    """(error_file, cpus, module, script, args): our own options come first, then the program."""
+    opts = {"--error-file": None, "--cpus": None}
+    while argv and argv[0].split("=", 1)[0] in opts:
+        name, eq, value = argv[0].partition("=")
+        if eq:
+            opts[name], argv = value, argv[1:]
+        elif len(argv) > 1:
+            opts[name], argv = argv[1], argv[2:]
         else:
-            break
+            raise SystemExit(USAGE)
+    error_file, cpus = opts["--error-file"], opts["--cpus"]
     if argv and argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit(USAGE)
-        return error_file, argv[1], None, argv[2:]
+        return error_file, cpus, argv[1], None, argv[2:]
     if not argv:
         raise SystemExit(USAGE)
-    return error_file, None, argv[0], argv[1:]
+    return error_file, cpus, None, argv[0], argv[1:]
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -85,7 +90,12 @@ def _write_error_file(path: str, exc: BaseException, text: str) -> None:
 
 
 def main(argv: list | None = None) -> None:
-    error_file, module, script, args = _parse(list(sys.argv[1:] if argv is None else argv))
+    error_file, cpus, module, script, args = _parse(list(sys.argv[1:] if argv is None else argv))
+    if cpus:
+        from dslaunch.launcher.cores import parse_core_list
+
+        # before the script starts any thread: every thread it makes inherits the set
+        os.sched_setaffinity(0, parse_core_list(cpus))
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     try:

@@ -158,14 +158,16 @@ class JobController:
             elif name == events.ERROR:
                 self._fail(Failure(time.time(), "agent", ev.get("message", "agent error")), agents)
 
-        return self._finish(exits)
+        # the ranks this launcher started (with --no_ssh, only its own node's)
+        expected = sum(len(self.plan.node(n)["ranks"]) for a in agents for n in a.node_ranks)
+        return self._finish(exits, expected)
 
-    def _finish(self, exits: dict) -> tuple:
+    def _finish(self, exits: dict, expected: int) -> tuple:
         if self.interrupts:
-            self._say(f"interrupted ({self.interrupt_name}): stopped all {self.plan.world_size} ranks")
+            self._say(f"interrupted ({self.interrupt_name}): stopped all {expected} ranks")
             return (130 if self.interrupt_name == "SIGINT" else 143), None
         if not self.failures:
-            missing = self.plan.world_size - len(exits)
+            missing = expected - len(exits)
             if missing == 0 and all(e.get("returncode") == 0 for e in exits.values()):
                 return 0, None
             root = Failure(time.time(), "agent", f"{missing} rank(s) never reported their exit")

@@ -52,7 +52,10 @@ NEVER_FROM_ENVIRON = frozenset({
 RESERVED = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
     "MASTER_ADDR", "MASTER_PORT", "DSLAUNCH_CONFIG", "DSLAUNCH_CONFIG_PATH", "DSLAUNCH_RESTART_COUNT",
-    "TORCHELASTIC_RESTART_COUNT",
+    # torchrun's (agent.py: rank_env) and DeepSpeed's launch.py's per-rank names
+    "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_USE_AGENT_STORE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
 })
 ENV_FILE_NAMES = (".deepspeed_env", ".dslaunch_env")
 # Names that usually hold credentials: a plan printer may mask their values.

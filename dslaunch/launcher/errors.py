@@ -19,6 +19,7 @@ No torch here, nor anything from the engine: the agent and the controller import
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -35,19 +36,48 @@ class Failure:
 
 
 # ---- on the agent: what a rank's exit event says ---------------------------------------------
-def read_rank_error(path: str, tail_lines: int) -> dict | None:
-    """The exception the bootstrap recorded in ``path`` (None if it recorded none), with only the
-    traceback's last ``tail_lines`` lines: the full text is in the rank's own output already."""
+def read_rank_error(path: str, tail_lines: int, torch_path: str = "") -> dict | None:
+    """The exception the bootstrap recorded in ``path``, else the one torch's ``@record`` wrote to
+    ``torch_path`` (TORCHELASTIC_ERROR_FILE: the script caught its exception after ``@record`` saw
+    it, e.g. to ``sys.exit(1)``); None if neither. Only the traceback's last ``tail_lines`` lines
+    are kept: the full text is in the rank's own output already."""
     try:
         with open(path) as f:
             error = json.load(f)
     except (OSError, ValueError):
-        return None
+        error = read_torch_error(torch_path) if torch_path else None
     if error:
         lines = error.get("traceback", "").rstrip("\n").splitlines()
         error["traceback_tail"] = lines[-tail_lines:]
         error.pop("traceback", None)
     return error
+
+
+def read_torch_error(path: str) -> dict | None:
+    """Torch's error file (``{"message": {"message": "Type: text", "extraInfo": {"py_callstack",
+    "timestamp"}}}``, or a plain string message) in the bootstrap's record format. The time is the
+    file's modification time: torch's own timestamp has whole seconds only, too coarse to order
+    failures (the root-cause rule)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        written = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        text = str(message.get("message", ""))
+        extra = message.get("extraInfo") or {}
+        callstack = str(extra.get("py_callstack", "")) if isinstance(extra, dict) else ""
+    elif isinstance(message, str):
+        text, callstack = message, ""
+    else:
+        return None
+    exc_type, sep, rest = text.partition(": ")
+    if not sep or " " in exc_type:
+        exc_type, rest = "Error", text
+    return {"exc_type": exc_type, "message": rest, "traceback": callstack, "time": written,
+            "source": "TORCHELASTIC_ERROR_FILE"}
 
 
 def failure_time(error: dict | None, exited_at: float) -> float:

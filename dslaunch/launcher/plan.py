@@ -20,6 +20,7 @@ import os
 import shlex
 import socket
 import sys
+import uuid
 from dataclasses import dataclass, field
 
 # How each rank's output lines are prefixed. The local runner uses the first; multi-host runners
@@ -70,6 +71,9 @@ class WorldPlan:
     line_prefix: str = LOCAL_PREFIX
     max_restarts: int = 0
     env_channel: str = ""  # "" (env inside the encoded plan), "stdin" or "environ": see above
+    run_id: str = ""  # TORCHELASTIC_RUN_ID of every rank: one id per job, kept across restarts
+    bind_cores: bool = False  # pin each rank to its share of the host's cores (--bind_cores_to_rank)
+    bind_core_list: str | None = None  # the cores to share out ("0-3,8"); None: the agent's cores
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -144,6 +148,9 @@ def build_plan(
     grace_period: float = 5.0,
     line_prefix: str | None = None,
     max_restarts: int = 0,
+    run_id: str | None = None,
+    bind_cores: bool = False,
+    bind_core_list: str | None = None,
 ) -> WorldPlan:
     """Number ranks host by host in plan order; ``selection`` is host -> slot ids (ordered)."""
     nodes, next_rank = [], 0
@@ -176,6 +183,9 @@ def build_plan(
         grace_period=grace_period,
         line_prefix=line_prefix,
         max_restarts=max_restarts,
+        run_id=run_id or str(uuid.uuid4()),  # the form torchrun uses
+        bind_cores=bind_cores,
+        bind_core_list=bind_core_list,
     )
 
 
