@@ -353,8 +353,7 @@ NAMES: list[Name] = [
     _present("deepspeed.runtime.zero.Init", "dslaunch.engine.zero.zero_init:Init"),
     _present("deepspeed.runtime.zero.partition_parameters",
              "dslaunch.runtime.zero.partition_parameters",
-             "the names below only; DeepSpeed's module globals (that Transformers patches) are "
-             "not there"),
+             "the names below only (with the module globals Transformers patches)"),
     _present("deepspeed.runtime.zero.partition_parameters.ZeroParamStatus",
              "dslaunch.engine.zero.param_status:ZeroParamStatus",
              "ds_status of stage-3 and zero.Init parameters, kept true as they are gathered and "
@@ -363,6 +362,14 @@ NAMES: list[Name] = [
              "dslaunch.engine.zero.zero_init:Init"),
     _present("deepspeed.runtime.zero.partition_parameters.GatheredParameters",
              "dslaunch.engine.zero.zero_init:GatheredParameters"),
+    _present("deepspeed.runtime.zero.partition_parameters.zero_wrapper_for_fp_tensor_constructor",
+             "dslaunch.engine.zero.init_hooks:zero_wrapper_for_fp_tensor_constructor",
+             "DeepSpeed's meaning; Transformers patches it around zero.Init, whose tensor "
+             "constructors dslaunch leaves alone, so the patch is harmless and changes nothing"),
+    _present("deepspeed.runtime.zero.partition_parameters._orig_torch_arange",
+             "dslaunch.engine.zero.init_hooks:_orig_torch_arange", "torch.arange"),
+    _present("deepspeed.runtime.zero.partition_parameters.get_accelerator",
+             "dslaunch.accelerator.real_accelerator:get_accelerator"),
     _present("deepspeed.runtime.zero.offload_config", "dslaunch.runtime.zero.offload_config"),
     _present("deepspeed.runtime.zero.offload_config.OffloadDeviceEnum",
              "dslaunch.config.enums:OffloadDeviceEnum"),
