@@ -27,6 +27,7 @@ p.add_argument("--resume", default=None)
 p.add_argument("--save-model", action="store_true")
 p.add_argument("--zero-init", action="store_true",
                help="build the model after TrainingArguments: under ZeRO-3 that is zero.Init")
+p.add_argument("--bf16", action="store_true")
 p.add_argument("--local_rank", type=int, default=-1)  # dslaunch run --as-deepspeed passes it
 args = p.parse_args()
 
@@ -65,7 +66,7 @@ training_args = TrainingArguments(
     weight_decay=0.01, lr_scheduler_type="constant", logging_steps=1, seed=0,
     save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
     report_to=[], disable_tqdm=True, use_cpu=not torch.cuda.is_available(),
-    dataloader_num_workers=0, deepspeed=args.deepspeed,
+    dataloader_num_workers=0, deepspeed=args.deepspeed, bf16=args.bf16,
 )
 if args.zero_init:  # after TrainingArguments, under ZeRO-3 from_config builds it partitioned
     model = build()
@@ -91,6 +92,7 @@ if trainer.is_deepspeed_enabled:  # what our engine resolved from the config Tra
         "micro": engine.train_micro_batch_size_per_gpu(), "gas": engine.gradient_accumulation_steps(),
         "train_batch": engine.train_batch_size(), "stage": engine.zero_optimization_stage(),
         "optimizer": type(engine.optimizer).__module__ + "." + type(engine.optimizer).__name__,
+        "param_dtype": str(next(engine.module.parameters()).dtype),
         "filled_zero": filled["zero_optimization"], "filled_optimizer": filled.get("optimizer"),
     }
 if args.save_model:
