@@ -212,3 +212,21 @@ def test_env_var_under_torchrun_after_editable_install(tmp_path, dslaunch_job):
         assert res["local_rank_arg"] == -1 and res["local_rank_env"] == r  # torchrun adds none
     assert NOTICE not in proc.stderr  # no other DeepSpeed here
     assert ranks[0]["losses"] == results(dslaunch_job[0] / "out", 2)[0]["losses"]
+
+
+def test_dry_run_shows_the_switch():
+    """`--as-deepspeed` is data in the plan: the variable on every rank, --local_rank=N right
+    after the script (or module), before its arguments."""
+    from dslaunch.launcher.plan import WorldPlan
+
+    out = subprocess.run([*DSLAUNCH, "run", "--as-deepspeed", "--nproc-per-node", "2", "--dry-run",
+                          "--json", "-m", "pkg.train", "--lr", "1"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    plan = WorldPlan.from_json(out.stdout)
+    assert plan.env["DSLAUNCH_AS_DEEPSPEED"] == "1" and plan.local_rank_arg
+    assert plan.rank_program(1) == ["-m", "pkg.train", "--local_rank=1", "--lr", "1"]
+    plain = WorldPlan.from_json(subprocess.run(
+        [*DSLAUNCH, "run", "--dry-run", "--json", "-m", "pkg.train", "--lr", "1"], cwd=ROOT,
+        capture_output=True, text=True, check=True).stdout)
+    assert "DSLAUNCH_AS_DEEPSPEED" not in plain.env
+    assert plain.rank_program(0) == ["-m", "pkg.train", "--lr", "1"]
