@@ -39,7 +39,7 @@ HIDDEN = 32  # the script's models
 
 
 def _ddp(job_cache):
-    return job_cache.torchrun("hf-ddp", SCRIPT, "--out", "{dir}", "--save-model")
+    return job_cache.torchrun("hf-ddp", SCRIPT, "--out", "{dir}", "--save-model", "--eval")
 
 
 def _zero2(job_cache):
@@ -48,7 +48,7 @@ def _zero2(job_cache):
 
 
 def _zero3(job_cache):
-    return job_cache.run("hf-z3", SCRIPT, "--out", "{dir}", "--save-model", config=ZERO3,
+    return job_cache.run("hf-z3", SCRIPT, "--out", "{dir}", "--save-model", "--eval", config=ZERO3,
                          config_flag="--deepspeed", flags=AS_DS)
 
 
@@ -83,6 +83,9 @@ def test_zero3_auto_config_trains_as_ddp(job_cache):
     assert zero["stage3_prefetch_bucket_size"] == int(0.9 * HIDDEN * HIDDEN)
     assert res["engine"]["optimizer"] == "torch.optim.adamw.AdamW"  # the Trainer's, passed in
     _close(res["losses"], ref["losses"])
+    # trainer.evaluate() after training runs the engine's forward (gathered, no optimizer)
+    assert len(res["eval_losses"]) == 1
+    assert math.isclose(res["eval_losses"][0], ref["eval_losses"][0], rel_tol=1e-4)
 
 
 def test_checkpoint_resumes_where_it_stopped(job_cache):

@@ -4,6 +4,7 @@ without ``--deepspeed`` under torchrun for plain DDP (the reference). Rank 0 wri
 ``<out>/result.json``: the logged losses, which engine trained, and what was saved.
 
     --model gpt2|llama  --steps N  --grad-accum K  --save-steps S (checkpoints)  --resume DIR|last
+    --eval (trainer.evaluate() after training)
     --save-model (trainer.save_model() + the gathered weights beside it, to compare)
     --zero-init (build the model after TrainingArguments, so ZeRO-3 builds it partitioned; the
     default builds it first, as DDP does, so both start from the same weights)
@@ -28,6 +29,7 @@ p.add_argument("--save-model", action="store_true")
 p.add_argument("--zero-init", action="store_true",
                help="build the model after TrainingArguments: under ZeRO-3 that is zero.Init")
 p.add_argument("--bf16", action="store_true")
+p.add_argument("--eval", action="store_true", help="trainer.evaluate() after training")
 p.add_argument("--local_rank", type=int, default=-1)  # dslaunch run --as-deepspeed passes it
 args = p.parse_args()
 
@@ -42,8 +44,8 @@ else:
 
 
 class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n):
-        g = torch.Generator().manual_seed(1234)
+    def __init__(self, n, seed=1234):
+        g = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
 
     def __len__(self):
@@ -77,6 +79,9 @@ resume = args.resume
 if resume == "last":
     resume = True
 trainer.train(resume_from_checkpoint=resume)
+# (evaluate() before train() fails with DeepSpeed's engine too: Accelerate frees the evaluation
+# engine at train() and the Trainer keeps using it)
+evals = [trainer.evaluate(Tokens(16, seed=99))["eval_loss"]] if args.eval else []
 
 result = {
     "losses": {int(e["step"]): e["loss"] for e in trainer.state.log_history if "loss" in e},
@@ -84,6 +89,7 @@ result = {
     "deepspeed": trainer.is_deepspeed_enabled,
     "world_size": training_args.world_size,
     "built_partitioned": all(partitioned),
+    "eval_losses": evals,
 }
 if trainer.is_deepspeed_enabled:  # what our engine resolved from the config Transformers filled
     engine = trainer.model_wrapped
