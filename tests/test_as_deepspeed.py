@@ -161,6 +161,7 @@ def dslaunch_job(tmp_path_factory):
     return tmp, proc
 
 
+@pytest.mark.slow
 def test_unmodified_script_runs_on_our_engine(dslaunch_job):
     tmp, proc = dslaunch_job
     ranks = results(tmp / "out", 2)
@@ -177,6 +178,7 @@ def test_unmodified_script_runs_on_our_engine(dslaunch_job):
     assert sum(NOTICE in line for line in (proc.stdout + proc.stderr).splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_env_var_under_torchrun_after_editable_install(tmp_path, dslaunch_job):
     """``pip install -e .`` puts the .pth in site-packages; with DSLAUNCH_AS_DEEPSPEED=1 torchrun's
     workers (plain interpreters, no dslaunch bootstrap) get the alias and train as under
