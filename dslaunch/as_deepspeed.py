@@ -137,6 +137,8 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_distributions(self, context=None):
         context = context or importlib.metadata.DistributionFinder.Context()
+        if "path" in vars(context):  # a scan of given directories (pip's): we live in none
+            return iter([])
         if context.name is None or context.name.replace("_", "-").lower() == "deepspeed":
             return iter([_Metadata()])
         return iter([])
@@ -144,9 +146,8 @@ class AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def real_deepspeed() -> str | None:
     """Where a real DeepSpeed is (its package directory and version), if one is importable."""
-    if "deepspeed" in sys.modules and not isinstance(sys.modules["deepspeed"].__spec__.loader,
-                                                     AliasFinder):
-        module = sys.modules["deepspeed"]
+    module = sys.modules.get("deepspeed")
+    if module is not None and not isinstance(getattr(module.__spec__, "loader", None), AliasFinder):
         return f"{getattr(module, '__version__', '?')} at {os.path.dirname(module.__file__ or '?')}"
     spec = importlib.machinery.PathFinder.find_spec("deepspeed")
     if spec is None:

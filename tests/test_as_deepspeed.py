@@ -102,6 +102,9 @@ def test_metadata_answers_the_frameworks_checks(alias):
     assert not compare_versions("deepspeed", "<", "0.14.0")
     import deepspeed
     assert Version(deepspeed.__version__).public == "0.19.8"  # Lightning, TRL compare this one
+    # a scan of given directories (what pip does to list what is installed) finds no DeepSpeed
+    assert not [d for d in importlib.metadata.distributions(path=sys.path)
+                if d.metadata["Name"] == "deepspeed"]
 
 
 def test_off_by_default():
