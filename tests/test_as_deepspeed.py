@@ -181,6 +181,12 @@ def test_unmodified_script_runs_on_our_engine(dslaunch_job):
     assert sum(NOTICE in line for line in (proc.stdout + proc.stderr).splitlines()) == 1
 
 
+def _installed_dslaunch() -> dict:
+    """This environment's installed dslaunch files (name -> mtime)."""
+    return {p.name: p.stat().st_mtime_ns for sp in site.getsitepackages()
+            for p in Path(sp).glob("*dslaunch*")}
+
+
 @pytest.mark.slow
 def test_env_var_under_torchrun_after_editable_install(tmp_path, dslaunch_job):
     """``pip install -e .`` puts the .pth in site-packages; with DSLAUNCH_AS_DEEPSPEED=1 torchrun's
@@ -191,8 +197,13 @@ def test_env_var_under_torchrun_after_editable_install(tmp_path, dslaunch_job):
     purelib = next(venv.glob("lib/python3*/site-packages"))
     # this interpreter's packages (torch, pip's setuptools) visible in the new venv
     (purelib / "shared.pth").write_text("".join(f"{p}\n" for p in site.getsitepackages()))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-                    "--prefix", str(venv), "-e", str(ROOT)], check=True, capture_output=True)
+    # pip runs as the new venv's (--python): its environment is the new venv, so it never touches
+    # this one's dslaunch (with --prefix it would uninstall that first)
+    ours = _installed_dslaunch()
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                    "-q", "--no-build-isolation", "--no-deps", "-e", str(ROOT)], check=True,
+                   capture_output=True)
+    assert _installed_dslaunch() == ours
     assert (purelib / "dslaunch_as_deepspeed.pth").read_text() == \
         (ROOT / "dslaunch_as_deepspeed.pth").read_text()
     python = str(venv / "bin" / "python")
