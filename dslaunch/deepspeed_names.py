@@ -48,6 +48,10 @@ def _missing(deepspeed: str, why: str) -> Name:
     return Name(deepspeed, None, why)
 
 
+# The DeepSpeed release whose API this table follows (read from its source); the --as-deepspeed
+# alias reports it as the `deepspeed` version, so frameworks' version gates take its code paths.
+DEEPSPEED_VERSION = "0.19.8"
+
 MOE = "comes with issue 22 (mixture of experts)"
 SEQ = "comes with issue 21 (long sequences: Ulysses, activation checkpointing)"
 PROFILING = "comes with issue 23 (FLOPs profiler, comms logger)"
@@ -82,8 +86,10 @@ NAMES: list[Name] = [
     _present("deepspeed.DeepSpeedEngine", "dslaunch.engine.engine:DSLaunchEngine",
              "dslaunch's engine class; isinstance checks against this name hold"),
     _present("deepspeed.__version__", "dslaunch:__version__",
-             "dslaunch's own version; frameworks that gate on DeepSpeed's version read the "
-             "alias's metadata (issue 19)"),
+             "dslaunch's own version; under --as-deepspeed `deepspeed.__version__` and the "
+             "`deepspeed` package metadata are the DeepSpeed release the table follows, with "
+             "dslaunch's version as the local label (0.19.8+dslaunch.0.1.0), so frameworks' "
+             "version gates pass (docs/frameworks.md)"),
     _missing("deepspeed.tp_model_init", AUTOTP),
     _missing("deepspeed.init_inference", INFERENCE),
     # -- deepspeed.zero ---------------------------------------------------------------------------
@@ -347,8 +353,7 @@ NAMES: list[Name] = [
     _present("deepspeed.runtime.zero.Init", "dslaunch.engine.zero.zero_init:Init"),
     _present("deepspeed.runtime.zero.partition_parameters",
              "dslaunch.runtime.zero.partition_parameters",
-             "the names below only; DeepSpeed's module globals (that Transformers patches) are "
-             "not there"),
+             "the names below only (with the module globals Transformers patches)"),
     _present("deepspeed.runtime.zero.partition_parameters.ZeroParamStatus",
              "dslaunch.engine.zero.param_status:ZeroParamStatus",
              "ds_status of stage-3 and zero.Init parameters, kept true as they are gathered and "
@@ -357,6 +362,14 @@ NAMES: list[Name] = [
              "dslaunch.engine.zero.zero_init:Init"),
     _present("deepspeed.runtime.zero.partition_parameters.GatheredParameters",
              "dslaunch.engine.zero.zero_init:GatheredParameters"),
+    _present("deepspeed.runtime.zero.partition_parameters.zero_wrapper_for_fp_tensor_constructor",
+             "dslaunch.engine.zero.init_hooks:zero_wrapper_for_fp_tensor_constructor",
+             "DeepSpeed's meaning; Transformers patches it around zero.Init, whose tensor "
+             "constructors dslaunch leaves alone, so the patch is harmless and changes nothing"),
+    _present("deepspeed.runtime.zero.partition_parameters._orig_torch_arange",
+             "dslaunch.engine.zero.init_hooks:_orig_torch_arange", "torch.arange"),
+    _present("deepspeed.runtime.zero.partition_parameters.get_accelerator",
+             "dslaunch.accelerator.real_accelerator:get_accelerator"),
     _present("deepspeed.runtime.zero.offload_config", "dslaunch.runtime.zero.offload_config"),
     _present("deepspeed.runtime.zero.offload_config.OffloadDeviceEnum",
              "dslaunch.config.enums:OffloadDeviceEnum"),

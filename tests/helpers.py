@@ -24,7 +24,9 @@ API (everything a newcomer needs to start a real job):
   removed.
 - ``results(out_dir, nproc)``: the ``rank_<r>.json`` files a rank script wrote.
 - ``JobCache`` / the ``job_cache`` fixture: ``job_cache.run(name, script, *args, config=, nproc=,
-  env=)`` and ``job_cache.python(name, script, *args)`` start a job once per pytest session and
+  env=, flags=)`` (``flags``: launcher options such as ``("--as-deepspeed",)``),
+  ``job_cache.python(name, script, *args)`` and ``job_cache.torchrun(name, script, *args)``
+  (the same script under torchrun) start a job once per pytest session and
   return the same ``Job`` to every test (in any file) that asks for the same job; see the class.
 """
 
@@ -226,17 +228,20 @@ class JobCache:
 
     def run(self, name: str, script, *args, config: dict | None = None, nproc: int = 2,
             env: dict | None = None, timeout: int = 300, grace_period=None,
-            config_flag: str = "--config", check: bool = True) -> Job:
+            config_flag: str = "--config", check: bool = True, flags: tuple = ()) -> Job:
         args = [str(a) for a in args]
         key = self.key_of(kind="run", script=str(_script(script)), args=args, config=config,
-                          nproc=nproc, env=env, grace=grace_period, flag=config_flag)
+                          nproc=nproc, env=env, grace=grace_period, flag=config_flag,
+                          **({"flags": list(flags)} if flags else {}))
 
         def argv_of(d):
             cfg = None
             if config is not None:
                 cfg = Path(d) / "config.json"
                 cfg.write_text(json.dumps(_fill(config, d)))
-            return run_argv(script, _fill(args, d), cfg, nproc, grace_period, config_flag)
+            argv = run_argv(script, _fill(args, d), cfg, nproc, grace_period, config_flag)
+            at = len(DSLAUNCH) + 1  # launcher flags (--as-deepspeed) right after `run`
+            return [*argv[:at], *flags, *argv[at:]]
 
         return self._get(name, key, argv_of, rank_env(env), timeout, check)
 
@@ -248,6 +253,20 @@ class JobCache:
             env.pop(k, None)
         return self._get(name, key,
                          lambda d: [sys.executable, str(_script(script)), *_fill(args, d)],
+                         env, timeout, check)
+
+    def torchrun(self, name: str, script, *args, nproc: int = 2, timeout: int = 300,
+                 check: bool = True) -> Job:
+        """``torchrun --standalone --nproc-per-node N script args...`` (the torch reference)."""
+        args = [str(a) for a in args]
+        key = self.key_of(kind="torchrun", script=str(_script(script)), args=args, nproc=nproc)
+        env = rank_env({"PYTHONPATH": str(ROOT)})
+        for k in LAUNCHER_VARS:
+            env.pop(k, None)
+        return self._get(name, key,
+                         lambda d: [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                    "--nproc-per-node", str(nproc), str(_script(script)),
+                                    *_fill(args, d)],
                          env, timeout, check)
 
     def summary(self) -> str:

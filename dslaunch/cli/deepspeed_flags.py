@@ -33,9 +33,9 @@ OPTIONS = [
     click.option("--node_rank", "--node-rank", "node_rank", type=click.IntRange(min=0), default=None,
                  help="With --no_ssh: which node of the hostfile this is (0-based, hostfile order)."),
     click.option("--no_local_rank", "--no-local-rank", "no_local_rank", is_flag=True,
-                 help="Accepted for DeepSpeed's command line: dslaunch adds no --local_rank "
-                      "argument to the script anyway (LOCAL_RANK is in its environment, as with "
-                      "torchrun)."),
+                 help="With --as-deepspeed: leave out the --local_rank=N argument it adds (as "
+                      "DeepSpeed's flag does); without it dslaunch adds none anyway (LOCAL_RANK is in "
+                      "the environment, as with torchrun)."),
     click.option("--bind_cores_to_rank", "--bind-cores-to-rank", "bind_cores", is_flag=True,
                  help="Pin each rank to an equal block of its host's cores (OMP_NUM_THREADS = the "
                       "block's size unless --omp-threads)."),

@@ -31,6 +31,7 @@ class Leaf:
     choices: Optional[tuple] = None  # allowed values (str kinds compare case-sensitively)
     length: Optional[int] = None  # for "floats": required list length
     required: bool = False
+    infinite: bool = False  # an "int" that may also be Infinity: never (steps_per_print)
 
     def describe(self) -> str:
         """What is allowed, for error messages."""
@@ -45,7 +46,7 @@ class Leaf:
             text += f" >= {_num(self.low)}"
         elif self.high is not None:
             text += f" <= {_num(self.high)}"
-        return text
+        return text  # Infinity, where allowed, is Accelerate's value, not one users write
 
 
 @dataclass(frozen=True)
@@ -339,7 +340,8 @@ TOP = Section({
     "zero_optimization": ZERO,
     "zero_allow_untested_optimizer": B(),
     "zero_force_ds_cpu_optimizer": B(True),
-    "steps_per_print": I(10, 1),
+    # Accelerate (and so the HF Trainer) writes float("inf") here to silence the periodic print
+    "steps_per_print": I(10, 1, infinite=True),
     "wall_clock_breakdown": B(),
     "dump_state": B(),
     "memory_breakdown": B(),

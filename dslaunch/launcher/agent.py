@@ -177,7 +177,7 @@ class Agent:
                     raise RuntimeError(str(exc)) from None
                 argv += ["--cpus", format_cores(cores)]
             proc = subprocess.Popen(
-                [*argv, *self.plan.program],
+                [*argv, *self.plan.rank_program(local_rank)],
                 env=self.rank_env(rank, local_rank, gpus, torch_error_file, cores),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,

@@ -74,6 +74,7 @@ class WorldPlan:
     run_id: str = ""  # TORCHELASTIC_RUN_ID of every rank: one id per job, kept across restarts
     bind_cores: bool = False  # pin each rank to its share of the host's cores (--bind_cores_to_rank)
     bind_core_list: str | None = None  # the cores to share out ("0-3,8"); None: the agent's cores
+    local_rank_arg: bool = False  # append --local_rank=N to each rank's argv (DeepSpeed's launcher)
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -126,8 +127,17 @@ class WorldPlan:
 
     def rank_command(self) -> str:
         """What each rank runs (display only; the agent builds the real argv)."""
-        argv = [self.python, "-u", "-m", "dslaunch.launcher.bootstrap", *self.program]
+        argv = [self.python, "-u", "-m", "dslaunch.launcher.bootstrap",
+                *self.rank_program("<LOCAL_RANK>")]
         return shlex.join(argv)
+
+    def rank_program(self, local_rank) -> list:
+        """``program`` as one rank runs it: with ``local_rank_arg``, ``--local_rank=N`` right after
+        the script (or module), before its arguments, where DeepSpeed's launcher puts it."""
+        if not self.local_rank_arg:
+            return list(self.program)
+        at = 2 if self.program[:1] == ["-m"] else 1
+        return [*self.program[:at], f"--local_rank={local_rank}", *self.program[at:]]
 
 
 def build_plan(
@@ -151,6 +161,7 @@ def build_plan(
     run_id: str | None = None,
     bind_cores: bool = False,
     bind_core_list: str | None = None,
+    local_rank_arg: bool = False,
 ) -> WorldPlan:
     """Number ranks host by host in plan order; ``selection`` is host -> slot ids (ordered)."""
     nodes, next_rank = [], 0
@@ -186,6 +197,7 @@ def build_plan(
         run_id=run_id or str(uuid.uuid4()),  # the form torchrun uses
         bind_cores=bind_cores,
         bind_core_list=bind_core_list,
+        local_rank_arg=local_rank_arg,
     )
 
 
