@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 install: $(BIN)/dslaunch
 	@$(MAKE) --no-print-directory ops
 
-$(BIN)/dslaunch: pyproject.toml
+$(BIN)/dslaunch: pyproject.toml setup.py dslaunch_as_deepspeed.pth
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"

@@ -48,6 +48,10 @@ def _missing(deepspeed: str, why: str) -> Name:
     return Name(deepspeed, None, why)
 
 
+# The DeepSpeed release whose API this table follows (read from its source); the --as-deepspeed
+# alias reports it as the `deepspeed` version, so frameworks' version gates take its code paths.
+DEEPSPEED_VERSION = "0.19.8"
+
 MOE = "comes with issue 22 (mixture of experts)"
 SEQ = "comes with issue 21 (long sequences: Ulysses, activation checkpointing)"
 PROFILING = "comes with issue 23 (FLOPs profiler, comms logger)"
@@ -82,8 +86,10 @@ NAMES: list[Name] = [
     _present("deepspeed.DeepSpeedEngine", "dslaunch.engine.engine:DSLaunchEngine",
              "dslaunch's engine class; isinstance checks against this name hold"),
     _present("deepspeed.__version__", "dslaunch:__version__",
-             "dslaunch's own version; frameworks that gate on DeepSpeed's version read the "
-             "alias's metadata (issue 19)"),
+             "dslaunch's own version; under --as-deepspeed `deepspeed.__version__` and the "
+             "`deepspeed` package metadata are the DeepSpeed release the table follows, with "
+             "dslaunch's version as the local label (0.19.8+dslaunch.0.1.0), so frameworks' "
+             "version gates pass (docs/frameworks.md)"),
     _missing("deepspeed.tp_model_init", AUTOTP),
     _missing("deepspeed.init_inference", INFERENCE),
     # -- deepspeed.zero ---------------------------------------------------------------------------

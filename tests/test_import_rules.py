@@ -20,9 +20,10 @@ the public faces: ``dslaunch/__init__.py`` (lazy names), ``dslaunch/zero.py``, `
 docs/architecture.md ("One-way rules") and docs/interfaces.md, as the code keeps them today:
 
 - launcher: imports, at any level, only ``dslaunch`` (the package, for ``__version__``),
-  ``dslaunch.launcher.*`` and ``dslaunch.config.*`` of dslaunch, and never torch, not even inside
-  a function: the agent starts ranks without torch (the code has no lazy torch import here, so
-  none is allowed).
+  ``dslaunch.launcher.*`` and ``dslaunch.config.*`` of dslaunch, and ``dslaunch.as_deepspeed``
+  (the bootstrap turns on the ``--as-deepspeed`` alias; it imports only the names table), and
+  never torch, not even inside a function: the agent starts ranks without torch (the code has no
+  lazy torch import here, so none is allowed).
 - engine: imports of dslaunch only ``dslaunch.engine.*``, ``dslaunch.config.*``,
   ``dslaunch.kernels.*``, ``dslaunch.nvme.*``, ``dslaunch.accelerator.*`` (the device interface, a
   real module of its own, not a face) and the bare package ``dslaunch`` (``__version__``),
@@ -246,7 +247,8 @@ def _is_torch(name: str) -> bool:
 
 # rule: (the importer's room, the dslaunch modules it may import, torch: "any" | "lazy" | "none")
 RULES = {
-    "launcher": ("dslaunch.launcher", ("dslaunch.launcher", "dslaunch.config"), "none"),
+    "launcher": ("dslaunch.launcher", ("dslaunch.launcher", "dslaunch.config",
+                                       "dslaunch.as_deepspeed"), "none"),
     "engine": ("dslaunch.engine", ("dslaunch.engine", "dslaunch.config", "dslaunch.kernels",
                                    "dslaunch.nvme", "dslaunch.accelerator"), "any"),
     "accelerator": ("dslaunch.accelerator", ("dslaunch.accelerator", "dslaunch.kernels",

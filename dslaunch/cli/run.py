@@ -13,6 +13,9 @@ Defaults worth knowing:
   port free on this host;
 - ``OMP_NUM_THREADS``: cores // local ranks (min 1) unless it is already set or ``--omp-threads``;
 - ``--local_rank`` is not added to the script's argv (as torchrun); LOCAL_RANK is in its env.
+  ``--as-deepspeed`` adds it (``--local_rank=N``, as DeepSpeed's launcher) and sets
+  ``DSLAUNCH_AS_DEEPSPEED=1`` on every rank: ``import deepspeed`` then gives dslaunch
+  (docs/frameworks.md).
 """
 
 from __future__ import annotations
@@ -174,12 +177,16 @@ def _print_summary(plan: WorldPlan) -> None:
               help="Working directory of the ranks (default: the current directory).")
 @click.option("--python", "python", default=None,
               help="Interpreter for agents and ranks (default: the one running dslaunch).")
+@click.option("--as-deepspeed", "as_deepspeed", is_flag=True,
+              help="On every rank `import deepspeed` gives dslaunch (DSLAUNCH_AS_DEEPSPEED=1) and the "
+                   "script gets --local_rank=N, as under DeepSpeed's launcher.")
 @_extra_options
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, master_port, config,
         env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts,
-        grace_period, heartbeat_timeout, chdir, python, script, script_args, **runner_options):
+        grace_period, heartbeat_timeout, chdir, python, as_deepspeed, script, script_args,
+        **runner_options):
     """Run SCRIPT (or, with -m, a module) on every selected slot; ARGS go to it untouched."""
     from dslaunch.launcher.resources import ResourceError, select_resources
 
@@ -209,6 +216,8 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
 
     config_json = _config(config, world_size) if config else None
     env, env_sources = _env(env_items, cwd)
+    if as_deepspeed:
+        env["DSLAUNCH_AS_DEEPSPEED"], env_sources["DSLAUNCH_AS_DEEPSPEED"] = "1", "--as-deepspeed"
     program = (["-m", script] if module else [script]) + list(script_args)
     plan = build_plan(
         selection, program=program, launcher=launcher, master_addr=master_addr,
@@ -216,7 +225,7 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         python=python or sys.executable, config=config_json,
         config_path=str(Path(config).resolve()) if config else None,
         log_dir=str(Path(log_dir).resolve()) if log_dir else None, omp_threads=omp_threads,
-        grace_period=grace_period, max_restarts=max_restarts,
+        grace_period=grace_period, max_restarts=max_restarts, local_rank_arg=as_deepspeed,
     )
     runner = runner_cls(plan, runner_options)
     try:

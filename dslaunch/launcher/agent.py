@@ -139,7 +139,7 @@ class Agent:
         for local_rank, rank in enumerate(self.node["ranks"]):
             error_file = os.path.join(self.tmpdir, f"error_{rank}.json")
             argv = [sys.executable, "-u", "-m", "dslaunch.launcher.bootstrap",
-                    "--error-file", error_file, *self.plan.program]
+                    "--error-file", error_file, *self.plan.rank_program(local_rank)]
             proc = subprocess.Popen(
                 argv,
                 env=self.rank_env(rank, local_rank, gpus),

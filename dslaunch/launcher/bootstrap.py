@@ -12,8 +12,11 @@
   flushed) but skips the interpreter's final teardown: C++ objects that own threads (gloo's
   process groups) are destroyed there in arbitrary order and can call std::terminate, which
   turned ranks that had finished their work into SIGABRT failures.
-- ``--local_rank`` is NOT added to argv (torchrun does not either): LOCAL_RANK is in the env, and a
-  script that declares ``--local_rank`` with a default keeps working.
+- ``--local_rank`` is NOT added to argv here (torchrun does not either): LOCAL_RANK is in the env,
+  and a script that declares ``--local_rank`` with a default keeps working. ``dslaunch run
+  --as-deepspeed`` has the agent add it, as DeepSpeed's launcher does.
+- With DSLAUNCH_AS_DEEPSPEED set (``--as-deepspeed``), ``import deepspeed`` means dslaunch before
+  the script runs (dslaunch/as_deepspeed.py), whether or not the package's .pth is installed.
 
 No torch here: the rank's own script decides what to import.
 """
@@ -88,6 +91,10 @@ def main(argv: list | None = None) -> None:
     error_file, module, script, args = _parse(list(sys.argv[1:] if argv is None else argv))
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    if os.environ.get("DSLAUNCH_AS_DEEPSPEED"):
+        from dslaunch.as_deepspeed import install_from_env  # imports no torch
+
+        install_from_env()
     try:
         if module is not None:
             # python -m puts the cwd first on sys.path; run_module(alter_sys) sets argv[0] itself.

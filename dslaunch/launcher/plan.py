@@ -70,6 +70,7 @@ class WorldPlan:
     line_prefix: str = LOCAL_PREFIX
     max_restarts: int = 0
     env_channel: str = ""  # "" (env inside the encoded plan), "stdin" or "environ": see above
+    local_rank_arg: bool = False  # append --local_rank=N to each rank's argv (DeepSpeed's launcher)
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -122,8 +123,17 @@ class WorldPlan:
 
     def rank_command(self) -> str:
         """What each rank runs (display only; the agent builds the real argv)."""
-        argv = [self.python, "-u", "-m", "dslaunch.launcher.bootstrap", *self.program]
+        argv = [self.python, "-u", "-m", "dslaunch.launcher.bootstrap",
+                *self.rank_program("<LOCAL_RANK>")]
         return shlex.join(argv)
+
+    def rank_program(self, local_rank) -> list:
+        """``program`` as one rank runs it: with ``local_rank_arg``, ``--local_rank=N`` right after
+        the script (or module), before its arguments, where DeepSpeed's launcher puts it."""
+        if not self.local_rank_arg:
+            return list(self.program)
+        at = 2 if self.program[:1] == ["-m"] else 1
+        return [*self.program[:at], f"--local_rank={local_rank}", *self.program[at:]]
 
 
 def build_plan(
@@ -144,6 +154,7 @@ def build_plan(
     grace_period: float = 5.0,
     line_prefix: str | None = None,
     max_restarts: int = 0,
+    local_rank_arg: bool = False,
 ) -> WorldPlan:
     """Number ranks host by host in plan order; ``selection`` is host -> slot ids (ordered)."""
     nodes, next_rank = [], 0
@@ -176,6 +187,7 @@ def build_plan(
         grace_period=grace_period,
         line_prefix=line_prefix,
         max_restarts=max_restarts,
+        local_rank_arg=local_rank_arg,
     )
 
 
