@@ -296,6 +296,15 @@ def test_an_auto_no_framework_fills_is_refused_in_both_readings():
             "Accelerate fills this key); put an integer >= 1"]
 
 
+def test_steps_per_print_infinity_as_accelerate_writes_it():
+    # Accelerate sets steps_per_print = float("inf") in every DeepSpeed config it prepares
+    cfg = resolve_config({**BASE, "steps_per_print": float("inf")}, world_size=1)
+    assert cfg.get("steps_per_print") == float("inf") and cfg.sources["steps_per_print"] == "file"
+    assert resolve_config(cfg.to_json(), world_size=1).get("steps_per_print") == float("inf")
+    assert problems({**BASE, "steps_per_print": float("-inf")}) == [
+        "steps_per_print: -Infinity is not allowed; expected an integer >= 1"]
+
+
 def test_auto_that_cannot_be_resolved_is_rejected_with_what_to_put():
     raw = json.loads(json.dumps(HF_STYLE))
     raw["optimizer"]["params"]["lr"] = "auto"

@@ -31,6 +31,7 @@ class Leaf:
     choices: Optional[tuple] = None  # allowed values (str kinds compare case-sensitively)
     length: Optional[int] = None  # for "floats": required list length
     required: bool = False
+    infinity: bool = False  # an "int" that also takes +infinity (meaning "never")
 
     def describe(self) -> str:
         """What is allowed, for error messages."""
@@ -339,7 +340,8 @@ TOP = Section({
     "zero_optimization": ZERO,
     "zero_allow_untested_optimizer": B(),
     "zero_force_ds_cpu_optimizer": B(True),
-    "steps_per_print": I(10, 1),
+    # Accelerate writes float("inf") to silence the step log (DeepSpeed never prints then)
+    "steps_per_print": I(10, 1, infinity=True),
     "wall_clock_breakdown": B(),
     "dump_state": B(),
     "memory_breakdown": B(),

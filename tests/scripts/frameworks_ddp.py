@@ -1,8 +1,12 @@
-"""Plain DDP through Lightning or Accelerate, the way their users write it (no dslaunch, no
-DeepSpeed), on CPU: run by ``dslaunch run`` and by torchrun, the same losses must come out.
+"""Lightning or Accelerate, the way their users write it, on CPU. Plain DDP (no dslaunch, no
+DeepSpeed): run by ``dslaunch run`` and by torchrun, the same losses must come out. With
+``--deepspeed-stage N``: Accelerate's DeepSpeedPlugin (ZeRO stage N, its "auto" batch sizes
+filled from the DataLoader) on whatever `import deepspeed` gives (dslaunch's engine under
+``dslaunch run --as-deepspeed``); it must train as its DDP does.
 ``--framework lightning|accelerate --out DIR``; each rank writes ``DIR/rank_<r>.json``: its
 per-step losses (this rank's batch), final parameters' sum, and what the framework detected
-(Lightning's cluster environment, Accelerate's distributed type and process layout)."""
+(Lightning's cluster environment, Accelerate's distributed type and process layout, the module of
+the engine that trained)."""
 
 import argparse
 import json
@@ -15,6 +19,8 @@ STEPS, BATCH = 5, 4
 parser = argparse.ArgumentParser()
 parser.add_argument("--framework", choices=["lightning", "accelerate"], required=True)
 parser.add_argument("--out", required=True)
+parser.add_argument("--deepspeed-stage", type=int, default=None)
+parser.add_argument("--local_rank", type=int, default=-1)  # DeepSpeed's launchers pass it
 args = parser.parse_args()
 
 
@@ -60,7 +66,15 @@ def accelerate():
     from accelerate import Accelerator
 
     model, data = model_and_data()
-    acc = Accelerator(cpu=True)
+    plugin = None
+    if args.deepspeed_stage is not None:
+        from accelerate.utils import DeepSpeedPlugin
+
+        plugin = DeepSpeedPlugin(hf_ds_config={
+            "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+            "gradient_accumulation_steps": "auto", "gradient_clipping": 0.0,
+            "zero_optimization": {"stage": args.deepspeed_stage}})
+    acc = Accelerator(cpu=plugin is None, deepspeed_plugin=plugin)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=False)
     ddp, optimizer, loader = acc.prepare(model, optimizer, loader)
@@ -73,7 +87,8 @@ def accelerate():
         losses.append(loss.item())
     return losses, model, {"distributed_type": str(acc.distributed_type), "process_index": acc.process_index,
                            "num_processes": acc.num_processes, "local_process_index": acc.local_process_index,
-                           "backend": acc.state.backend, "ddp": type(ddp).__name__}
+                           "backend": acc.state.backend, "ddp": type(ddp).__name__,
+                           "engine_module": type(ddp).__module__}
 
 
 losses, model, detected = lightning() if args.framework == "lightning" else accelerate()
