@@ -6,8 +6,9 @@
   on CPU it trains one: ZeRO 2 and 3 through the plugin must give exactly the losses of plain
   Accelerate; two processes are refused by the engine with the batch Accelerate computed for one.
 - Lightning's Trainer refuses DeepSpeedStrategy without CUDA (its own error); the strategy's own
-  deepspeed.initialize, save_checkpoint and Lightning's zero-to-fp32 conversion run on 2 ranks,
-  ZeRO 2 and 3, against a single-process torch reference (tests/scripts/lightning_deepspeed.py).
+  deepspeed.initialize, save_checkpoint, Lightning's zero-to-fp32 conversion and Fabric's
+  load_checkpoint run on 2 ranks, ZeRO 2 and 3, against a single-process torch reference
+  (tests/scripts/lightning_deepspeed.py).
 """
 
 import subprocess
@@ -67,6 +68,10 @@ def test_lightning_deepspeed_strategy_on_our_engine(tmp_path, stage):
         assert (res["engine_module"], res["zero_stage"]) == ("dslaunch.engine.engine", stage)
         assert res["losses"] == pytest.approx(res["ref_losses"], rel=1e-6)
         assert res["optimizer_is_deepspeed_optimizer"] and not res["plain_optimizer_is_deepspeed_optimizer"]
+        # Fabric's load_checkpoint into a fresh engine: weights and Adam moments are back (one more
+        # step on the saved engine and on the resumed one gives the same loss), client state too
+        assert res["resumed_global_step"] == 5
+        assert res["after_resume"][0] == res["after_resume"][1]
     assert ranks[0]["losses"] == ranks[1]["losses"]
     converted = ranks[0]
     assert converted["converted_names"] and converted["converted_max_diff"] < 1e-6

@@ -7,8 +7,9 @@ not need one are driven through the strategy's own methods: its DeepSpeed config
 precision plugin runs them (``engine.backward``, ``engine.step``), ``save_checkpoint`` (the
 engine's, tag "checkpoint", Lightning's state as client state), then on rank 0 Lightning's
 ``convert_zero_checkpoint_to_fp32_state_dict`` (``get_optim_files`` / ``get_model_state_file`` /
-``get_fp32_state_dict_from_zero_checkpoint``). A single-process torch run on the whole batch is
-the reference. Each rank writes ``<out>/rank_<r>.json``."""
+``get_fp32_state_dict_from_zero_checkpoint``), and Lightning Fabric's ``load_checkpoint`` of that
+checkpoint into a second engine. A single-process torch run on the whole batch is the
+reference. Each rank writes ``<out>/rank_<r>.json``."""
 
 import argparse
 import copy
@@ -121,6 +122,27 @@ strategy.save_checkpoint({"epoch": 0, "global_step": STEPS, "pytorch-lightning_v
                           "state_dict": {}, "optimizer_states": [], "loops": {"fit_loop": {"step": STEPS}}},
                          ckpt)
 dist.barrier()
+
+# 4. resume: Lightning Fabric's DeepSpeedStrategy.load_checkpoint into a second engine (it finds
+# the engine by isinstance DeepSpeedEngine, the optimizer by isinstance DeepSpeedOptimizer); one
+# more step on each engine must then give the same loss
+from lightning.fabric.strategies import DeepSpeedStrategy as FabricDeepSpeedStrategy  # noqa: E402
+
+torch.manual_seed(7)  # other weights than the saved ones
+fresh = Net()
+engine2, optimizer2 = strategy._setup_model_and_optimizer(
+    fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-2), None)
+state = {"model": engine2, "optimizer": optimizer2, "global_step": 0}
+FabricDeepSpeedStrategy(stage=args.stage).load_checkpoint(ckpt, state=state)
+result["resumed_global_step"] = state["global_step"]
+lo = STEPS * 2 * BATCH - 2 * BATCH + rank * BATCH  # the last step's batch again
+after = []
+for e in (engine, engine2):
+    loss = torch.nn.functional.mse_loss(e(X[lo:lo + BATCH]), Y[lo:lo + BATCH])
+    e.backward(loss)
+    e.step()
+    after.append(torch.nn.functional.mse_loss(e(X[lo:lo + BATCH]), Y[lo:lo + BATCH]).item())
+result["after_resume"] = after
 if rank == 0:
     out = convert_zero_checkpoint_to_fp32_state_dict(ckpt, os.path.join(args.out, "fp32.pt"))
     reference = {k: v for k, v in ref.state_dict().items()}
