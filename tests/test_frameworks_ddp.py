@@ -34,7 +34,7 @@ def runs(tmp_path_factory):
 def test_same_losses_and_parameters_as_under_torchrun(runs, framework):
     ours, torchrun = runs[framework, "dslaunch"], runs[framework, "torchrun"]
     for rank in range(2):
-        assert len(ours[rank]["losses"]) == 5
+        assert len(ours[rank]["losses"]) == 5 + (framework == "accelerate")  # + save/load round trip
         assert ours[rank]["losses"] == torchrun[rank]["losses"]
         assert ours[rank]["param_sum"] == torchrun[rank]["param_sum"]
     assert ours[0]["losses"] != ours[1]["losses"]  # each rank really trained on its own shard

@@ -44,8 +44,10 @@ def test_accelerate_deepspeed_plugin_trains_as_plain_accelerate(tmp_path, plain_
     assert got["detected"]["distributed_type"] == "DistributedType.DEEPSPEED"
     assert got["detected"]["engine_module"] == "dslaunch.engine.engine"
     assert plain_accelerate["detected"]["ddp"] == "DistributedDataParallel"
-    assert len(got["losses"]) == 10
+    assert len(got["losses"]) == 11
     assert got["losses"] == plain_accelerate["losses"]  # fp32, one process: bit for bit
+    resumed = got["losses"][-1]  # a step after save_state, the same step after load_state
+    assert resumed[0] == resumed[1]
     assert got["param_sum"] == plain_accelerate["param_sum"]
 
 

@@ -4,7 +4,8 @@ DeepSpeed): run by ``dslaunch run`` and by torchrun, the same losses must come o
 filled from the DataLoader) on whatever `import deepspeed` gives (dslaunch's engine under
 ``dslaunch run --as-deepspeed``); it must train as its DDP does.
 ``--framework lightning|accelerate --out DIR``; each rank writes ``DIR/rank_<r>.json``: its
-per-step losses (this rank's batch), final parameters' sum, and what the framework detected
+per-step losses (this rank's batch; Accelerate's end with the two losses of a save_state /
+load_state round trip), final parameters' sum, and what the framework detected
 (Lightning's cluster environment, Accelerate's distributed type and process layout, the module of
 the engine that trained)."""
 
@@ -85,6 +86,19 @@ def accelerate():
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
+    # save_state, one more step, load_state, the same step again: the same loss both times
+    x, y = next(iter(loader))
+    again = []
+    acc.save_state(os.path.join(args.out, "state"))
+    for reload in (False, True):
+        if reload:
+            acc.load_state(os.path.join(args.out, "state"))
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        again.append(torch.nn.functional.mse_loss(ddp(x), y).item())
+    losses.append(again)
     return losses, model, {"distributed_type": str(acc.distributed_type), "process_index": acc.process_index,
                            "num_processes": acc.num_processes, "local_process_index": acc.local_process_index,
                            "backend": acc.state.backend, "ddp": type(ddp).__name__,
