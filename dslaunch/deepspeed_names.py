@@ -63,9 +63,6 @@ API = "comes with issue 18 (DeepSpeed's public API), in progress"
 UCP = ("not planned: DeepSpeed's universal checkpoint format; dslaunch checkpoints load at "
        "another world size as they are (resharded on load), `dslaunch ckpt reshape` rewrites "
        "them")
-DS_FILES = ("not provided: it names DeepSpeed's checkpoint files, and dslaunch's differ "
-            "(`model_states.pt`, `rank_{r}_optim_states.pt`); use "
-            "get_fp32_state_dict_from_zero_checkpoint")
 COLLECTIVE = "collective under ZeRO 1-3: every data-parallel rank calls it, in the same order"
 LOCAL = ("this rank's elements of the parameter, 1-D, under ZeRO 1-3 (DeepSpeed: ZeRO-3 only); "
          "None under stage 0")
@@ -299,8 +296,14 @@ NAMES: list[Name] = [
              "copy of the model in memory otherwise); reads dslaunch checkpoints"),
     _present("deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint",
              "dslaunch.engine.checkpoint.fp32_state:load_state_dict_from_zero_checkpoint"),
-    _missing("deepspeed.utils.zero_to_fp32.get_model_state_file", DS_FILES),
-    _missing("deepspeed.utils.zero_to_fp32.get_optim_files", DS_FILES),
+    _present("deepspeed.utils.zero_to_fp32.get_model_state_file",
+             "dslaunch.engine.checkpoint.state_files:get_model_state_file",
+             "dslaunch's `model_states.pt` (client state at its top level, as DeepSpeed's), "
+             "else DeepSpeed's file for the stage"),
+    _present("deepspeed.utils.zero_to_fp32.get_optim_files",
+             "dslaunch.engine.checkpoint.state_files:get_optim_files",
+             "`rank_{r}_optim_states.pt` (or DeepSpeed's) in rank order; each carries "
+             "`optimizer_state_dict.zero_stage` as DeepSpeed's do, not its optimizer state"),
     # -- deepspeed.checkpoint ---------------------------------------------------------------------
     _present("deepspeed.checkpoint", "dslaunch.checkpoint"),
     _present("deepspeed.checkpoint.utils", "dslaunch.checkpoint.utils"),
@@ -390,9 +393,12 @@ NAMES: list[Name] = [
     _present("deepspeed.runtime.dataloader.RepeatingLoader",
              "dslaunch.engine.dataloader:RepeatingLoader",
              "the same class as deepspeed.utils.RepeatingLoader"),
-    _missing("deepspeed.runtime.base_optimizer", "not provided: initialize returns the torch "
-             "optimizer itself (with overflow / cur_scale / loss_scale attributes), no "
-             "DeepSpeedOptimizer wrapper class"),
+    _present("deepspeed.runtime.base_optimizer", "dslaunch.runtime.base_optimizer"),
+    _present("deepspeed.runtime.base_optimizer.DeepSpeedOptimizer",
+             "dslaunch.engine.deepspeed_surface:DeepSpeedOptimizer",
+             "not a wrapper: initialize returns the torch optimizer itself (with overflow / "
+             "cur_scale / loss_scale attributes); isinstance is true for an optimizer an engine "
+             "trains with"),
     _missing("deepspeed.runtime.activation_checkpointing", SEQ),
     _missing("deepspeed.runtime.sequence_parallel", SEQ),
     _missing("deepspeed.runtime.data_pipeline", DATA_EFFICIENCY),

@@ -49,14 +49,17 @@ def _from_config(path: str, world_size: int) -> dict:
     from dslaunch.config import ConfigError, resolve_config
 
     try:
-        cfg = resolve_config(path, world_size=world_size, require_batch=False).typed
+        cfg = resolve_config(path, world_size=world_size, require_batch=False,
+                             autos="describe").typed
     except ConfigError as exc:
         raise click.ClickException(f"invalid config {path}:\n  " + "\n  ".join(exc.lines())) \
             from None
     zero = cfg.zero_optimization
-    precision = "bf16" if cfg.bf16.enabled else "fp16" if cfg.fp16.enabled else "fp32"
+    # an "auto" precision (the Trainer's --bf16 fills it) counts as fp32 here; --precision picks
+    precision = "bf16" if cfg.bf16.enabled is True else "fp16" if cfg.fp16.enabled is True else "fp32"
+    stage = zero.stage if isinstance(zero.stage, int) else 0
     optimizer = (cfg.optimizer.type if cfg.optimizer is not None else "adam").lower()
-    return {"stage": zero.stage, "precision": precision,
+    return {"stage": stage, "precision": precision,
             "offload_optimizer": zero.offload_optimizer.device,
             "offload_param": zero.offload_param.device, "optimizer": optimizer}
 

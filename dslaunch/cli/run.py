@@ -98,7 +98,7 @@ def _config(path: str, world_size: int) -> str:
         raise click.ClickException(f"--config {path}: no such file")
     try:
         written = load_config(path)
-        resolve_config(written, world_size=world_size, origin=path)
+        resolve_config(written, world_size=world_size, origin=path, autos="describe")
     except ConfigError as exc:
         lines = exc.lines()
         if any(p.startswith(("train_batch_size", "train_micro_batch_size_per_gpu",

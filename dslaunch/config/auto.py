@@ -1,86 +1,167 @@
-"""Resolve "auto" values (Hugging Face's DeepSpeed configs write them) or reject them clearly.
+""""auto" values: who fills each one, and what happens to those nobody filled.
 
-Rules, in order (the batch triad's autos are left to ``batch.py``):
-1. fp16.enabled / bf16.enabled: false (we have no Trainer flags to take them from; fp32 is the
-   safe choice, and the source says "auto" so ``config show`` makes it visible).
-2. ZeRO buckets (reduce_bucket_size, stage3_prefetch_bucket_size): Hugging Face derives them from
-   the model's hidden size, which a config cannot know. We take DeepSpeed's default, capped at
-   the model's parameter count when ``model_num_params`` is known (a bucket larger than the whole
-   model only costs memory). stage3_param_persistence_threshold takes DeepSpeed's default.
-3. optimizer.params.lr, scheduler total_num_steps and other required values with no default:
-   rejected, naming the key and what to put there (guessing a learning rate or a training
-   length would silently change the run).
-4. scheduler warmup_max_lr: the optimizer's lr when that is a number, else rejected;
-   warmup_num_steps: 0, the Hugging Face Trainer's default (no warmup), because DeepSpeed's default
-   of 1000 can exceed a short run's total_num_steps.
-5. Any other key with a documented default: that default (optimizer betas/eps/weight_decay take
-   torch's Adam defaults). A key of a free-form section with no known meaning: rejected.
+Hugging Face's DeepSpeed configs write "auto" where a framework fills the value before the engine
+starts: the Trainer (``HfTrainerDeepSpeedConfig``) from its ``TrainingArguments`` and the model's
+hidden size, Accelerate (``DeepSpeedPlugin`` and ``Accelerator.prepare``) from its plugin, its
+DataLoader and ``DummyOptim``/``DummyScheduler``. ``FILLERS`` says who fills which key.
+
+Two readings (``resolve_config(..., autos=)``):
+- ``"describe"`` (``config validate|show`` and the launcher, which ship the config as written): an
+  "auto" some framework fills is fine; it stays "auto" unless ``fills`` (``config show``'s
+  ``--lr``, ``--hidden-size``... options) gives the value, and ``auto_lines`` says who fills it.
+- ``"engine"`` (``dslaunch.initialize``): a framework had its chance. The three hidden-size keys
+  are filled from the model (the formula Transformers and Accelerate use, or DeepSpeed's default
+  when the model has no ``config.hidden_size``); every other "auto" is refused, naming the key,
+  who would have filled it and what to put (DeepSpeed fails later with a TypeError, or, for
+  fp16/bf16 and a few ZeRO keys, silently takes a default: we would rather say so).
+In both, an "auto" no framework fills is refused. The batch triad's autos are left to ``batch.py``
+(any two of the three infer the third, as in DeepSpeed).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
-from .batch import TRIAD
+from .batch import GAS, MBS, TBS, TRIAD
 from .schema import SCHEDULER_PARAMS, TOP, Leaf, Section
 
-OPTIMIZER_DEFAULTS = {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "momentum": 0.0}
-BUCKETS = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size")
-WHAT_TO_PUT = {
-    "optimizer.type": "an optimizer name, e.g. AdamW (or remove the optimizer section and pass "
-                      "your own optimizer to dslaunch.initialize)",
-    "scheduler.type": "a scheduler name: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or LRRangeTest",
-    "optimizer.params.lr": "the learning rate, e.g. 1e-3 (the Hugging Face Trainer fills it from "
-                           "--learning_rate)",
-    "scheduler.params.total_num_steps": "the number of optimizer steps of the run (the Hugging Face "
-                                        "Trainer fills it from the dataset size and epochs)",
+
+@dataclass(frozen=True)
+class Filler:
+    trainer: Optional[str] = None  # the Trainer's source (a TrainingArguments field, a formula)
+    accelerate: Optional[str] = None  # Accelerate's source
+    option: Optional[str] = None  # the ``fills`` key (``config show --OPTION``) that gives it
+    value: Optional[Callable[[Any], Any]] = None  # fills[option] -> the value (default: as is)
+    put: Optional[str] = None  # what to write instead (else the schema's description)
+    from_model: bool = False  # the engine fills it from the model's hidden size
+
+
+def _hidden(factor: float) -> Callable[[int], int]:
+    return lambda h: int(factor * h * h)
+
+
+_PLUGIN = "DeepSpeedPlugin({}=...) (accelerate config's {}; default {})"
+FILLERS = {
+    MBS: Filler("per_device_train_batch_size", "the DataLoader's batch_size", "micro_batch_size"),
+    GAS: Filler("gradient_accumulation_steps", "Accelerator(gradient_accumulation_steps=...)",
+                "grad_accum"),
+    TBS: Filler("world size x per_device_train_batch_size x gradient_accumulation_steps",
+                "world size x the DataLoader's batch_size x gradient_accumulation_steps"),
+    "gradient_clipping": Filler("max_grad_norm", "DeepSpeedPlugin(gradient_clipping=...), else 1.0",
+                                "max_grad_norm"),
+    "optimizer.params.lr": Filler("learning_rate", "DummyOptim(lr=...)", "lr",
+                                  put="the learning rate, e.g. 1e-3"),
+    "optimizer.params.betas": Filler("adam_beta1 and adam_beta2", None, "adam_betas",
+                                     put="[beta1, beta2], e.g. [0.9, 0.999]"),
+    "optimizer.params.eps": Filler("adam_epsilon", None, "adam_eps", put="a number, e.g. 1e-8"),
+    "optimizer.params.weight_decay": Filler("weight_decay", "DummyOptim(weight_decay=...)",
+                                            "weight_decay", put="a number, e.g. 0.0"),
+    "scheduler.params.warmup_min_lr": Filler("always 0", "0 (DummyScheduler)", "warmup_min_lr",
+                                             put="a number, e.g. 0"),
+    "scheduler.params.warmup_max_lr": Filler("learning_rate", "the optimizer's lr (DummyScheduler)",
+                                             "lr", put="the peak learning rate, e.g. 1e-3"),
+    "scheduler.params.warmup_num_steps": Filler(
+        "warmup_steps (or warmup_ratio x the training steps), at least 1",
+        "DummyScheduler(warmup_num_steps=...)", "warmup_steps", put="a number of steps, e.g. 10"),
+    "scheduler.params.total_num_steps": Filler(
+        "the training steps it computes from the data, epochs and max_steps",
+        "DummyScheduler(total_num_steps=...)", "total_steps",
+        put="the number of optimizer steps of the run"),
+    "fp16.enabled": Filler("fp16 or fp16_full_eval", 'Accelerator(mixed_precision="fp16")',
+                           "precision", lambda p: p == "fp16"),
+    "bf16.enabled": Filler("bf16 or bf16_full_eval", 'Accelerator(mixed_precision="bf16")',
+                           "precision", lambda p: p == "bf16"),
+    "zero_optimization.reduce_bucket_size": Filler(
+        "hidden_size x hidden_size of the model's config", "the same", "hidden_size", _hidden(1),
+        from_model=True),
+    "zero_optimization.stage3_prefetch_bucket_size": Filler(
+        "0.9 x hidden_size x hidden_size (at stage 3)", "0.9 x hidden_size x hidden_size",
+        "hidden_size", _hidden(0.9), from_model=True),
+    "zero_optimization.stage3_param_persistence_threshold": Filler(
+        "10 x hidden_size (at stage 3)", "10 x hidden_size", "hidden_size", lambda h: 10 * h,
+        from_model=True),
+    # Accelerate fills these from its plugin (the Trainer builds that plugin from the same file)
+    "zero_optimization.stage": Filler(
+        None, _PLUGIN.format("zero_stage", "zero_stage", 2), "zero_stage"),
+    "zero_optimization.offload_optimizer.device": Filler(
+        None, _PLUGIN.format("offload_optimizer_device", "offload_optimizer_device", '"none"')),
+    "zero_optimization.offload_param.device": Filler(
+        None, _PLUGIN.format("offload_param_device", "offload_param_device", '"none"')),
+    "zero_optimization.offload_optimizer.nvme_path": Filler(
+        None, "DeepSpeedPlugin(offload_optimizer_nvme_path=...)"),
+    "zero_optimization.offload_param.nvme_path": Filler(
+        None, "DeepSpeedPlugin(offload_param_nvme_path=...)"),
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save": Filler(
+        None, "DeepSpeedPlugin(zero3_save_16bit_model=...), else false"),
 }
 
 
-def resolve_autos(values: dict, sources: dict, autos: list, problems: list,
-                  model_num_params: Optional[int]) -> None:
+def who_fills(path: str, with_option: bool = True) -> str:
+    """Who fills ``path`` when it is "auto" (and which ``config show`` option does), one line."""
+    filler = FILLERS.get(path)
+    if filler is None:
+        return "nobody (neither the Hugging Face Trainer nor Accelerate fills this key)"
+    parts = []
+    if filler.trainer:
+        parts.append(f"HF Trainer: {filler.trainer}")
+    if filler.accelerate:
+        parts.append(f"Accelerate: {filler.accelerate}")
+    if filler.from_model:
+        parts.append("else the engine: the model's config.hidden_size (DeepSpeed's default "
+                     "when it has none)")
+    if with_option and filler.option:
+        parts.append(f"config show --{filler.option.replace('_', '-')}")
+    elif with_option and path == TBS:
+        parts.append("config show --world-size with the other two")
+    return "; ".join(parts)
+
+
+def resolve_autos(values: dict, sources: dict, autos: list, problems: list, lines: list,
+                  mode: str, fills: dict, model_num_params: Optional[int]) -> None:
+    """Fill or refuse each "auto" of ``autos`` (in place); ``lines``: one per "auto", who fills it.
+    ``fills``: option name (``Filler.option``) -> value, from ``config show`` or the engine."""
     for path in autos:
+        filler = FILLERS.get(path)
+        if filler is not None and filler.option and fills.get(filler.option) is not None:
+            given = fills[filler.option]
+            _set(values, path, filler.value(given) if filler.value else given)
+            flag = "--" + filler.option.replace("_", "-")
+            lines.append(f"{path} = {json.dumps(_get(values, path))} (from {flag}); "
+                         f"in a run: {who_fills(path, with_option=False)}")
+            continue
+        lines.append(f"{path}: {who_fills(path)}")
         if path in TRIAD:
-            continue
-        try:
-            value = _auto_value(path, values, model_num_params)
-        except _Reject as reject:
-            problems.append(f'{path}: "auto" cannot be resolved here; put {reject.what}')
-            continue
-        _set(values, path, value)
-        sources[path] = "auto"
+            continue  # batch.py infers it from the other two, or says it cannot
+        if filler is None:
+            problems.append(f'{path}: "auto" cannot be resolved: {who_fills(path)}; put '
+                            f"{_what_to_put(path, values, None)}")
+        elif mode == "engine" and filler.from_model:
+            spec = leaf_at(path, values)  # DeepSpeed's default; a bucket above the model is waste
+            _set(values, path, min(spec.default, model_num_params) if model_num_params
+                 else spec.default)
+        elif mode == "engine":
+            problems.append(f'{path}: "auto" cannot be resolved here; put '
+                            f"{_what_to_put(path, values, filler)} (nothing filled it before "
+                            f"dslaunch.initialize: {who_fills(path)})")
 
 
-class _Reject(Exception):
-    def __init__(self, what: str):
-        super().__init__(what)
-        self.what = what
+_PUT = {  # keys no framework fills: what to write there
+    "optimizer.type": "an optimizer name, e.g. AdamW (or remove the optimizer section and pass "
+                      "your own optimizer to dslaunch.initialize)",
+    "scheduler.type": "a scheduler name: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or "
+                      "LRRangeTest",
+}
 
 
-def _auto_value(path: str, values: dict, model_num_params: Optional[int]):
-    if path in WHAT_TO_PUT:
-        raise _Reject(WHAT_TO_PUT[path])
-    if path in ("fp16.enabled", "bf16.enabled"):
-        return False
+def _what_to_put(path: str, values: dict, filler: Optional[Filler]) -> str:
+    if filler is not None and filler.put:
+        return filler.put
+    if path in _PUT:
+        return _PUT[path]
     spec = leaf_at(path, values)
-    if path in BUCKETS:
-        return min(spec.default, model_num_params) if model_num_params else spec.default
-    if path == "scheduler.params.warmup_max_lr":
-        lr = (values.get("optimizer") or {}).get("params", {}).get("lr")
-        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
-            return float(lr)
-        raise _Reject("the peak learning rate (a number; it is taken from optimizer.params.lr "
-                      "when that is a number)")
-    if path == "scheduler.params.warmup_num_steps":
-        return 0
-    name = path.rsplit(".", 1)[-1]
-    if path.startswith("optimizer.params.") and name in OPTIMIZER_DEFAULTS:
-        return OPTIMIZER_DEFAULTS[name]
-    if spec is None:
-        raise _Reject("a value (this key has no default to take)")
-    if spec.default is None:
-        raise _Reject(spec.describe() + " (this key has no default to take)")
-    return spec.default
+    return spec.describe() if spec is not None else "a value"
 
 
 def leaf_at(path: str, values: dict) -> Optional[Leaf]:
@@ -96,6 +177,12 @@ def leaf_at(path: str, values: dict) -> Optional[Leaf]:
             return None
         node = node.fields[part]
     return node if isinstance(node, Leaf) else None
+
+
+def _get(values: dict, path: str):
+    for part in path.split("."):
+        values = values[part]
+    return values
 
 
 def _set(values: dict, path: str, value) -> None:

@@ -15,8 +15,9 @@ TRIAD = (TBS, MBS, GAS)
 
 
 def resolve_batch(values: dict, sources: dict, problems: list, notes: list,
-                  dp: Optional[int], world_size: Optional[int]) -> None:
-    """Fill in the triad in ``values`` (in place); append problems and world-size notes."""
+                  dp: Optional[int], world_size: Optional[int], frameworks_fill: bool = False) -> None:
+    """Fill in the triad in ``values`` (in place); append problems and world-size notes.
+    ``frameworks_fill``: both batch sizes "auto" is fine (a framework fills them; ``auto.py``)."""
     tbs, mbs, gas = (values[k] if isinstance(values[k], int) else None for k in TRIAD)
     was_auto = {k for k in TRIAD if values[k] == "auto"}
 
@@ -25,6 +26,8 @@ def resolve_batch(values: dict, sources: dict, problems: list, notes: list,
         sources[key] = "auto" if key in was_auto else "inferred"
 
     if tbs is None and mbs is None:
+        if was_auto & {TBS, MBS} and frameworks_fill:
+            return
         if was_auto & {TBS, MBS}:
             problems.append(f'{MBS}: "auto" cannot be resolved here (the Hugging Face Trainer fills '
                             f"it from per_device_train_batch_size); put the micro-batch size per "

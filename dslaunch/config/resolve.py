@@ -33,6 +33,7 @@ _MISSING = object()
 class ResolvedConfig:
     """The resolved config. ``values``: full tree; ``sources``: dotted path -> "file" | "default" |
     "inferred" | "auto"; ``notes``: what still depends on the world size (when none was given);
+    ``auto_lines``: one line per "auto" of the file, saying who fills it;
     ``typed``: the same values as frozen, typed sections (``typed.zero_optimization.stage``),
     what the engine reads."""
 
@@ -44,6 +45,7 @@ class ResolvedConfig:
         self.dp_world_size = dp_world_size
         self.notes = notes
         self.origin = origin
+        self.auto_lines: list = []
         self._typed = None
 
     @property
@@ -99,12 +101,18 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
                    dp_world_size: Optional[int] = None, model_num_params: Optional[int] = None,
                    check_supported: bool = True, pipeline_stages: Optional[int] = None,
                    tensor_parallel_size: Optional[int] = None,
-                   origin: Optional[str] = None, require_batch: bool = True) -> ResolvedConfig:
+                   origin: Optional[str] = None, require_batch: bool = True,
+                   autos: str = "engine", fills: Optional[dict] = None) -> ResolvedConfig:
     """``pipeline_stages`` / ``tensor_parallel_size``: the layout the rank really runs (the
     PipelineModule's stages, the mpu's model-parallel size), checked against the config;
     ``origin``: the file name to put in messages when the config comes as a dict or string;
     ``require_batch=False``: a config that writes no batch size at all is fine (``estimate-memory``
-    reads the ZeRO and precision sections of partial configs)."""
+    reads the ZeRO and precision sections of partial configs);
+    ``autos``: "engine" (an "auto" the engine cannot fill from the model is refused) or
+    "describe" (an "auto" a framework fills stays "auto", see ``auto.py``); ``fills``: values
+    for "auto" keys by ``auto.FILLERS`` option name (``lr``, ``hidden_size``, ...)."""
+    if autos not in ("engine", "describe"):
+        raise ValueError(f'autos={autos!r}: expected "engine" or "describe"')
     raw, loaded_from = load_config_with_origin(source_or_raw)
     origin = loaded_from or origin
     for name, size in (("world_size", world_size), ("dp_world_size", dp_world_size)):
@@ -114,20 +122,24 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
 
     checked = check_config(raw)
     values, sources, problems = checked.values, checked.sources, checked.problems
-    resolve_autos(values, sources, checked.autos, problems, model_num_params)
+    auto_lines: list = []
+    resolve_autos(values, sources, checked.autos, problems, auto_lines, autos, fills or {},
+                  model_num_params)
     if dp_world_size is None and world_size is not None:
         dp = _data_parallel_size(values, world_size)
     notes: list = []
     no_batch = not require_batch and all(values[key] is None for key in TRIAD)
     if not no_batch and not any(p.split(":", 1)[0] in TRIAD for p in problems):  # a bad value is reported once
-        resolve_batch(values, sources, problems, notes, dp, world_size)
+        resolve_batch(values, sources, problems, notes, dp, world_size,
+                      frameworks_fill=autos == "describe")
     for key in TRIAD:  # whatever the triad could not settle depends on the world size
-        if values[key] == "auto":
+        if values[key] == "auto" and autos == "engine":
             values[key] = None
     _cross_checks(values, sources, problems)
     _layout_checks(values, sources, problems, pipeline_stages, tensor_parallel_size)
 
     cfg = ResolvedConfig(values, sources, world_size, dp, notes, origin)
+    cfg.auto_lines = auto_lines
     if check_supported:
         problems.extend(unsupported_problems(cfg.get))
     if problems:

@@ -31,7 +31,7 @@ class Leaf:
     choices: Optional[tuple] = None  # allowed values (str kinds compare case-sensitively)
     length: Optional[int] = None  # for "floats": required list length
     required: bool = False
-    infinite: bool = False  # an "int" that may also be Infinity: never (steps_per_print)
+    infinity: bool = False  # an "int" that also takes +infinity (meaning "never")
 
     def describe(self) -> str:
         """What is allowed, for error messages."""
@@ -46,7 +46,7 @@ class Leaf:
             text += f" >= {_num(self.low)}"
         elif self.high is not None:
             text += f" <= {_num(self.high)}"
-        return text  # Infinity, where allowed, is Accelerate's value, not one users write
+        return text
 
 
 @dataclass(frozen=True)
@@ -340,8 +340,8 @@ TOP = Section({
     "zero_optimization": ZERO,
     "zero_allow_untested_optimizer": B(),
     "zero_force_ds_cpu_optimizer": B(True),
-    # Accelerate (and so the HF Trainer) writes float("inf") here to silence the periodic print
-    "steps_per_print": I(10, 1, infinite=True),
+    # Accelerate writes float("inf") to silence the step log (DeepSpeed never prints then)
+    "steps_per_print": I(10, 1, infinity=True),
     "wall_clock_breakdown": B(),
     "dump_state": B(),
     "memory_breakdown": B(),

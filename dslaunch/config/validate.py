@@ -161,7 +161,7 @@ def check_leaf(spec: Leaf, value: Any):
             return False, None
         return (spec.choices is None or value in spec.choices), value
     if kind in ("int", "float"):
-        if spec.infinite and isinstance(value, float) and value == math.inf:
+        if spec.infinity and isinstance(value, float) and value == math.inf:
             return True, value
         number = _as_number(value)
         if number is None:

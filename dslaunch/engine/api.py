@@ -92,7 +92,23 @@ def resolve_engine_config(source, model, mpu=None, origin=None):
     dp, stages, tp = _layout(model, mpu)
     return resolve_config(source, world_size=dist.get_world_size(), dp_world_size=dp,
                           model_num_params=sum(p.numel() for p in model.parameters()),
-                          pipeline_stages=stages, tensor_parallel_size=tp, origin=origin).typed
+                          pipeline_stages=stages, tensor_parallel_size=tp, origin=origin,
+                          fills={"hidden_size": model_hidden_size(model)}).typed
+
+
+def model_hidden_size(model):
+    """The hidden size a Hugging Face-style model declares (``config.hidden_size``, the largest of
+    ``hidden_sizes``, or its ``text_config``'s), which fills the ZeRO bucket sizes written "auto"
+    as Transformers and Accelerate fill them; None for a model without one."""
+    config = getattr(model, "config", None)
+    for cfg in (config, getattr(config, "text_config", None)):
+        size = getattr(cfg, "hidden_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+        sizes = getattr(cfg, "hidden_sizes", None)
+        if isinstance(sizes, (list, tuple)) and sizes and all(isinstance(x, int) for x in sizes):
+            return max(sizes)
+    return None
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,

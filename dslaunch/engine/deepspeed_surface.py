@@ -54,6 +54,22 @@ def _refuse_after_destroy(module, args):
     raise EngineDestroyedError("engine.destroy() was called: this engine cannot run forward")
 
 
+_MANAGED = "_dslaunch_engine_optimizer"  # set on the optimizer an engine trains with
+
+
+class _ManagedOptimizerType(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return getattr(obj, _MANAGED, False) is True or type.__instancecheck__(cls, obj)
+
+
+class DeepSpeedOptimizer(metaclass=_ManagedOptimizerType):
+    """``deepspeed.runtime.base_optimizer.DeepSpeedOptimizer``. DeepSpeed's ZeRO optimizers
+    derive from it, and frameworks tell "an optimizer the engine owns" apart with ``isinstance``
+    (Lightning Fabric decides by it whether a checkpoint load restores optimizer states). The
+    engine here trains with the torch optimizer itself, so ``isinstance(opt, DeepSpeedOptimizer)``
+    is true for an optimizer some engine trains with (marked when the engine takes it)."""
+
+
 def _set_unless_property(obj, name: str, value) -> None:
     """Plain attribute on ``obj``, unless its class defines ``name`` itself (a property of a
     DeepSpeed-style optimizer keeps its own meaning)."""
@@ -70,6 +86,8 @@ class DeepSpeedSurface:
         name of the optimizer the caller passed (object or factory), None otherwise."""
         self._client_optimizer_name = client_optimizer_name
         self._states = StateOffloader(self)  # offload_states() / reload_states()
+        if self._trains:
+            setattr(self.optimizer, _MANAGED, True)  # isinstance(opt, DeepSpeedOptimizer)
         if self._trains:  # OpenRLHF calls them on engine.optimizer, as DeepSpeed's ZeRO has them
             for name in ("offload_states", "reload_states"):
                 if not hasattr(self.optimizer, name):

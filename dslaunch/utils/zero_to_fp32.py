@@ -3,7 +3,8 @@
 into a model. Without dslaunch installed, run the ``zero_to_fp32.py`` that ``save_checkpoint``
 writes beside the checkpoints.
 
-A face: the implementation is ``dslaunch/engine/checkpoint/fp32_state.py``.
+A face: the implementation is ``dslaunch/engine/checkpoint/fp32_state.py`` (and
+``state_files.py`` for the two file finders).
 """
 
 from dslaunch.engine.checkpoint.fp32_state import (
@@ -11,9 +12,11 @@ from dslaunch.engine.checkpoint.fp32_state import (
     get_fp32_state_dict_from_zero_checkpoint,
     load_state_dict_from_zero_checkpoint,
 )
+from dslaunch.engine.checkpoint.state_files import get_model_state_file, get_optim_files
 
 __all__ = ["get_fp32_state_dict_from_zero_checkpoint",
-           "convert_zero_checkpoint_to_fp32_state_dict", "load_state_dict_from_zero_checkpoint"]
+           "convert_zero_checkpoint_to_fp32_state_dict", "load_state_dict_from_zero_checkpoint",
+           "get_model_state_file", "get_optim_files"]
 
 
 def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it

@@ -71,7 +71,8 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         module_sd = without_frozen(module_sd, engine.module)
     if rank == 0:
         sched = engine.lr_scheduler
-        atomic_torch_save({
+        client = dict(client_state or {})
+        states = {
             "module": module_sd,
             "global_steps": engine.global_steps,
             "global_samples": engine.global_samples,
@@ -80,11 +81,18 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
             "skipped_steps": engine.skipped_steps,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "loss_scaler": engine.precision.scaler.state_dict(),
-            "client_state": dict(client_state or {}),
+            "client_state": client,
             "dslaunch_version": dslaunch_version(),
-        }, model_file(tmp))
+        }
+        # the client state at the top level too, where DeepSpeed puts it and readers of its
+        # files look (Lightning's zero-to-fp32 conversion); pickled once, the objects are shared
+        states.update({k: v for k, v in client.items() if k not in states})
+        atomic_torch_save(states, model_file(tmp))
+    # "optimizer_state_dict"/"zero_stage": where readers of DeepSpeed's files find the stage
     atomic_torch_save({"strategy": strategy.state_dict(), "rng": rng_state(),
-                       "rank": rank, "world_size": engine.world_size}, rank_file(tmp, rank))
+                       "rank": rank, "world_size": engine.world_size,
+                       "optimizer_state_dict": {"zero_stage": engine.zero_stage}},
+                      rank_file(tmp, rank))
     crash_point("after_files")
     comm.barrier()
     if rank == 0:
