@@ -4,7 +4,7 @@ The reference is torchrun itself: the same env-dump script (tests/scripts/env_du
 `python -m torch.distributed.run` and under `dslaunch run`, from the same environment, and every
 variable torchrun adds must be there with the same value, except the few whose value names this
 job (port, run id, error-file path) or that say how the launcher itself works (checked one by one
-below). Across hosts: tests/multihost/test_deepspeed_cli.py.
+below). Across hosts: tests/multihost/test_deepspeed_cli_two_hosts.py.
 """
 
 from __future__ import annotations
