@@ -58,7 +58,8 @@ def dumps(out) -> list:
 def test_torchrun_environment_across_hosts(cluster, jobdir):
     hf = cluster.hostfile(jobdir / "hostfile")
     script = str(ROOT / "tests" / "scripts" / "env_dump.py")
-    t_out, d_out = jobdir / "torchrun", jobdir / "dslaunch"
+    # not ./dslaunch: an empty folder of that name in the cwd shadows the package for `python -c`
+    t_out, d_out = jobdir / "torchrun_env", jobdir / "dslaunch_env"
     t_out.mkdir()
     d_out.mkdir()
     # the reference: torchrun started on both hosts (static rendezvous at host1)
