@@ -251,7 +251,7 @@ def summarise(configs, runs) -> list:
         row.update(status="ok", runs=len(ok),
                    samples_per_s_median=round(bu.median([r["samples_per_s"] for r in ok]), 2),
                    samples_per_s_runs=[r["samples_per_s"] for r in ok],
-                   trainer_samples_per_s_median=bu.median([r["trainer_train_samples_per_second"] for r in ok]),
+                   trainer_samples_per_s_median=_round(bu.median([r["trainer_train_samples_per_second"] for r in ok])),
                    peak_rss_mb_median=round(bu.median([r["peak_rss_mb_max"] for r in ok]), 1),
                    peak_rss_mb_per_rank=ok[0]["peak_rss_mb_per_rank"],
                    losses=ok[0]["losses"], engine=ok[0]["engine"])
@@ -270,6 +270,10 @@ def summarise(configs, runs) -> list:
         r["target_met"] = (r["samples_per_s"] >= TARGET["samples_per_s"] and r["peak_rss"] <= TARGET["peak_rss"])
         row["vs_deepspeed"] = r
     return rows
+
+
+def _round(x, nd=2):
+    return None if x is None else round(x, nd)
 
 
 def _paired(a_runs, b_runs) -> list:
@@ -352,7 +356,10 @@ def main(argv=None) -> int:
         if args.keep_logs:
             bu.log(f"run directories under {work}")
         if not args.no_warmup_runs:
-            for c in {c["runtime"]: c for c in reversed(configs)}.values():  # the first per runtime
+            firsts = {}
+            for c in configs:
+                firsts.setdefault(c["runtime"], c)
+            for c in firsts.values():  # one per runtime
                 bu.log(f"warm-up run (untimed, tiny model): {c['name']}")
                 w = one_run(c, args, work, 0, peer_py, warmup_run=True)
                 if w["status"] != "ok":
