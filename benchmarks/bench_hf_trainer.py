@@ -380,6 +380,9 @@ def main(argv=None) -> int:
                         failed_first.add(c["name"])
                     if run.get("log_tail"):
                         bu.log("    " + run["log_tail"][-800:].replace("\n", "\n    "))
+    for run in runs:  # results are committed: no paths of the machine that ran them
+        run["command"] = _portable(run["command"], peer_py)
+    result["command"] = _portable(result["command"], peer_py)
     rows = summarise(configs, runs)
     result.update(finished=bu.now_iso(), loadavg_after=bu.loadavg(), summary=rows, runs=runs)
     path = None if args.no_save else bu.save_json(result, "hf_trainer", Path(args.results_dir))
@@ -388,6 +391,16 @@ def main(argv=None) -> int:
         bu.log(f"\nJSON written to {path}")
     print(json.dumps(result, indent=1))
     return 1 if any(r["status"] != "ok" for r in runs) else 0
+
+
+def _portable(text: str, peer_py) -> str:
+    """Machine paths in a command line as placeholders: <repo>, <venv> (this one), <peer-venv>."""
+    subs = [(str(bu.REPO), "<repo>"), (str(Path(sys.executable).parent.parent), "<venv>")]
+    if peer_py:
+        subs.append((str(Path(peer_py).parent.parent), "<peer-venv>"))
+    for path, name in sorted(subs, key=lambda x: -len(x[0])):
+        text = text.replace(path, name)
+    return text
 
 
 def _imports(python: str, modules: str) -> bool:
