@@ -32,7 +32,7 @@ def engine_available() -> bool:
 
 def test_help_of_every_script():
     # the harnesses import no torch, so this is quick; the training scripts run in the smoke test below
-    for script in ["bench_train.py", "bench_launch.py"]:
+    for script in ["bench_train.py", "bench_launch.py", "bench_hf_trainer.py"]:
         out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, (script, out.stderr)
@@ -98,3 +98,41 @@ def test_bench_train_smoke_dslaunch_vs_ddp(tmp_path):
     assert set(ds["ratios"]["ddp"]) == {"tokens_per_s", "tokens_per_s_paired", "peak_rss", "loss_max_abs_diff"}
     # same model, data and fp32 Adam: the losses agree with DDP's
     assert ds["loss_max_abs_diff_vs_ddp"] < 1e-4
+
+
+def test_bench_hf_trainer_options_and_configurations():
+    bh = load("bench_hf_trainer")
+    args = bh.parse_args([])
+    names = [c["name"] for c in bh.configurations(args)]
+    # interleaved: dslaunch and DeepSpeed adjacent for each stage and precision
+    assert names == ["dslaunch/z2/fp32", "deepspeed/z2/fp32", "dslaunch/z3/fp32", "deepspeed/z3/fp32",
+                     "dslaunch/z2/bf16", "deepspeed/z2/bf16", "dslaunch/z3/bf16", "deepspeed/z3/bf16"]
+    assert (args.steps, args.warmup, args.repeats) == (20, 3, 2)
+    assert bh.ds_config(3)["zero_optimization"]["stage"] == 3
+    for bad in (["--stages", "1"], ["--precision", "fp16"], ["--warmup", "0"]):
+        with pytest.raises(SystemExit):
+            bh.parse_args(bad)
+
+
+@pytest.mark.slow
+def test_bench_hf_trainer_smoke_dslaunch_side(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_hf_trainer.py"), "--smoke", "--no-deepspeed", "--repeats", "1",
+         "--stages", "3", "--precision", "fp32", "--no-warmup-runs", "--timeout", "100",
+         "--results-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=200)  # ~5 s on a quiet machine
+    assert out.returncode == 0, out.stderr[-3000:]
+    files = list(tmp_path.glob("hf_trainer-*.json"))
+    assert len(files) == 1, out.stderr[-3000:]
+    saved = json.loads(files[0].read_text())
+    assert saved == json.loads(out.stdout)
+    (row,) = saved["summary"]
+    assert row["name"] == "dslaunch/z3/fp32" and row["status"] == "ok", saved["runs"]
+    # the Trainer trained on dslaunch's engine, 3 logged steps (1 warm-up + 2 timed)
+    assert row["engine"]["engine_module"].startswith("dslaunch.")
+    assert len(row["losses"]) == 3 and row["samples_per_s_median"] > 0
+    assert len(row["peak_rss_mb_per_rank"]) == 2 and all(m > 0 for m in row["peak_rss_mb_per_rank"])
+    (run,) = saved["runs"]
+    assert run["timed_steps"] == 2 and run["torch_threads_per_rank"] == [1, 1]
