@@ -12,6 +12,7 @@ the engine that trained)."""
 import argparse
 import json
 import os
+import sys
 
 import torch
 
@@ -111,3 +112,8 @@ os.makedirs(args.out, exist_ok=True)
 with open(os.path.join(args.out, f"rank_{rank}.json"), "w") as f:
     json.dump({"losses": losses, "param_sum": sum(p.double().sum().item() for p in model.parameters()),
                "detected": detected, "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID")}, f)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clean_exit import exit_cleanly  # noqa: E402
+
+exit_cleanly()

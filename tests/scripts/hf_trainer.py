@@ -13,6 +13,7 @@ without ``--deepspeed`` under torchrun for plain DDP (the reference). Rank 0 wri
 import argparse
 import json
 import os
+import sys
 
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Trainer, TrainingArguments
@@ -117,3 +118,7 @@ if args.save_model:
 if training_args.process_index == 0:
     with open(os.path.join(args.out, "result.json"), "w") as f:
         json.dump(result, f)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clean_exit import exit_cleanly  # noqa: E402
+
+exit_cleanly()
