@@ -110,3 +110,17 @@ def test_stage0_optimizer_state_into_zero_is_a_clear_error(saved):
         e.load_checkpoint(saved)
     path, _ = e.load_checkpoint(saved, load_optimizer_states=False)
     assert path.endswith("global_step1") and e.global_steps == 1
+
+
+def test_publish_dir_replaces_a_tag_saved_again_and_leaves_nothing_aside(tmp_path):
+    """The ZeRO and pipeline savers share it: the new tag replaces the old whole, no `.old` stays."""
+    from dslaunch.engine.checkpoint.files import publish_dir
+
+    final, tmp = tmp_path / "global_step5", tmp_path / ".global_step5.tmp"
+    final.mkdir()
+    (final / "a.pt").write_text("old")
+    tmp.mkdir()
+    (tmp / "b.pt").write_text("new")
+    publish_dir(str(tmp), str(final))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step5"]
+    assert [p.name for p in final.iterdir()] == ["b.pt"] and (final / "b.pt").read_text() == "new"

@@ -80,6 +80,23 @@ def write_to_fp32_script(save_dir: str) -> None:
     os.chmod(path, 0o755)
 
 
+def publish_dir(tmp: str, final: str) -> None:
+    """Put the finished directory ``tmp`` in place of ``final``. A tag saved again is moved aside
+    (``.<tag>.old``) and deleted only once the new one is in place, so a crash at any moment
+    leaves one whole copy of it."""
+    parent = os.path.dirname(final)
+    fsync_dir(tmp)
+    old = None
+    if os.path.exists(final):
+        old = os.path.join(parent, "." + os.path.basename(final) + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(parent)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import torch.distributed as dist
 
@@ -32,6 +31,7 @@ from .files import (
     dslaunch_version,
     find_tag,
     load_file,
+    publish_dir,
     rank_file,
     read_meta,
     resolve_tag,
@@ -109,9 +109,7 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True,
                 "dslaunch_version": dslaunch_version(), "files": files,
                 "shards": {f"{i['stage']}_{i['tp']}": i["info"] for i in shards if i}}
         atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        publish_dir(tmp, final)  # a tag saved again stays whole until the new one is in place
         write_to_fp32_script(save_dir)
         if save_latest:
             atomic_text(os.path.join(save_dir, "latest"), tag)

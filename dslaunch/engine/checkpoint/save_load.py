@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 import torch
@@ -40,6 +39,7 @@ from .files import (
     fsync_dir,
     load_file,
     model_file,
+    publish_dir,
     rank_file,
     read_meta,
     save_tag,
@@ -106,17 +106,8 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
                 "frozen_params": [n for n, p in engine.module.named_parameters()
                                   if not p.requires_grad]}
         atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
-        fsync_dir(tmp)
         crash_point("before_rename")
-        old = None
-        if os.path.exists(final):
-            old = os.path.join(save_dir, "." + tag + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        fsync_dir(save_dir)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        publish_dir(tmp, final)
         write_to_fp32_script(save_dir)
         if save_latest:
             crash_point("before_latest")
