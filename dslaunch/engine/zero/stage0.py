@@ -4,8 +4,9 @@ Gradients live in one flat fp32 buffer laid out in reverse registration order (r
 backward produces them), cut into buckets of at most ``reduce_bucket_size`` elements.
 - fp32: each parameter's ``.grad`` is a view into the buffer, so autograd accumulates micro-steps
   in place and a bucket is all-reduced straight from the buffer (no flatten/unflatten copies).
-  With ``overlap_comm`` (default on for stage 0) a post-accumulate-grad hook launches a bucket's
-  async all-reduce as soon as its last gradient of the boundary micro-step is ready, in bucket
+  With ``overlap_comm`` (off unless the config sets it: DeepSpeed's default is on for stage 3
+  only) a post-accumulate-grad hook launches a bucket's async all-reduce as soon as its last
+  gradient of the boundary micro-step is ready, in bucket
   order on every rank (as DDP does), so communication overlaps the rest of backward; buckets are
   then capped at DDP's sizes (25 MiB, first 1 MiB) whatever ``reduce_bucket_size`` says.
 - bf16 with ``bf16_master_weights_and_grads`` (and bf16 optimizer states): as fp32, in bf16: the
