@@ -32,6 +32,7 @@ job trained. Layer files are opened memory-mapped too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -106,18 +107,10 @@ def to_fp32(ckpt_dir: str, out: str, tag=None, max_shard_size=None,
     memory (``write_zero_checkpoint``). Names in ``exclude`` are left out. Returns {"tensors",
     "params_from_shards", "bytes", "path"}."""
     check_output(max_shard_size, safe_serialization)
-    tag = resolve_tag(os.fspath(ckpt_dir), tag)
-    path = os.path.join(ckpt_dir, tag)
-    meta = read_meta(path)
-    if not os.path.isfile(model_file(path)):
-        raise CheckpointError(f"{model_file(path)}: checkpoint file not found")
-    try:
+    path, meta = _zero_checkpoint_dir(ckpt_dir, tag)
+    with _as_checkpoint_errors(path):
         written, count, nbytes = write_zero_checkpoint(path, meta, out, max_shard_size,
                                                        safe_serialization, set(exclude))
-    except KeyError as e:
-        raise CheckpointError(f"{path}: not a dslaunch ZeRO checkpoint (no {e} entry)") from None
-    except (ValueError, RuntimeError) as e:
-        raise CheckpointError(str(e)) from None
     sharded = sum(1 for _ in _sharded_names(path, meta))
     return {"tensors": count, "params_from_shards": sharded, "bytes": nbytes, "path": written}
 
@@ -128,20 +121,32 @@ def fp32_state_dict(ckpt_dir: str, tag=None) -> tuple[dict, dict]:
     Streams (the standalone script's ``zero_checkpoint``, one implementation for both): the
     output is allocated once, then each rank file is mapped in turn, its master shard copied into
     place and its pages given back, so the peak is about one fp32 copy of the model."""
-    tag = resolve_tag(os.fspath(ckpt_dir), tag)
-    path = os.path.join(ckpt_dir, tag)
+    path, meta = _zero_checkpoint_dir(ckpt_dir, tag)
+    with _as_checkpoint_errors(path):
+        result = zero_checkpoint(path, meta)
+    sharded = sum(1 for _ in _sharded_names(path, meta))
+    nbytes = sum(v.numel() * v.element_size() for v in result.values())
+    return result, {"tensors": len(result), "params_from_shards": sharded, "bytes": nbytes}
+
+
+def _zero_checkpoint_dir(ckpt_dir, tag) -> tuple[str, dict]:
+    """The tag's directory and its metadata; a clear error when its model file is missing."""
+    path = os.path.join(ckpt_dir, resolve_tag(os.fspath(ckpt_dir), tag))
     meta = read_meta(path)
     if not os.path.isfile(model_file(path)):
         raise CheckpointError(f"{model_file(path)}: checkpoint file not found")
+    return path, meta
+
+
+@contextlib.contextmanager
+def _as_checkpoint_errors(path: str):
+    """The reader's KeyError / ValueError / RuntimeError, as the CheckpointError users see."""
     try:
-        result = zero_checkpoint(path, meta)
+        yield
     except KeyError as e:
         raise CheckpointError(f"{path}: not a dslaunch ZeRO checkpoint (no {e} entry)") from None
     except (ValueError, RuntimeError) as e:
         raise CheckpointError(str(e)) from None
-    sharded = sum(1 for _ in _sharded_names(path, meta))
-    nbytes = sum(v.numel() * v.element_size() for v in result.values())
-    return result, {"tensors": len(result), "params_from_shards": sharded, "bytes": nbytes}
 
 
 def _sharded_names(path: str, meta: dict):
