@@ -248,9 +248,12 @@ def _is_torch(name: str) -> bool:
 # rule: (the importer's room, the dslaunch modules it may import, torch: "any" | "lazy" | "none")
 RULES = {
     "launcher": ("dslaunch.launcher", ("dslaunch.launcher", "dslaunch.config",
-                                       "dslaunch.as_deepspeed"), "none"),
+                                       "dslaunch.as_deepspeed", "dslaunch.progress_record"), "none"),
     "engine": ("dslaunch.engine", ("dslaunch.engine", "dslaunch.config", "dslaunch.kernels",
-                                   "dslaunch.nvme", "dslaunch.accelerator"), "any"),
+                                   "dslaunch.nvme", "dslaunch.accelerator",
+                                   "dslaunch.progress_record"), "any"),
+    # the rank -> agent progress channel: a leaf both sides share
+    "progress_record": ("dslaunch.progress_record", (), "none"),
     "accelerator": ("dslaunch.accelerator", ("dslaunch.accelerator", "dslaunch.kernels",
                                              "dslaunch.deepspeed_names"), "any"),
     "config": ("dslaunch.config", ("dslaunch.config",), "none"),

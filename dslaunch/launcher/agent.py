@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 
+from dslaunch import progress_record
 from dslaunch.launcher import errors, events
 from dslaunch.launcher.cores import CoreListError, format_cores, rank_cores
 from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
@@ -156,7 +157,21 @@ class Agent:
             env["OMP_NUM_THREADS"] = str(max(1, usable_cores() // max(1, local_ranks)))
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node["slots"])
+        env[progress_record.ENV] = self.progress_file(rank)
         return env
+
+    def progress_file(self, rank: int) -> str:
+        return os.path.join(self.tmpdir, f"progress_{rank}.bin")
+
+    def progress(self) -> dict:
+        """{rank: its last progress record} for the ranks still running that wrote one."""
+        found = {}
+        for r in self.ranks:
+            if r.proc.poll() is None:
+                rec = progress_record.read(self.progress_file(r.rank))
+                if rec is not None:
+                    found[str(r.rank)] = rec
+        return found
 
     def start(self) -> None:
         gpus = detect_gpus()
@@ -253,7 +268,7 @@ class Agent:
 
     def _heartbeat(self) -> None:
         while not self.all_exited.wait(self.plan.heartbeat_interval):
-            self.event(events.HEARTBEAT, time=time.time())
+            self.event(events.HEARTBEAT, time=time.time(), progress=self.progress())
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signal.Signals(signum).name

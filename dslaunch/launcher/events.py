@@ -23,7 +23,7 @@ EVENT_PREFIX_B = EVENT_PREFIX.encode()
 # Event names (the "event" field).
 STARTED = "started"  # node_rank, host, pids {rank: pid}, gpus (CUDA_VISIBLE_DEVICES or null)
 EXIT = "exit"  # rank, local_rank, node_rank, host, returncode, signal, time, stopped, error, output_tail
-HEARTBEAT = "heartbeat"  # node_rank, host, time
+HEARTBEAT = "heartbeat"  # node_rank, host, time, progress {rank: progress_record.read()}
 DONE = "done"  # node_rank, host, returncodes {rank: rc}
 ERROR = "error"  # node_rank, host, message: the agent could not start its ranks
 

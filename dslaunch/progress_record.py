@@ -1,0 +1,147 @@
+"""One rank's progress as a fixed-size record in a small file: the rank writes, its node agent
+reads. The channel of the hang watchdog (``launcher/watchdog.py``) and of the restart policy.
+
+Why a memory-mapped file: a write is a ``struct.pack_into`` into shared memory (about a
+microsecond, no system call), so it can run at every collective; the agent reads it at every
+heartbeat without asking the rank anything, which matters because the rank to read is the one
+that is stuck. The agent names the file in ``DSLAUNCH_PROGRESS_FILE``; without it (torchrun,
+srun, a plain ``python train.py``) ``writer()`` is None and nothing is written.
+
+A write is guarded by a sequence counter (odd while a write is in progress, as a seqlock), so
+a reader never takes half of one update for a whole one.
+
+Imports nothing of dslaunch and no torch: both the engine (writer) and the launcher (reader) use
+it, and neither may import the other.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+
+ENV = "DSLAUNCH_PROGRESS_FILE"
+
+# seq, pid, updated, step, step_time, coll_seq, coll_since, coll_bytes, coll_op, coll_group,
+# last_seq, last_op, last_group, ckpt_saved_step, ckpt_saved_time, ckpt_loaded_step
+_FORMAT = "<Qqdqdqdq16s48sq16s48sqdq"
+SIZE = struct.calcsize(_FORMAT)
+_TEXT = {"coll_op": 16, "coll_group": 48, "last_op": 16, "last_group": 48}
+
+
+def _text(value: str, width: int) -> bytes:
+    return value.encode("utf-8", "replace")[:width]
+
+
+class ProgressWriter:
+    """The rank's side. Every method is cheap enough to call on every collective."""
+
+    def __init__(self, path: str):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, SIZE)
+            self._map = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        self._seq = 0
+        self.v = {"pid": os.getpid(), "updated": time.time(), "step": -1, "step_time": 0.0,
+                  "coll_seq": 0, "coll_since": 0.0, "coll_bytes": 0, "coll_op": "",
+                  "coll_group": "", "last_seq": 0, "last_op": "", "last_group": "",
+                  "ckpt_saved_step": -1, "ckpt_saved_time": 0.0, "ckpt_loaded_step": -1}
+        self._group_seq: dict = {}  # group -> collectives entered on it (its sequence number)
+        self._flush()
+
+    def _flush(self) -> None:
+        v = self.v
+        v["updated"] = time.time()
+        self._seq += 1  # odd: writing
+        struct.pack_into("<Q", self._map, 0, self._seq)
+        struct.pack_into(
+            _FORMAT, self._map, 0, self._seq, v["pid"], v["updated"], v["step"],
+            v["step_time"], v["coll_seq"], v["coll_since"], v["coll_bytes"],
+            _text(v["coll_op"], 16), _text(v["coll_group"], 48), v["last_seq"],
+            _text(v["last_op"], 16), _text(v["last_group"], 48), v["ckpt_saved_step"],
+            v["ckpt_saved_time"], v["ckpt_loaded_step"])
+        self._seq += 1  # even: whole
+        struct.pack_into("<Q", self._map, 0, self._seq)
+
+    def step(self, global_step: int) -> None:
+        """The training step counter advanced (an optimizer step, skipped or not)."""
+        self.v["step"], self.v["step_time"] = int(global_step), time.time()
+        self._flush()
+
+    def enter(self, op: str, group: str, nbytes: int = 0) -> int:
+        """A collective ``op`` on ``group`` begins; returns its sequence number on that group."""
+        seq = self._group_seq.get(group, 0) + 1
+        self._group_seq[group] = seq
+        self.v.update(coll_seq=seq, coll_since=time.time(), coll_bytes=int(nbytes),
+                      coll_op=op, coll_group=group)
+        self._flush()
+        return seq
+
+    def leave(self) -> None:
+        """The collective entered last has completed."""
+        v = self.v
+        v.update(last_seq=v["coll_seq"], last_op=v["coll_op"], last_group=v["coll_group"],
+                 coll_seq=0, coll_since=0.0, coll_bytes=0, coll_op="", coll_group="")
+        self._flush()
+
+    def checkpoint_saved(self, global_step: int) -> None:
+        self.v["ckpt_saved_step"], self.v["ckpt_saved_time"] = int(global_step), time.time()
+        self._flush()
+
+    def checkpoint_loaded(self, global_step: int) -> None:
+        self.v["ckpt_loaded_step"] = int(global_step)
+        self._flush()
+
+
+def read(path: str, tries: int = 5) -> dict | None:
+    """The last whole record in ``path``, or None when there is none (not written yet, unreadable,
+    or always mid-write). ``coll_op`` is "" when the rank is not in a collective."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(SIZE)
+    except OSError:
+        return None
+    for _ in range(tries):
+        if len(raw) < SIZE:
+            return None
+        fields = struct.unpack(_FORMAT, raw)
+        if fields[0] % 2 == 0:
+            break
+        time.sleep(0.001)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(SIZE)
+        except OSError:
+            return None
+    else:
+        return None
+    (_, pid, updated, step, step_time, coll_seq, coll_since, coll_bytes, coll_op, coll_group,
+     last_seq, last_op, last_group, saved, saved_time, loaded) = fields
+    return {"pid": pid, "updated": updated, "step": step, "step_time": step_time,
+            "coll_seq": coll_seq, "coll_since": coll_since, "coll_bytes": coll_bytes,
+            "coll_op": coll_op.rstrip(b"\0").decode("utf-8", "replace"),
+            "coll_group": coll_group.rstrip(b"\0").decode("utf-8", "replace"),
+            "last_seq": last_seq, "last_op": last_op.rstrip(b"\0").decode("utf-8", "replace"),
+            "last_group": last_group.rstrip(b"\0").decode("utf-8", "replace"),
+            "ckpt_saved_step": saved, "ckpt_saved_time": saved_time, "ckpt_loaded_step": loaded}
+
+
+_WRITER: ProgressWriter | None = None
+_WRITER_PATH: str | None = None
+
+
+def writer() -> ProgressWriter | None:
+    """This process's writer (one per process), or None when no agent asked for progress."""
+    global _WRITER, _WRITER_PATH
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    if _WRITER is None or _WRITER_PATH != path:
+        try:
+            _WRITER, _WRITER_PATH = ProgressWriter(path), path
+        except OSError:
+            return None
+    return _WRITER
