@@ -80,6 +80,13 @@ class ProgressWriter:
         self._flush()
         return seq
 
+    def resume(self, op: str, group: str, seq: int, nbytes: int = 0) -> None:
+        """The rank waits for collective ``seq`` of ``group``, entered earlier (an async call's
+        ``wait()``): shown as in it again, the sequence unchanged."""
+        self.v.update(coll_seq=int(seq), coll_since=time.time(), coll_bytes=int(nbytes),
+                      coll_op=op, coll_group=group)
+        self._flush()
+
     def leave(self) -> None:
         """The collective entered last has completed."""
         v = self.v
