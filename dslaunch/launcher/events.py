@@ -27,7 +27,7 @@ EVENT_PREFIX_B = EVENT_PREFIX.encode()
 STARTED = "started"  # node_rank, host, pids {rank: pid}, gpus (CUDA_VISIBLE_DEVICES or null)
 EXIT = "exit"  # rank, local_rank, node_rank, host, returncode, signal, time, stopped, error, output_tail
 # progress {rank: progress_record.read()}; idle {rank: seconds since its record last changed,
-# or since it started when it has written none}, for every running rank, on the agent's clock
+# or, before it wrote one, since its CPU time last advanced}, every running rank, agent's clock
 HEARTBEAT = "heartbeat"  # node_rank, host, time, progress, idle
 # stacks {rank: {"python": text}}, then (py-spy installed) a second one {rank: {"native": text}}
 STACKS = "stacks"  # node_rank, host, stacks

@@ -107,8 +107,9 @@ _LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python\d\.\d+/|^<|/dsl
 
 
 def main_thread_frames(text: str) -> list:
-    """[(file, line, function)] of the thread running the script, innermost first, from a
-    faulthandler dump (all threads); the thread with the bootstrap's frames, else the first."""
+    """[(file, line, function)] of the thread running the script, innermost first, down to the
+    script's own first frame, from a faulthandler dump (all threads); the thread with the
+    bootstrap's frames, else the first."""
     threads, cur = [], None
     for line in text.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x")):
@@ -119,10 +120,16 @@ def main_thread_frames(text: str) -> list:
             if m:
                 cur.append((m.group(1), int(m.group(2)), m.group(3)))
     for frames in threads:
-        if any(f[0].endswith(os.path.join("launcher", "bootstrap.py")) or f[2] == "<module>"
-               for f in frames):
-            return frames
+        if any(_launch_frame(f) or f[2] == "<module>" for f in frames):
+            # the frames below the script (runpy, the bootstrap) are the same in every dump
+            cut = next((i for i, f in enumerate(frames) if _launch_frame(f)), len(frames))
+            return frames[:cut]
     return threads[0] if threads else []
+
+
+def _launch_frame(frame: tuple) -> bool:
+    name = frame[0]
+    return (name in ("<frozen runpy>",) or name.endswith(("/runpy.py", "/launcher/bootstrap.py")))
 
 
 def where(frames: list) -> str:
@@ -320,7 +327,8 @@ class Watchdog:
                         for r in recs)
             hosts = ",".join(sorted({r.host for r in recs}))
             nbytes = recs[0].record.get("coll_bytes") or 0
-            lines.append(f"  {ranks_text(ranks)} ({hosts}) wait in {op} #{seq} on {group}, "
+            verb = "waits" if len(ranks) == 1 else "wait"
+            lines.append(f"  {ranks_text(ranks)} ({hosts}) {verb} in {op} #{seq} on {group}, "
                          f"{_bytes(nbytes)}, for {since:.1f} s")
         suspects = self.suspects(now)
         for k in suspects:
