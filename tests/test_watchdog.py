@@ -195,3 +195,13 @@ def test_group_members_and_stack_helpers():
     assert where(frames) == "wait_for_lock (train.py:88)"
     assert where(main_thread_frames(STACK_COLLECTIVE)) == "step (train.py:40)"
     assert where([]) == "" and main_thread_frames("garbage") == []
+
+
+def test_an_agent_that_sends_no_idleness_is_never_judged():
+    """An older agent on one host (heartbeats without "idle"): its ranks count as progressing."""
+    w = Watchdog(1.0, HOSTS, now=0.0)
+    for t in range(1, 10):
+        w.event(heartbeat(0, {0: 9.0, 1: 9.0}, {}), float(t))
+        w.event({"event": "heartbeat", "node_rank": 1, "host": "host2", "time": 0.0,
+                 "progress": {}}, float(t))
+        assert w.poll(t + 0.5) is None

@@ -163,7 +163,12 @@ class Watchdog:
         self._now = now
         name = ev.get("event")
         if name == "heartbeat":
-            idle = ev.get("idle") or {}
+            if "idle" not in ev:  # an agent of an older dslaunch: no verdict on its ranks
+                for r in self.ranks.values():
+                    if r.host == ev.get("host"):
+                        r.idle, r.at = 0.0, now
+                return
+            idle = ev["idle"]
             progress = ev.get("progress") or {}
             for key, seconds in idle.items():
                 r = self.ranks.get(int(key))
