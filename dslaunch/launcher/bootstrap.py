@@ -142,8 +142,8 @@ def _register_stack_file() -> None:
         return
     try:
         _STACK_FILE = open(path, "ab", buffering=0)
-    except OSError:
-        return
+    except OSError:  # still handled (to stderr): SIGUSR2's default action would end the rank
+        _STACK_FILE = sys.stderr
     faulthandler.register(signal.SIGUSR2, file=_STACK_FILE, all_threads=True, chain=False)
 
 
