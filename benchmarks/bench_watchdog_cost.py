@@ -7,13 +7,12 @@
 - ``record``: one process, a real progress record file (``progress_record.ProgressWriter``):
   the cost of ``enter`` + ``leave`` (what every collective through the comm layer adds) and of
   ``step``, in microseconds, median of several batches.
-- ``train``: ``dslaunch run --nproc-per-node 2 benchmarks/dslaunch_train.py --stage 2`` (the bench
-  GPT of bench_train.py, or its tiny version with ``--smoke``), alternately with the watchdog on
-  (the default ``--hang-timeout``, every rank writing its record) and off (``--hang-timeout 0``
-  and the record not written: ``watchdog_cost_rank.py`` drops DSLAUNCH_PROGRESS_FILE before the
-  script starts). steps/s = 1 / median step time (a step's time: the slowest rank's); per mode
-  the median over repeats; ``slowdown`` = 1 - on / off. A false alarm (a hang report in a fault-free
-  run) is counted and fails the run.
+- ``train``: ``dslaunch run --nproc-per-node 2 benchmarks/watchdog_cost_rank.py`` (the bench GPT
+  of bench_train.py under ZeRO-2, or its tiny version with ``--smoke``) with the watchdog on (the
+  default ``--hang-timeout``), alternating blocks of steps with the progress record written and
+  not in the same job (see that script for why). steps/s = 1 / median step time of rank 0 per
+  mode; per mode the median over repeats; ``slowdown`` = 1 - on / off. A false alarm (a hang
+  report in these fault-free runs) is counted and fails the benchmark.
 - ``record_share_of_step``: (collectives per step x us per collective + us per step) / step time:
   the record's cost computed from its parts, for when steps/s varies more between runs (a busy
   machine) than the watchdog could change it.
@@ -64,69 +63,62 @@ def record_cost(n: int = 20000, batches: int = 7) -> dict:
             "batches": batches}
 
 
-def _train(on: bool, steps: int, warmup: int, smoke: bool, workdir: Path) -> dict:
-    out = workdir / f"{'on' if on else 'off'}-{time.monotonic_ns()}"
+def _train(steps: int, warmup: int, block: int, smoke: bool, workdir: Path) -> dict:
+    """One job of watchdog_cost_rank.py: its on and off step times, interleaved in blocks."""
+    out = workdir / f"run-{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "dslaunch", "run", "--nproc-per-node", "2",
-           "--master-port", str(bu.free_port()), "--omp-threads", "1"]
-    if not on:
-        cmd += ["--hang-timeout", "0"]
-    cmd += [str(HERE / "watchdog_cost_rank.py"), "--out", str(out), "--stage", "2",
-            "--steps", str(steps), "--warmup", str(warmup)] + (["--smoke"] if smoke else [])
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    if not on:
-        env["WATCHDOG_COST_OFF"] = "1"
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+           "--master-port", str(bu.free_port()), "--omp-threads", "1",
+           str(HERE / "watchdog_cost_rank.py"), "--out", str(out), "--steps", str(steps),
+           "--warmup", str(warmup), "--block", str(block)] + (["--smoke"] if smoke else [])
+    r = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(f"training run failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in range(2)]
-    times = [max(ts) for ts in zip(*(rk["step_seconds"][warmup:] for rk in ranks))]
-    res = {"steps_per_s": 1.0 / statistics.median(times), "step_s": statistics.median(times),
-           "false_alarm": "hang watchdog" in r.stderr}
-    counts = out / "collectives0.json"
-    if on and counts.exists():  # numbered collectives of rank 0, every group
-        res["collectives_per_step"] = sum(json.loads(counts.read_text()).values()) / (steps + warmup)
-    return res
+    res = json.loads((out / "blocks.json").read_text())
+    on, off = res["step_seconds"]["on"], res["step_seconds"]["off"]
+    return {"on_s": statistics.median(on), "off_s": statistics.median(off),
+            "collectives_per_step": res["collectives"] / (warmup + len(on)),
+            "false_alarm": "hang watchdog" in r.stderr}
 
 
-def measure(repeats: int = 3, steps: int = 30, smoke: bool = False, warmup: int = 5) -> dict:
+def measure(repeats: int = 3, steps: int = 40, smoke: bool = False, warmup: int = 5,
+            block: int = 5) -> dict:
     """The benchmark's result (see the module docstring)."""
-    runs: dict = {"on": [], "off": []}
-    alarms, per_step, step_s = 0, [], []
+    runs = []
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
-            order = ("on", "off") if i % 2 == 0 else ("off", "on")  # alternate: drift cancels out
-            for mode in order:
-                res = _train(mode == "on", steps, warmup, smoke, Path(d))
-                runs[mode].append(round(res["steps_per_s"], 4))
-                alarms += res["false_alarm"]
-                step_s.append(res["step_s"])
-                if "collectives_per_step" in res:
-                    per_step.append(res["collectives_per_step"])
-                bu.log(f"  repeat {i + 1}/{repeats} watchdog {mode}: {res['steps_per_s']:.3f} steps/s")
-    on, off = statistics.median(runs["on"]), statistics.median(runs["off"])
+            res = _train(steps, warmup, block, smoke, Path(d))
+            runs.append(res)
+            bu.log(f"  run {i + 1}/{repeats}: {1 / res['on_s']:.3f} steps/s with the record, "
+                   f"{1 / res['off_s']:.3f} without")
+    on = statistics.median(1 / r["on_s"] for r in runs)
+    off = statistics.median(1 / r["off_s"] for r in runs)
     record = record_cost()
-    # the record's share of a step, from its own cost: below the run-to-run noise of steps/s
-    coll = statistics.median(per_step) if per_step else 0.0
-    bound = (coll * record["collective_us"] + record["step_us"]) * 1e-6 / statistics.median(step_s)
+    coll = statistics.median(r["collectives_per_step"] for r in runs)
+    step_s = statistics.median(r["off_s"] for r in runs)
+    share = (coll * record["collective_us"] + record["step_us"]) * 1e-6 / step_s
     return {
         "record": record,
         "collectives_per_step": round(coll, 2),
-        "record_share_of_step": round(bound, 6),
+        "record_share_of_step": round(share, 6),
         "train": {"model": "tiny GPT (smoke)" if smoke else "bench GPT 27.4M", "zero_stage": 2,
-                  "ranks": 2, "steps": steps, "warmup": warmup, "repeats": repeats,
-                  "steps_per_s_on": round(on, 4), "steps_per_s_off": round(off, 4),
-                  "slowdown": round(1 - on / off, 4), "runs": runs, "false_alarms": alarms},
+                  "ranks": 2, "steps": steps, "warmup": warmup, "block": block,
+                  "repeats": repeats, "steps_per_s_on": round(on, 4),
+                  "steps_per_s_off": round(off, 4), "slowdown": round(1 - on / off, 4),
+                  "runs": [{k: round(v, 5) if isinstance(v, float) else v for k, v in r.items()}
+                           for r in runs],
+                  "false_alarms": sum(r["false_alarm"] for r in runs)},
     }
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=None, help="timed steps per run (30; smoke 40)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per run (40; smoke 200)")
     p.add_argument("--smoke", action="store_true", help="tiny model, 1 repeat unless given")
     p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
     args = p.parse_args(argv)
-    steps = args.steps or (40 if args.smoke else 30)
+    steps = args.steps or (200 if args.smoke else 40)
     result = {"benchmark": "watchdog_cost", "when": bu.now_iso(), "machine": bu.machine(),
               "git": bu.git_rev(), "command": "benchmarks/bench_watchdog_cost.py "
               + " ".join(argv if argv is not None else sys.argv[1:]),
