@@ -32,7 +32,8 @@ from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
 
 TAIL_LINES = 20
 DUMP_WAIT = 0.5  # seconds between the SIGUSR1 stack dump and SIGTERM (the dump is written at once)
-STACK_WAIT = 1.0  # how long a "dump stacks" waits for a rank's faulthandler file to be written
+STACK_WAIT = 1.5  # how long a "dump stacks" waits for a rank's faulthandler file (a busy host may
+# take a while to schedule the rank that must handle the signal)
 PYSPY_TIMEOUT = 1.5
 READER_JOIN = 2.0  # how long an exit waits for the rank's last output to be streamed
 

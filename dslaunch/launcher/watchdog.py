@@ -27,7 +27,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-STACK_WAIT = 2.0  # seconds to wait for the suspects' stacks before reporting without them
+STACK_WAIT = 2.5  # seconds to wait for the suspects' stacks (agent: <= 1.5 s, plus the way back)
 # after the first sign of a desync, how long the other nodes get to report theirs (a heartbeat
 # each), so the report sees every rank's side and asks for the right stacks
 DESYNC_SETTLE = 1.5
