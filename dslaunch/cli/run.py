@@ -112,6 +112,19 @@ def _config(path: str, world_size: int) -> str:
     return json.dumps(written, separators=(",", ":"))
 
 
+HANG_TIMEOUT = 300.0
+
+
+def _hang_timeout(flag: float | None, config_json: str | None) -> float:
+    """--hang-timeout, else the config's ``fault_tolerance.hang_timeout`` (validated already),
+    else HANG_TIMEOUT."""
+    if flag is not None:
+        return flag
+    section = (json.loads(config_json).get("fault_tolerance") or {}) if config_json else {}
+    value = section.get("hang_timeout")
+    return HANG_TIMEOUT if value is None else float(value)
+
+
 def _env(env_items: tuple, cwd: Path) -> tuple:
     from dslaunch.launcher.environment import EnvError, collect_env
 
@@ -177,6 +190,11 @@ def _print_summary(plan: WorldPlan) -> None:
               help="Seconds between SIGTERM and SIGKILL when ranks are stopped.")
 @click.option("--heartbeat-timeout", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
               help="Declare a node lost after this many seconds without a heartbeat from its agent.")
+@click.option("--hang-timeout", type=click.FloatRange(min=0), default=None,
+              help="Stop the job (or restart it, per --max-restarts) when no rank has made progress "
+                   "(a training step, a collective) for this many seconds, with a report of where "
+                   "each rank is; desynchronised collectives are reported at once. 0 disables. "
+                   f"Default: the config's fault_tolerance.hang_timeout, else {HANG_TIMEOUT:g}.")
 @click.option("--chdir", type=click.Path(), default=None,
               help="Working directory of the ranks (default: the current directory).")
 @click.option("--python", "python", default=None,
@@ -190,7 +208,7 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, master_port, config,
         env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts,
-        grace_period, heartbeat_timeout, chdir, python, as_deepspeed, script, script_args,
+        grace_period, heartbeat_timeout, hang_timeout, chdir, python, as_deepspeed, script, script_args,
         **runner_options):
     """Run SCRIPT (or, with -m, a module) on every selected slot; ARGS go to it untouched."""
     from dslaunch.launcher.resources import ResourceError, select_resources
@@ -280,7 +298,8 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
             runner.preflight()
     except RunnerError as exc:
         raise click.ClickException(str(exc)) from None
-    sys.exit(runner.run(heartbeat_timeout=heartbeat_timeout))
+    sys.exit(runner.run(heartbeat_timeout=heartbeat_timeout,
+                        hang_timeout=_hang_timeout(hang_timeout, config_json)))
 
 
 __all__ = ["run", "LOCAL_HOSTS"]

@@ -380,6 +380,10 @@ TOP = Section({
     "nebula": _enabled_open(),
     "compile": Section({"deepcompile": B()}, open=True),
     "expert_parallel": _enabled_open(),
+    # dslaunch's own (DeepSpeed has no such key): read by `dslaunch run`, ignored by the engine
+    "fault_tolerance": Section({
+        "hang_timeout": F(300.0, 0.0),  # seconds without progress before the job stops; 0: off
+    }),
     "dslaunch": Section({  # dslaunch's own settings (DeepSpeed has no such key)
         "pipe_schedule": S("1f1b", ("1f1b", "gpipe")),
     }, open=True),

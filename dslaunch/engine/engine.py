@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from dslaunch import progress_record
 from dslaunch.config import to_dict
 
 from .autocast import Autocast
@@ -100,6 +101,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
 
         self.global_steps = 0
+        self._progress = progress_record.writer()  # the hang watchdog's step counter (or None)
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
@@ -205,6 +207,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             else:
                 self.skipped_steps += 1
             self.global_steps += 1
+            if self._progress is not None:
+                self._progress.step(self.global_steps)
             if self._managed_accumulation:
                 self.global_samples += self._train_batch
             else:  # the micro-batches this step really saw (DeepSpeed counts the same)

@@ -5,6 +5,8 @@ their events, fail fast, report.
 - A node whose agent sends nothing for ``heartbeat_timeout`` seconds is declared lost, by host.
 - Ctrl-C / SIGTERM: the first stops every rank gracefully, the second kills them.
 - ``max_restarts``: after a failure the whole job starts again, the budget counted across the job.
+- ``hang_timeout`` (> 0): the hang watchdog (``watchdog.py``) reads the ranks' progress from the
+  heartbeats; its verdict (hang, desync) is a failure like any other, reported with the stacks.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dslaunch.launcher import errors, events
+from dslaunch.launcher import errors, events, watchdog
 from dslaunch.launcher.errors import Failure
 from dslaunch.launcher.plan import WorldPlan
 
@@ -45,9 +47,10 @@ class AgentProcess:
 
 class JobController:
     def __init__(self, plan: WorldPlan, runner, *, heartbeat_timeout: float = 10.0,
-                 out=None, err=None):
+                 hang_timeout: float = 0.0, out=None, err=None):
         self.plan, self.runner = plan, runner
         self.heartbeat_timeout = heartbeat_timeout
+        self.hang_timeout = hang_timeout
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.out_lock = threading.Lock()
@@ -86,6 +89,9 @@ class JobController:
         agents = [AgentProcess(**spec) for spec in self.runner.agent_specs(attempt)]
         now = time.monotonic()
         last_seen = {n: now for a in agents for n in a.node_ranks}
+        self.watch = watchdog.Watchdog(self.hang_timeout, {
+            r: self.plan.node(n)["host"] for n in last_seen for r in self.plan.node(n)["ranks"]},
+            now) if self.hang_timeout > 0 else None
         node_done: set = set()
         exits: dict = {}  # rank -> exit event
         for a in agents:
@@ -106,6 +112,7 @@ class JobController:
         lost: set = set()
         while not all(a.finished for a in agents):
             self._check_interrupts(agents)
+            self._watch(agents)
             now = time.monotonic()
             for n, seen in last_seen.items():
                 if n not in node_done and n not in lost and now - seen > self.heartbeat_timeout:
@@ -147,6 +154,8 @@ class JobController:
             if n in last_seen:
                 last_seen[n] = time.monotonic()
             name = ev.get("event")
+            if self.watch is not None:
+                self.watch.event(ev, time.monotonic())
             if name == events.STARTED:
                 a.pids.update(ev.get("pids") or {})
             elif name == events.EXIT:
@@ -182,6 +191,26 @@ class JobController:
         self.failures.append(failure)
         if agents is not None:
             self._stop(agents, events.CMD_STOP_FAILURE)
+
+    def _watch(self, agents) -> None:
+        """Act on the hang watchdog: ask the agents for the suspects' stacks, then report."""
+        if self.watch is None or self.stop_sent:
+            return
+        action = self.watch.poll(time.monotonic(), time.time())
+        if action is None:
+            return
+        if action.kind == "dump":
+            self._say(f"hang watchdog: {action.verdict} detected, collecting the stacks of "
+                      f"{watchdog.ranks_text(action.ranks)}")
+            if self.runner.queries:
+                command = " ".join([events.CMD_DUMP_STACKS, *map(str, action.ranks)])
+                for a in agents:
+                    if not a.finished:
+                        self.runner.send(a, command)
+            return
+        self._say(action.report)
+        what = "hang" if action.verdict == "hang" else "collectives desynchronised"
+        self._fail(Failure(action.wall_time, "hang", f"{what}: {action.headline}"), agents)
 
     def _stop(self, agents, command: str) -> None:
         if self.stop_sent == command or (self.stop_sent == events.CMD_KILL):

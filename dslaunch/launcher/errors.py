@@ -29,7 +29,7 @@ MAX_CONSEQUENCES_SHOWN = 5  # the summary names only the earliest few later fail
 @dataclass
 class Failure:
     time: float
-    kind: str  # "rank", "lost", "agent"
+    kind: str  # "rank", "lost", "agent", "hang" (the watchdog's verdict, watchdog.py)
     text: str  # the one-line headline
     detail: list = field(default_factory=list)  # traceback tail or last output lines
     detail_title: str = ""

@@ -37,6 +37,9 @@ class Runner:
     # the runner forwards our stdin to every agent, "environ" when it forwards our environment,
     # "" when neither (the environment then travels inside the plan, and notices() says so).
     env_channel = "stdin"
+    # Whether ``send`` reaches each agent's stdin as a plain line, so that a query (``dump
+    # stacks``) can be sent without stopping anything.
+    queries = True
 
     def __init__(self, plan: WorldPlan, options: dict | None = None):
         self.plan = plan
@@ -105,10 +108,11 @@ class Runner:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def run(self, heartbeat_timeout: float = 10.0) -> int:
+    def run(self, heartbeat_timeout: float = 10.0, hang_timeout: float = 0.0) -> int:
         from dslaunch.launcher.controller import JobController
 
-        return JobController(self.plan, self, heartbeat_timeout=heartbeat_timeout).run()
+        return JobController(self.plan, self, heartbeat_timeout=heartbeat_timeout,
+                             hang_timeout=hang_timeout).run()
 
 
 __all__ = ["Runner", "RunnerError", "events"]
