@@ -4,7 +4,9 @@ their events, fail fast, report.
 - Every failure is recorded; the summary names the root cause by the rule in ``errors.py``.
 - A node whose agent sends nothing for ``heartbeat_timeout`` seconds is declared lost, by host.
 - Ctrl-C / SIGTERM: the first stops every rank gracefully, the second kills them.
-- ``max_restarts``: after a failure the whole job starts again, the budget counted across the job.
+- ``max_restarts``: after a failure the whole job starts again, the budget counted across the job,
+  on the hosts ``recovery.py`` chooses (lost ones excluded, spares taken in, ``--nnodes MIN:MAX``),
+  with one incident record per fault (``incidents.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ import time
 from dataclasses import dataclass, field
 
 from dslaunch.launcher import errors, events
+from dslaunch.launcher.elastic import ElasticStop
 from dslaunch.launcher.errors import Failure
 from dslaunch.launcher.plan import WorldPlan
+from dslaunch.launcher.recovery import Recovery
 
 TAIL_LINES = 20
+HEARTBEAT_TIMEOUT = 5.0  # default: agents beat every second, so 5 missed beats; a loss seen in <= 6 s
+SSH_DROPPED = 255  # ssh's exit code when the connection failed or dropped
 POLL = 0.1  # main-loop tick: signal flags and heartbeat deadlines are checked this often
 KILL_SLACK = 10.0  # after a stop, agents get grace_period + this long before being killed
 PIPE_SLACK = 3.0  # after that kill, an exited agent's pipes get this long to reach EOF
@@ -43,9 +49,13 @@ class AgentProcess:
     pids: dict = field(default_factory=dict)  # rank -> pid, from the agents' started events
 
 
+def _all_answer(hosts) -> set:
+    return set(hosts)
+
+
 class JobController:
-    def __init__(self, plan: WorldPlan, runner, *, heartbeat_timeout: float = 10.0,
-                 out=None, err=None):
+    def __init__(self, plan: WorldPlan, runner, *, heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+                 out=None, err=None, elastic=None):
         self.plan, self.runner = plan, runner
         self.heartbeat_timeout = heartbeat_timeout
         self.out = out or sys.stdout
@@ -55,6 +65,7 @@ class JobController:
         self.logs: dict = {}
         self.interrupts = 0
         self.interrupt_name = ""
+        self.recovery = Recovery(plan, elastic, getattr(runner, "probe", _all_answer), self._say)
 
     # ---- public --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -62,19 +73,44 @@ class JobController:
         for notice in self.runner.notices():
             self._say(notice)
         restore = self._install_signals()
+        attempt, outcome = 0, "interrupted"
         try:
-            attempt = 0
             while True:
                 code, failure = self._run_once(attempt)
-                if code == 0 or self.interrupts or attempt >= self.plan.max_restarts:
+                if code == 0 or self.interrupts:
+                    outcome = "finished" if code == 0 else outcome
+                    return code
+                last = attempt >= self.plan.max_restarts
+                outcome = "failed (no restart left)"
+                try:
+                    plan = self.recovery.after_failure(attempt, failure, self.lost_hosts, self.plan,
+                                                       can_restart=not last)
+                except ElasticStop as stop:
+                    outcome = f"stopped: {stop.reason}"
+                    self._say(f"not restarting: {stop.reason} (exit code {stop.code})")
+                    return stop.code
+                if plan is None:
                     return code
                 attempt += 1
+                moved = ""
+                if plan is not self.plan:
+                    moved = (f" on {', '.join(n['host'] for n in plan.nodes)} (world size "
+                             f"{self.plan.world_size} -> {plan.world_size})")
+                    self._use_plan(plan)
                 self._say(f"restarting the whole job (restart {attempt} of {self.plan.max_restarts}) "
-                          f"after: {failure.text if failure else 'failure'}")
+                          f"after: {failure.text if failure else 'failure'}{moved}")
         finally:
             restore()
             for f in self.logs.values():
                 f.close()
+            text = self.recovery.end(attempt + 1, outcome, self.plan.world_size)
+            if text and self.plan.max_restarts:
+                self._say(text)
+
+    def _use_plan(self, plan: WorldPlan) -> None:
+        """The next attempts run ``plan`` (an elastic restart): the runner builds its agents from it."""
+        self.plan = self.runner.plan = plan
+        self.prefixes = plan.prefixes()
 
     # ---- one attempt ---------------------------------------------------------------------------
     def _run_once(self, attempt: int) -> tuple:
@@ -82,6 +118,8 @@ class JobController:
         self.failures: list[Failure] = []
         self.stop_sent: str | None = None
         self.stop_deadline: float | None = None
+        self.lost_hosts: dict = {}  # host -> why, for the restart policy
+        self.recovery.begin()
         self._open_logs(attempt)
         agents = [AgentProcess(**spec) for spec in self.runner.agent_specs(attempt)]
         now = time.monotonic()
@@ -107,13 +145,16 @@ class JobController:
         while not all(a.finished for a in agents):
             self._check_interrupts(agents)
             now = time.monotonic()
-            for n, seen in last_seen.items():
+            # Events already queued are read first: a launcher that was slow to run (a loaded
+            # host) must not call a node lost whose heartbeats are waiting in the queue.
+            for n, seen in last_seen.items() if self.q.empty() else ():
                 if n not in node_done and n not in lost and now - seen > self.heartbeat_timeout:
                     lost.add(n)
                     host = self.plan.node(n)["host"]
+                    why = f"no heartbeat for {self.heartbeat_timeout:g} s"
+                    self.lost_hosts[host] = why
                     self._fail(Failure(time.time() - (now - seen), "lost",
-                                       f"host {host} (node {n}) lost: no heartbeat for "
-                                       f"{self.heartbeat_timeout:g} s"), agents)
+                                       f"host {host} (node {n}) lost: {why}", host=host), agents)
                     for a in agents:  # its agent is unreachable: drop the connection too
                         if n in a.node_ranks:
                             self._kill_agent(a)
@@ -137,9 +178,12 @@ class JobController:
                 missing = [n for n in a.node_ranks if n not in node_done and n not in lost]
                 if missing and not self.stop_sent:
                     tail = list(a.stderr_tail)
+                    host = self.plan.node(missing[0])["host"] if len(a.node_ranks) == 1 else None
+                    if host and rc == SSH_DROPPED:  # the connection, not the agent: liveness
+                        self.lost_hosts[host] = f"connection to its agent dropped (code {rc})"
                     self._fail(Failure(time.time(), "agent",
                                        f"the agent for {a.label} exited (code {rc}) before its ranks "
-                                       f"finished", tail, "agent stderr:"), agents)
+                                       f"finished", tail, "agent stderr:", host=host), agents)
                 node_done.update(a.node_ranks)  # nothing more will come from it
                 continue
             ev = item
@@ -149,6 +193,8 @@ class JobController:
             name = ev.get("event")
             if name == events.STARTED:
                 a.pids.update(ev.get("pids") or {})
+            elif name == events.HEARTBEAT:
+                self.recovery.on_progress(ev.get("progress") or {})
             elif name == events.EXIT:
                 exits[ev["rank"]] = ev
                 if errors.counts_as_failure(ev):
@@ -156,7 +202,8 @@ class JobController:
             elif name == events.DONE:
                 node_done.add(n)
             elif name == events.ERROR:
-                self._fail(Failure(time.time(), "agent", ev.get("message", "agent error")), agents)
+                self._fail(Failure(time.time(), "agent", ev.get("message", "agent error"),
+                                   host=ev.get("host")), agents)
 
         # the ranks this launcher started (with --no_ssh, only its own node's)
         expected = sum(len(self.plan.node(n)["ranks"]) for a in agents for n in a.node_ranks)

@@ -1,0 +1,92 @@
+"""Between attempts: the controller's restart policy and its post-mortem records.
+
+The controller reports what it sees (progress records from heartbeats, the failed attempt's root
+cause and lost hosts); this decides the next attempt's plan (``elastic.py``'s rules), or stops
+with the reason and exit code, and keeps one incident record per fault (``incidents.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from dslaunch.launcher import incidents
+from dslaunch.launcher.elastic import CRASH_LOOP_EXIT, AttemptProgress, ElasticPolicy, ElasticStop
+from dslaunch.launcher.plan import WorldPlan, replan
+
+
+class Recovery:
+    def __init__(self, plan: WorldPlan, policy: ElasticPolicy | None, probe, say):
+        self.policy = policy or ElasticPolicy.start(
+            {n["host"]: n["slots"] for n in plan.nodes}, {}, len(plan.nodes), len(plan.nodes))
+        self.probe, self.say = probe, say
+        # Without --log-dir, only a job that may restart keeps records (in ./dslaunch-logs): a
+        # plain failed run is reported on the terminal and leaves no files behind.
+        keep = bool(plan.log_dir) or plan.max_restarts > 0
+        self.log = incidents.IncidentLog(incidents.incidents_path(plan.log_dir) if keep else None)
+        self.pending: incidents.Incident | None = None  # restarted, not training again yet
+        self.begin()
+
+    def begin(self) -> None:
+        """A new attempt starts."""
+        self.records: dict = {}  # rank -> its last progress record in this attempt
+        self.current = AttemptProgress()
+
+    def on_progress(self, progress: dict) -> None:
+        """A heartbeat's {rank: progress record}."""
+        for rank, rec in progress.items():
+            self.records[str(rank)] = rec
+            self.current.update(rec)
+        if self.pending is not None and self.current.trained():
+            self._close(time.time())
+
+    def _close(self, trained_at: float | None) -> None:
+        self.pending.resumed(self.current.loaded, trained_at)
+        self.log.write(self.pending)
+        self.pending = None
+
+    def after_failure(self, attempt: int, failure, lost: dict, plan: WorldPlan,
+                      can_restart: bool) -> WorldPlan | None:
+        """The plan of the next attempt (None: no restart budget left, stop as failed). Raises
+        ElasticStop (reason, exit code) when restarting is refused."""
+        if self.pending is not None:
+            self._close(None)  # failed again before training: resume point as far as known
+        inc = incidents.Incident(
+            attempt=attempt, time=failure.time if failure else time.time(),
+            detector=incidents.detector(failure.kind if failure else "agent"),
+            kind=failure.kind if failure else "agent",
+            reason=failure.text if failure else "failure",
+            culprit_rank=getattr(failure, "rank", None), culprit_host=getattr(failure, "host", None),
+            last_collective_seq=incidents.last_collectives(self.records),
+            last_step=self.current.step, world_size_before=plan.world_size)
+        if not can_restart:
+            inc.stop_reason, inc.exit_code = "no restart left (--max-restarts)", 1
+            self.log.write(inc)
+            return None
+        policy = self.policy
+        try:
+            loop = policy.crash_loop(attempt, self.current)
+            if loop:
+                raise ElasticStop(CRASH_LOOP_EXIT, loop)
+            before = list(policy.planned)
+            for host, why in policy.exclude(attempt, lost, inc.culprit_host):
+                inc.excluded_hosts[host] = why
+                self.say(f"excluding host {host} from the next attempts: {why}")
+            hosts, rejoined = policy.next_hosts(self.probe)
+        except ElasticStop as stop:
+            inc.stop_reason, inc.exit_code = stop.reason, stop.code
+            self.log.write(inc)
+            raise
+        for host in rejoined:
+            self.say(f"host {host} answers again: it rejoins the job")
+        inc.rejoined_hosts = rejoined
+        new = plan if hosts == before else replan(plan, policy.selection())
+        inc.action, inc.world_size_after = "restart", new.world_size
+        self.pending = inc
+        return new
+
+    def end(self, attempts: int, outcome: str, world_size: int) -> str:
+        """The run is over: flush the last record; the summary paragraph ("" when no fault)."""
+        if self.pending is not None:
+            self._close(None)
+        return incidents.summary(self.log.written, attempts, outcome, self.policy.history,
+                                 world_size, self.log.path)
