@@ -8,8 +8,14 @@ import json
 import pytest
 
 from dslaunch.launcher import incidents
-from dslaunch.launcher.elastic import (CRASH_LOOP_EXIT, NO_HOSTS_EXIT, AttemptProgress, ElasticPolicy,
-                                       ElasticStop, parse_nnodes)
+from dslaunch.launcher.elastic import (
+    CRASH_LOOP_EXIT,
+    NO_HOSTS_EXIT,
+    AttemptProgress,
+    ElasticPolicy,
+    ElasticStop,
+    parse_nnodes,
+)
 from dslaunch.launcher.hostfile import HostfileError, parse_hostfile_text
 from dslaunch.launcher.plan import build_plan, replan
 from dslaunch.launcher.resources import ResourceError, select_with_spares
@@ -127,6 +133,14 @@ def test_same_culprit_twice_in_a_row_is_excluded_for_good():
     assert p.exclude(1, {}, "h2") == [("h2", "its ranks failed in 2 attempts in a row")]
     assert p.next_hosts(answering("h1", "h2", "h3"))[0] == ["h1", "h3"]
     assert p.next_hosts(answering("h1", "h2", "h3"))[0] == ["h1", "h3"]  # answers, stays out
+
+
+def test_culprit_is_kept_when_the_job_cannot_go_on_without_it():
+    p = policy(planned=("h1", "h2"), lo=2, hi=2)
+    assert p.exclude(0, {}, "h1") == [] and p.exclude(1, {}, "h1") == []
+    assert p.next_hosts(answering("h1", "h2"))[0] == ["h1", "h2"]
+    p = ElasticPolicy.start({"localhost": S}, {}, 1, 1)
+    assert p.exclude(0, {}, "localhost") == [] and p.exclude(1, {}, "localhost") == []
 
 
 def test_different_culprits_reset_the_streak():

@@ -6,7 +6,8 @@ one; ``probe`` (which hosts answer now) is handed in, so tests can drive every r
 The rules, in the order they apply:
 
 - A host is excluded when it is lost (no heartbeat, its agent or connection gone: the liveness
-  detector) or when it is the culprit of two failed attempts in a row (``STRIKES``). A lost host
+  detector) or when it is the culprit of two failed attempts in a row (``STRIKES``) and enough
+  other hosts remain (else the failures are more likely the script's: see the crash loop). A lost host
   is probed again at every later restart and rejoins when it answers; a host excluded for its
   failing ranks stays out (it answers, so probing it says nothing).
 - The next plan keeps the hosts of the last plan that still answer (in their order, so node ranks
@@ -119,7 +120,11 @@ class ElasticPolicy:
             self.culprit_streak += 1
         else:
             self.last_culprit, self.culprit_streak = culprit, 1
-        if self.last_culprit and self.culprit_streak >= STRIKES:
+        others = [h for h in self.planned + self.spares if h != culprit and h not in self.excluded
+                  and h not in lost]
+        # Excluded only when the job can go on without it: on a single host, or with no host to
+        # spare, repeated failures more likely come from the script (the crash-loop rule's case).
+        if self.last_culprit and self.culprit_streak >= STRIKES and len(others) >= self.min_nodes:
             new.append((culprit, f"its ranks failed in {self.culprit_streak} attempts in a row"))
             self.sticky.add(culprit)
             self.last_culprit, self.culprit_streak = None, 0

@@ -73,7 +73,8 @@ class Incident:
         ``trained_at`` (epoch seconds; None: not yet seen)."""
         self.resumed_from = loaded
         if self.last_step is not None and self.last_step >= 0:
-            self.steps_redone = self.last_step - max(loaded, 0)
+            # (a checkpoint newer than the last heartbeat's step may have been loaded: 0 then)
+            self.steps_redone = max(0, self.last_step - max(loaded, 0))
         if trained_at is not None:
             self.seconds_to_training = round(trained_at - self.time, 3)
 
