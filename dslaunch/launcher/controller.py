@@ -30,6 +30,7 @@ from dslaunch.launcher.recovery import Recovery
 TAIL_LINES = 20
 HEARTBEAT_TIMEOUT = 5.0  # default: agents beat every second, so 5 missed beats; a loss seen in <= 6 s
 SSH_DROPPED = 255  # ssh's exit code when the connection failed or dropped
+STALL = 0.5  # a write to our stdout this long means our output, not the agent, held its events
 POLL = 0.1  # main-loop tick: signal flags and heartbeat deadlines are checked this often
 KILL_SLACK = 10.0  # after a stop, agents get grace_period + this long before being killed
 PIPE_SLACK = 3.0  # after that kill, an exited agent's pipes get this long to reach EOF
@@ -47,6 +48,10 @@ class AgentProcess:
     stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     finished: bool = False
     pids: dict = field(default_factory=dict)  # rank -> pid, from the agents' started events
+    # Liveness seen by the stdout reader (the heartbeats travel in-band with the ranks' output):
+    last_line: float = 0.0  # when it last read a line (any line: the agent is alive)
+    writing_since: float | None = None  # it is writing a rank's line to our stdout since then
+    resumed_at: float = 0.0  # when a write blocked for STALL s or more ended
 
 
 def _all_answer(hosts) -> set:
@@ -124,6 +129,7 @@ class JobController:
         agents = [AgentProcess(**spec) for spec in self.runner.agent_specs(attempt)]
         now = time.monotonic()
         last_seen = {n: now for a in agents for n in a.node_ranks}
+        owner = {n: a for a in agents for n in a.node_ranks}
         node_done: set = set()
         exits: dict = {}  # rank -> exit event
         for a in agents:
@@ -148,12 +154,13 @@ class JobController:
             # Events already queued are read first: a launcher that was slow to run (a loaded
             # host) must not call a node lost whose heartbeats are waiting in the queue.
             for n, seen in last_seen.items() if self.q.empty() else ():
-                if n not in node_done and n not in lost and now - seen > self.heartbeat_timeout:
+                silent = self._silent(owner[n], seen, now)
+                if n not in node_done and n not in lost and silent > self.heartbeat_timeout:
                     lost.add(n)
                     host = self.plan.node(n)["host"]
                     why = f"no heartbeat for {self.heartbeat_timeout:g} s"
                     self.lost_hosts[host] = why
-                    self._fail(Failure(time.time() - (now - seen), "lost",
+                    self._fail(Failure(time.time() - silent, "lost",
                                        f"host {host} (node {n}) lost: {why}", host=host), agents)
                     for a in agents:  # its agent is unreachable: drop the connection too
                         if n in a.node_ranks:
@@ -276,13 +283,29 @@ class JobController:
     # ---- streams -------------------------------------------------------------------------------
     def _read_stdout(self, a: AgentProcess) -> None:
         for raw in a.proc.stdout:
+            a.last_line = time.monotonic()
             line = raw.decode("utf-8", "replace")
             ev = events.parse_event(line)
             if ev is not None:
                 self.q.put(("event", a, ev))
             else:
+                a.writing_since = time.monotonic()
                 self._show(line if line.endswith("\n") else line + "\n")
+                if time.monotonic() - a.writing_since >= STALL:
+                    a.resumed_at = time.monotonic()
+                a.writing_since = None
         self.q.put(("eof", a, None))
+
+    @staticmethod
+    def _silent(a: AgentProcess, seen: float, now: float) -> float:
+        """How long a node of ``a`` has given no sign of life, last heartbeat at ``seen``. Its
+        events come after the ranks' lines on the same pipe, so while our own stdout blocks (a
+        slow terminal, a paused pager) they wait behind it: that silence is ours, not the node's.
+        A line read from an agent that carries one node proves that node alive too."""
+        if a.writing_since is not None:
+            return 0.0
+        alive = a.last_line if len(a.node_ranks) == 1 else 0.0
+        return now - max(seen, alive, a.resumed_at)
 
     def _read_stderr(self, a: AgentProcess) -> None:
         for raw in a.proc.stderr:
