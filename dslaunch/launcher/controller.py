@@ -89,7 +89,7 @@ class JobController:
                 outcome = "failed (no restart left)"
                 try:
                     plan = self.recovery.after_failure(attempt, failure, self.lost_hosts, self.plan,
-                                                       can_restart=not last)
+                                                       can_restart=not last, detected=self.detected)
                 except ElasticStop as stop:
                     outcome = f"stopped: {stop.reason}"
                     self._say(f"not restarting: {stop.reason} (exit code {stop.code})")
@@ -124,6 +124,7 @@ class JobController:
         self.stop_sent: str | None = None
         self.stop_deadline: float | None = None
         self.lost_hosts: dict = {}  # host -> why, for the restart policy
+        self.detected: float | None = None  # when the first failure of this attempt was seen
         self.recovery.begin()
         self._open_logs(attempt)
         agents = [AgentProcess(**spec) for spec in self.runner.agent_specs(attempt)]
@@ -234,6 +235,8 @@ class JobController:
     # ---- failures ------------------------------------------------------------------------------
     def _fail(self, failure: Failure, agents=None) -> None:
         self.failures.append(failure)
+        if self.detected is None:
+            self.detected = time.time()
         if agents is not None:
             self._stop(agents, events.CMD_STOP_FAILURE)
 

@@ -45,7 +45,7 @@ class Recovery:
         self.pending = None
 
     def after_failure(self, attempt: int, failure, lost: dict, plan: WorldPlan,
-                      can_restart: bool) -> WorldPlan | None:
+                      can_restart: bool, detected: float | None = None) -> WorldPlan | None:
         """The plan of the next attempt (None: no restart budget left, stop as failed). Raises
         ElasticStop (reason, exit code) when restarting is refused."""
         if self.pending is not None:
@@ -57,7 +57,10 @@ class Recovery:
             reason=failure.text if failure else "failure",
             culprit_rank=getattr(failure, "rank", None), culprit_host=getattr(failure, "host", None),
             last_collective_seq=incidents.last_collectives(self.records),
-            last_step=self.current.step, world_size_before=plan.world_size)
+            last_step=max(self.current.step, self.current.saved), world_size_before=plan.world_size)
+        if detected is not None:
+            inc.detect_seconds = round(max(0.0, detected - inc.time), 3)
+        began = time.time()
         if not can_restart:
             inc.stop_reason, inc.exit_code = "no restart left (--max-restarts)", 1
             self.log.write(inc)
@@ -81,6 +84,7 @@ class Recovery:
         inc.rejoined_hosts = rejoined
         new = plan if hosts == before else replan(plan, policy.selection())
         inc.action, inc.world_size_after = "restart", new.world_size
+        inc.replan_seconds = round(time.time() - began, 3)
         self.pending = inc
         return new
 

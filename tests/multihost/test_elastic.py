@@ -83,6 +83,7 @@ def check_resumed(out: str, records: list, host: str, world_after: int, steps: i
     assert resumed >= SAVE_EVERY and rec["resumed_from"] == resumed
     assert 0 <= rec["steps_redone"] <= SAVE_EVERY
     assert rec["seconds_to_training"] > 0
+    assert rec["detect_seconds"] is not None and rec["replan_seconds"] is not None
     return rec
 
 
