@@ -213,6 +213,10 @@ class JobController:
                 self._fail(Failure(time.time(), "agent", ev.get("message", "agent error"),
                                    host=ev.get("host")), agents)
 
+        # Hosts heard from just now need no probe before a restart (recovery.py).
+        end = time.monotonic()
+        self.recovery.heard = {self.plan.node(n)["host"] for n, seen in last_seen.items()
+                               if n not in lost and end - seen < self.heartbeat_timeout}
         # the ranks this launcher started (with --no_ssh, only its own node's)
         expected = sum(len(self.plan.node(n)["ranks"]) for a in agents for n in a.node_ranks)
         return self._finish(exits, expected)

@@ -30,6 +30,7 @@ class Recovery:
         """A new attempt starts."""
         self.records: dict = {}  # rank -> its last progress record in this attempt
         self.current = AttemptProgress()
+        self.heard: set = set()  # hosts whose agents were heard from as the attempt ended
 
     def on_progress(self, progress: dict) -> None:
         """A heartbeat's {rank: progress record}."""
@@ -74,7 +75,7 @@ class Recovery:
             for host, why in policy.exclude(attempt, lost, inc.culprit_host):
                 inc.excluded_hosts[host] = why
                 self.say(f"excluding host {host} from the next attempts: {why}")
-            hosts, rejoined = policy.next_hosts(self.probe)
+            hosts, rejoined = policy.next_hosts(self._probe)
         except ElasticStop as stop:
             inc.stop_reason, inc.exit_code = stop.reason, stop.code
             self.log.write(inc)
@@ -87,6 +88,13 @@ class Recovery:
         inc.replan_seconds = round(time.time() - began, 3)
         self.pending = inc
         return new
+
+    def _probe(self, hosts: list) -> set:
+        """The hosts that answer: those heard from within the heartbeat timeout as the attempt
+        ended answer (probing them again would only cost a connection each); the others are asked."""
+        heard = {h for h in hosts if h in self.heard}
+        ask = [h for h in hosts if h not in heard]
+        return heard | (set(self.probe(ask)) if ask else set())
 
     def end(self, attempts: int, outcome: str, world_size: int) -> str:
         """The run is over: flush the last record; the summary paragraph ("" when no fault)."""

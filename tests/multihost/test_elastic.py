@@ -55,7 +55,7 @@ class Job:
         return self.proc.returncode, "".join(self.lines), self.proc.stderr.read()
 
 
-def train_job(cluster, jobdir, hosts: dict, *extra, steps=24):
+def train_job(cluster, jobdir, hosts: dict, *extra, steps=16):
     hf = jobdir / "hostfile"
     hf.write_text("".join(f"{h} slots={n}\n" if isinstance(n, int) else f"{h} {n}\n"
                           for h, n in hosts.items()))
@@ -63,7 +63,7 @@ def train_job(cluster, jobdir, hosts: dict, *extra, steps=24):
     return Job(cluster, jobdir, "-H", str(hf), "--launcher", "ssh", "--grace-period", "2",
                "--config", "c.json", "--log-dir", str(jobdir / "logs"), *extra,
                "elastic_train.py", str(jobdir / "ckpt"), "--steps", str(steps),
-               "--save-every", str(SAVE_EVERY), "--sleep", "0.3")
+               "--save-every", str(SAVE_EVERY), "--sleep", "0.25")
 
 
 def lose_host_mid_training(cluster, job, host):
@@ -100,7 +100,7 @@ def test_lost_host_job_finishes_on_the_others(cluster, jobdir):
     assert "restarting the whole job (restart 1 of 2)" in err and "on host1, host4 (world size 3 -> 2)" in err
     records = incidents.read(str(jobdir / "logs" / "incidents.jsonl"))
     assert len(records) == 1
-    check_resumed(out, records, "host2", 2, 24)
+    check_resumed(out, records, "host2", 2, 16)
     assert "run summary: 1 fault(s) handled in 2 attempt(s)" in err
     assert "host2 at attempt 0 (no heartbeat for 5 s)" in err
     cluster.assert_clean(jobdir, hosts=ALL)
@@ -117,7 +117,7 @@ def test_spare_keeps_the_world_size(cluster, jobdir):
     assert rc == 0, out[-3000:] + err[-3000:]
     assert "on host2, host4 (world size 2 -> 2)" in err
     records = incidents.read(str(jobdir / "logs" / "incidents.jsonl"))
-    rec = check_resumed(out, records, "host1", 2, 24)
+    rec = check_resumed(out, records, "host1", 2, 16)
     assert rec["world_size_before"] == 2
     cluster.assert_clean(jobdir, hosts=ALL)
 
