@@ -96,6 +96,9 @@ class JobController:
                     return stop.code
                 if plan is None:
                     return code
+                if self.interrupts:  # Ctrl-C while the next hosts were probed: start nothing
+                    outcome = "interrupted"
+                    return 130 if self.interrupt_name == "SIGINT" else 143
                 attempt += 1
                 moved = ""
                 if plan is not self.plan:
