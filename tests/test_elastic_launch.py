@@ -45,6 +45,9 @@ def test_progress_keeps_restarting_and_is_recorded(tmp_path):
     assert [x["resumed_from"] for x in recs[:3]] == [0, 10, 20]
     assert [x["steps_redone"] for x in recs[:3]] == [5, 5, 5]
     assert all(x["seconds_to_training"] > 0 for x in recs[:3])
+    for x in recs[:3]:  # the split of the time back to training, every part seen
+        assert None not in (x["detect_seconds"], x["stop_seconds"], x["replan_seconds"],
+                            x["restart_seconds"], x["load_seconds"]), x
     assert recs[-1]["exit_code"] == 1 and recs[-1]["culprit_rank"] == 0
     assert all(x["detector"] == "exit" and x["culprit_host"] == "localhost" for x in recs)
     assert "run summary: 4 fault(s) handled in 4 attempt(s)" in r.stderr

@@ -19,8 +19,12 @@ that does not use the engine leaves them unknown):
 - ``action``: ``restart`` or ``stop``; ``stop_reason`` and ``exit_code`` when it stopped;
 - ``excluded_hosts``: {host: why} newly excluded at this fault; ``rejoined_hosts``: hosts back;
 - ``world_size_before``, ``world_size_after``;
-- ``detect_seconds``: from the first fault to the launcher noticing it; ``replan_seconds``: the
-  time spent choosing the next hosts (probing them) and planning;
+- ``detect_seconds``: from the first fault to the launcher noticing it; ``stop_seconds``: from
+  then to every rank of the attempt stopped; ``replan_seconds``: choosing the next hosts
+  (probing them) and planning; ``restart_seconds``: from the end of the re-plan to the first
+  progress record of the next attempt's ranks; ``load_seconds``: from then to the first record
+  showing the checkpoint loaded (both seen through heartbeats: about a second of resolution;
+  None when not seen);
 - ``resumed_from``: the checkpoint step the next attempt loaded (-1: it started fresh);
 - ``steps_redone``: ``last_step - resumed_from``; ``seconds_to_training``: from the fault to the
   first step of the next attempt beyond the checkpoint it loaded.
@@ -70,7 +74,10 @@ class Incident:
     steps_redone: int | None = None
     seconds_to_training: float | None = None
     detect_seconds: float | None = None
+    stop_seconds: float | None = None
     replan_seconds: float | None = None
+    restart_seconds: float | None = None
+    load_seconds: float | None = None
 
     def resumed(self, loaded: int, trained_at: float | None) -> None:
         """The next attempt loaded checkpoint step ``loaded`` (-1: none) and trained again at

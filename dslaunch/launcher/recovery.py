@@ -24,6 +24,7 @@ class Recovery:
         keep = bool(plan.log_dir) or plan.max_restarts > 0
         self.log = incidents.IncidentLog(incidents.incidents_path(plan.log_dir) if keep else None)
         self.pending: incidents.Incident | None = None  # restarted, not training again yet
+        self.restarted: float | None = None  # when its re-plan ended (the next attempt starts)
         self.begin()
 
     def begin(self) -> None:
@@ -31,17 +32,29 @@ class Recovery:
         self.records: dict = {}  # rank -> its last progress record in this attempt
         self.current = AttemptProgress()
         self.heard: set = set()  # hosts whose agents were heard from as the attempt ended
+        self.first_record: float | None = None  # when this attempt's ranks were first seen
+        self.loaded_seen: float | None = None  # when a record first showed a loaded checkpoint
 
     def on_progress(self, progress: dict) -> None:
         """A heartbeat's {rank: progress record}."""
         for rank, rec in progress.items():
             self.records[str(rank)] = rec
             self.current.update(rec)
+        now = time.time()
+        if progress and self.first_record is None:
+            self.first_record = now
+        if self.current.loaded >= 0 and self.loaded_seen is None:
+            self.loaded_seen = now
         if self.pending is not None and self.current.trained():
             self._close(time.time())
 
     def _close(self, trained_at: float | None) -> None:
-        self.pending.resumed(self.current.loaded, trained_at)
+        inc = self.pending
+        if self.first_record is not None and self.restarted is not None:
+            inc.restart_seconds = round(max(0.0, self.first_record - self.restarted), 3)
+            if self.loaded_seen is not None:
+                inc.load_seconds = round(self.loaded_seen - self.first_record, 3)
+        inc.resumed(self.current.loaded, trained_at)
         self.log.write(self.pending)
         self.pending = None
 
@@ -59,9 +72,10 @@ class Recovery:
             culprit_rank=getattr(failure, "rank", None), culprit_host=getattr(failure, "host", None),
             last_collective_seq=incidents.last_collectives(self.records),
             last_step=max(self.current.step, self.current.saved), world_size_before=plan.world_size)
+        began = time.time()
         if detected is not None:
             inc.detect_seconds = round(max(0.0, detected - inc.time), 3)
-        began = time.time()
+            inc.stop_seconds = round(max(0.0, began - detected), 3)
         if not can_restart:
             inc.stop_reason, inc.exit_code = "no restart left (--max-restarts)", 1
             self.log.write(inc)
@@ -85,7 +99,8 @@ class Recovery:
         inc.rejoined_hosts = rejoined
         new = plan if hosts == before else replan(plan, policy.selection())
         inc.action, inc.world_size_after = "restart", new.world_size
-        inc.replan_seconds = round(time.time() - began, 3)
+        self.restarted = time.time()
+        inc.replan_seconds = round(self.restarted - began, 3)
         self.pending = inc
         return new
 
