@@ -206,7 +206,8 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.option("--max-restarts", "--max_restarts", "max_restarts", type=click.IntRange(min=0), default=0,
               show_default=True,
               help="Restart the whole job after a failure up to N times (budget across the job), "
-                   "without lost hosts (spares and hosts that answer again take their place).")
+                   "without lost hosts (spares and hosts that answer again take their place). Exit "
+                   "75: too few hosts left; 3: crash loop (3 restarts without progress).")
 @click.option("--nnodes", default=None, metavar="MIN:MAX",
               help="Elastic range of hosts (torchrun's spelling; N = N:N): restarts go on while at "
                    "least MIN hosts answer; at most MAX are used. Default: the selected hosts, fixed.")
