@@ -37,22 +37,61 @@ from .files import CheckpointError, atomic_torch_save, crash_point
 
 DONE, FAILED = ".done.rank_{}", ".failed.rank_{}"
 TIMEOUT_ENV = "DSLAUNCH_CKPT_COMMIT_TIMEOUT"
+DELAY_ENV = "DSLAUNCH_TEST_ASYNC_WRITE_DELAY"  # tests: the writer starts late (steps run first)
 
 
-def snapshot(obj):
-    """A copy of ``obj`` whose tensors live in fresh host memory (nothing shared with the
-    training state, which the next steps change in place)."""
+def snapshot(obj, live: set):
+    """A copy of ``obj`` that shares no memory with the training state (which the next steps
+    change in place): a tensor whose storage is in ``live`` (``live_storages``) or not on the
+    host is copied to fresh host memory; the others were made for this save (a ZeRO shard is
+    gathered into new tensors) and are kept as they are, so nothing is copied twice."""
     if torch.is_tensor(obj):
         t = obj.detach()
-        return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+        if t.device.type != "cpu":
+            return t.to("cpu", copy=True)
+        return t.clone() if t.untyped_storage().data_ptr() in live else t
     if isinstance(obj, dict):
-        return type(obj)((k, snapshot(v)) for k, v in obj.items()) if type(obj) is not dict \
-            else {k: snapshot(v) for k, v in obj.items()}
+        return {k: snapshot(v, live) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [snapshot(v) for v in obj]
+        return [snapshot(v, live) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(snapshot(v) for v in obj)
+        return tuple(snapshot(v, live) for v in obj)
     return obj
+
+
+def live_storages(*roots, depth: int = 8) -> set:
+    """The storage addresses of every tensor reachable from ``roots`` (the module, the
+    optimizer, the ZeRO strategy): modules by their state, optimizers by their state and
+    groups, containers, and dslaunch's own objects by their attributes."""
+    seen, ptrs = set(), set()
+
+    def visit(obj, d):
+        if d > depth or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if torch.is_tensor(obj):
+            ptrs.add(obj.untyped_storage().data_ptr())
+            if obj.is_leaf and obj.grad is not None:
+                ptrs.add(obj.grad.untyped_storage().data_ptr())
+            return
+        if isinstance(obj, torch.nn.Module):
+            items = list(obj.state_dict(keep_vars=True).values())
+        elif isinstance(obj, torch.optim.Optimizer):
+            items = [obj.state, obj.param_groups, getattr(obj, "inner", None)]
+        elif isinstance(obj, dict):
+            items = [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            items = list(obj)
+        elif type(obj).__module__.startswith("dslaunch") and hasattr(obj, "__dict__"):
+            items = list(vars(obj).values())
+        else:
+            return
+        for x in items:
+            visit(x, d + 1)
+
+    for root in roots:
+        visit(root, 0)
+    return ptrs
 
 
 def write_files(files: dict, rank: int) -> None:
@@ -88,6 +127,7 @@ class AsyncSaver:
 
     def _run(self, files, tmp, publish) -> None:
         try:
+            time.sleep(float(os.environ.get(DELAY_ENV, "0")))
             try:
                 write_files(files, self.rank)
             except BaseException as e:

@@ -31,7 +31,7 @@ import torch
 
 from dslaunch import progress_record
 
-from .async_save import AsyncSaver, snapshot, write_files
+from .async_save import AsyncSaver, live_storages, snapshot, write_files
 from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
 from .files import (
     CheckpointError,
@@ -86,7 +86,8 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         _publish(save_dir, tag, tmp, final, meta, save_latest, keep_last)
 
     if async_save:
-        files = snapshot(files)  # later steps change the live tensors in place
+        # later steps change the live tensors in place: copy what shares their memory
+        files = snapshot(files, live_storages(engine.module, engine.optimizer, engine.strategy))
         crash_point("before_files", rank)
         saver.start(files, tmp, publish, step, _record_saved)
         return True
