@@ -20,7 +20,7 @@ import warnings
 import torch
 
 TMP_SUFFIX = ".tmp"
-CRASH_ENV = "DSLAUNCH_TEST_CRASH_IN_SAVE"  # tests: "after_files" exits mid-save (see crash_point)
+CRASH_ENV = "DSLAUNCH_TEST_CRASH_IN_SAVE"  # tests: "after_files[@rank]" dies mid-save (crash_point)
 
 
 class CheckpointError(RuntimeError):

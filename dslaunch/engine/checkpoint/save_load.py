@@ -15,6 +15,9 @@ name and renamed); after a barrier rank 0 renames the directory to ``<dir>/<tag>
 rewrites ``latest`` (temporary file + ``os.replace``). A process that dies before the rename
 leaves the previous checkpoint and ``latest`` untouched; a stale ``.tmp`` directory is removed
 by the next save. (Assumes ``<dir>`` is one shared filesystem for all ranks, as DeepSpeed does.)
+``async_save``: the same files, written by a background thread per rank (``async_save.py``);
+``keep_last``: older tags pruned after the publish (``retention.py``). After a complete save
+each rank records it in its progress record (``dslaunch.progress_record``), after a load too.
 
 Files are read with ``torch.load(weights_only=True)`` (``files.load_file``); anything unreadable
 is an error that names the file.
