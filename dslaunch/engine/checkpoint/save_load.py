@@ -55,6 +55,7 @@ from .files import (
 )
 from .retention import prune
 from .rng import rng_state, set_rng_state
+from .zero_shards import STAGING
 
 # -- save --------------------------------------------------------------------------------------
 
@@ -81,7 +82,15 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
     final, tmp = start_save_dir(save_dir, tag, rank)
     comm.barrier()
 
-    files = _rank_files(engine, tmp, client_state, exclude_frozen_parameters)
+    if async_save:  # ZeRO shards are gathered straight into the reused host buffers
+        saver.staging.begin()
+        token = STAGING.set(saver.staging.alloc)
+        try:
+            files = _rank_files(engine, tmp, client_state, exclude_frozen_parameters)
+        finally:
+            STAGING.reset(token)
+    else:
+        files = _rank_files(engine, tmp, client_state, exclude_frozen_parameters)
     meta = _metadata(engine, tag, tmp) if rank == 0 else None
     step = engine.global_steps
 
@@ -90,7 +99,8 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
 
     if async_save:
         # later steps change the live tensors in place: copy what shares their memory
-        files = snapshot(files, live_storages(engine.module, engine.optimizer, engine.strategy))
+        files = snapshot(files, live_storages(engine.module, engine.optimizer, engine.strategy),
+                         saver.staging)
         crash_point("before_files", rank)
         saver.start(files, tmp, publish, step, _record_saved)
         return True
