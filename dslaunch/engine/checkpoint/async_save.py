@@ -37,6 +37,7 @@ from .files import CheckpointError, atomic_torch_save, crash_point
 
 DONE, FAILED = ".done.rank_{}", ".failed.rank_{}"
 TIMEOUT_ENV = "DSLAUNCH_CKPT_COMMIT_TIMEOUT"
+WRITER_NICE = 10  # background writers run niced: pickling and page-cache copies cost CPU
 DELAY_ENV = "DSLAUNCH_TEST_ASYNC_WRITE_DELAY"  # tests: the writer starts late (steps run first)
 
 
@@ -157,6 +158,10 @@ class AsyncSaver:
         self._thread.start()
 
     def _run(self, files, tmp, publish) -> None:
+        try:  # the writer yields the CPU to training where both want it (Linux: per thread)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        except (AttributeError, OSError):
+            pass
         try:
             time.sleep(float(os.environ.get(DELAY_ENV, "0")))
             try:
