@@ -17,7 +17,7 @@ from dslaunch.launcher.elastic import (
     parse_nnodes,
 )
 from dslaunch.launcher.hostfile import HostfileError, parse_hostfile_text
-from dslaunch.launcher.plan import build_plan, replan
+from dslaunch.launcher.plan import WorldPlan, build_plan, replan
 from dslaunch.launcher.resources import ResourceError, select_with_spares
 
 S = [0, 1]
@@ -236,3 +236,27 @@ def test_incident_record_and_summary(tmp_path):
     assert "Training again after 12.5 s" in text and "Steps redone: 3" in text
     assert json.loads(open(path).read().splitlines()[0])["attempt"] == 0
     assert incidents.summary([], 1, "finished", [], 4, path) == ""
+
+
+def test_a_world_size_the_config_cannot_train_is_refused_before_restarting():
+    from dslaunch.launcher.recovery import config_fits
+
+    def plan_of(world_size, config):
+        return WorldPlan(world_size=world_size, master_addr="h1", master_port=1, launcher="ssh",
+                         nodes=[], config=config and json.dumps(config), config_path="ds.json")
+
+    fixed = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2}
+    config_fits(plan_of(4, fixed))
+    config_fits(plan_of(2, fixed))  # gradient accumulation 2 keeps the batch
+    with pytest.raises(ElasticStop) as err:
+        config_fits(plan_of(3, fixed))
+    assert err.value.code == NO_HOSTS_EXIT
+    assert "3 ranks" in err.value.reason and "train_batch_size" in err.value.reason
+    elastic = {"elasticity": {"enabled": True, "max_train_batch_size": 24,
+                              "micro_batch_sizes": [2, 4], "min_gpus": 1, "max_gpus": 12,
+                              "version": 0.1}}
+    config_fits(plan_of(3, elastic))
+    with pytest.raises(ElasticStop) as err:
+        config_fits(plan_of(5, elastic))
+    assert "elasticity" in err.value.reason
+    config_fits(plan_of(5, None))  # no config: nothing to check

@@ -7,10 +7,12 @@ with the reason and exit code, and keeps one incident record per fault (``incide
 
 from __future__ import annotations
 
+import json
 import time
 
+from dslaunch.config import ConfigError, resolve_config
 from dslaunch.launcher import incidents
-from dslaunch.launcher.elastic import CRASH_LOOP_EXIT, AttemptProgress, ElasticPolicy, ElasticStop
+from dslaunch.launcher.elastic import CRASH_LOOP_EXIT, NO_HOSTS_EXIT, AttemptProgress, ElasticPolicy, ElasticStop
 from dslaunch.launcher.plan import WorldPlan, replan
 
 
@@ -90,6 +92,9 @@ class Recovery:
                 inc.excluded_hosts[host] = why
                 self.say(f"excluding host {host} from the next attempts: {why}")
             hosts, rejoined = policy.next_hosts(self._probe)
+            new = plan if hosts == before else replan(plan, policy.selection())
+            if new.world_size != plan.world_size:
+                config_fits(new)
         except ElasticStop as stop:
             inc.stop_reason, inc.exit_code = stop.reason, stop.code
             self.log.write(inc)
@@ -97,7 +102,6 @@ class Recovery:
         for host in rejoined:
             self.say(f"host {host} answers again: it rejoins the job")
         inc.rejoined_hosts = rejoined
-        new = plan if hosts == before else replan(plan, policy.selection())
         inc.action, inc.world_size_after = "restart", new.world_size
         self.restarted = time.time()
         inc.replan_seconds = round(self.restarted - began, 3)
@@ -117,3 +121,17 @@ class Recovery:
             self._close(None)
         return incidents.summary(self.log.written, attempts, outcome, self.policy.history,
                                  world_size, self.log.path)
+
+
+def config_fits(plan: WorldPlan) -> None:
+    """Raise ElasticStop when the job's config cannot train at ``plan``'s world size (its batch
+    triad, or an ``elasticity`` section ruling that size out): refused here, before any rank
+    starts, rather than failing on every rank and ending as a crash loop."""
+    if not plan.config:
+        return
+    try:
+        resolve_config(json.loads(plan.config), world_size=plan.world_size,
+                       origin=plan.config_path or "the job's config", autos="describe")
+    except ConfigError as exc:
+        raise ElasticStop(NO_HOSTS_EXIT, f"the hosts that answer give {plan.world_size} ranks, "
+                          f"which the config cannot train with: {'; '.join(exc.lines())}") from None
