@@ -16,6 +16,8 @@ import signal
 import sys
 import time
 
+from dslaunch import progress_record
+
 ENV = "DSLAUNCH_INJECT"
 _T0 = time.monotonic()  # "after=" counts from when the rank first imported this module
 
@@ -80,13 +82,18 @@ class RankFaults:
 
 
 _FAULTS: RankFaults | None = None
+_PROGRESS: progress_record.ProgressWriter | None = None
 _LOADED = False
 
 
 def tick(step: int) -> None:
-    """For a script without the engine: call once per training step with its step number."""
-    global _FAULTS, _LOADED
+    """For a script without the engine: call once per training step with its step number. Also
+    reports the step in the progress record (what host faults with step=, and the launcher's
+    progress checks, read), as the engine does for its own steps."""
+    global _FAULTS, _PROGRESS, _LOADED
     if not _LOADED:
-        _FAULTS, _LOADED = RankFaults.from_env(), True
+        _FAULTS, _PROGRESS, _LOADED = RankFaults.from_env(), progress_record.writer(), True
+    if _PROGRESS is not None:
+        _PROGRESS.step(step)
     if _FAULTS is not None:
         _FAULTS.at_step(step)

@@ -140,12 +140,19 @@ def applies(fault: dict, attempt: int) -> bool:
 
 # ---- the agent's side ----------------------------------------------------------------------------
 def _in_own_netns() -> bool:
-    """True only inside a network namespace other than the machine's own (PID 1's): downing a
-    link there cannot cut this machine off."""
+    """True only inside a named network namespace (``ip netns add``, as tests/infra makes them),
+    never in the machine's own: downing a link there cannot cut this machine off."""
     try:
-        return os.stat("/proc/self/ns/net").st_ino != os.stat("/proc/1/ns/net").st_ino
+        if os.stat("/proc/self/ns/net").st_ino == os.stat("/proc/1/ns/net").st_ino:
+            return False
     except OSError:
+        pass  # PID 1's namespace is not readable from an ssh session: the name below decides
+    try:
+        out = subprocess.run(["ip", "netns", "identify", str(os.getpid())], capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
         return False
+    return out.returncode == 0 and bool(out.stdout.strip())
 
 
 def _uplink() -> str | None:

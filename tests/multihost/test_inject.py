@@ -15,7 +15,7 @@ from helpers import ROOT, SCRIPTS
 
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
-AFTER = 12  # seconds after its agent starts: the ranks are training by then
+STEP = 5  # the ranks report their steps (dslaunch.inject.tick): host2's agent acts at this one
 
 
 def _python(jobdir):
@@ -38,10 +38,10 @@ def _job(cluster, jobdir, spec):
 
 
 def test_host_down_is_reported_as_a_lost_host(cluster, jobdir):
-    res = _job(cluster, jobdir, f"host-down:host=host2,after={AFTER}s")
+    res = _job(cluster, jobdir, f"host-down:host=host2,step={STEP}")
     assert res.returncode == 1, res.stderr[-3000:]
-    assert "[host2:3] STEP 3 " in res.stdout  # host2 trained before it went down
-    assert f"inject host-down:host=host2,after={AFTER}s: killing this host's ranks" in res.stderr
+    assert f"[host2:3] STEP 3 {STEP} " in res.stdout  # host2 trained up to the fault
+    assert f"inject host-down:host=host2,step={STEP}: killing this host's ranks" in res.stderr
     assert "job failed: host host2 (node 1) lost: no heartbeat for 3 s" in res.stderr
     assert "DONE" not in res.stdout
     cluster.assert_clean(jobdir)
@@ -49,7 +49,7 @@ def test_host_down_is_reported_as_a_lost_host(cluster, jobdir):
 
 def test_link_down_is_reported_as_a_lost_host(cluster, jobdir):
     try:
-        res = _job(cluster, jobdir, f"link-down:host=host2,after={AFTER}s")
+        res = _job(cluster, jobdir, f"link-down:host=host2,step={STEP}")
         assert res.returncode == 1, res.stderr[-3000:]
         assert "[host2:3] STEP 3 " in res.stdout
         assert "job failed: host host2 (node 1) lost: no heartbeat for 3 s" in res.stderr
