@@ -75,6 +75,8 @@ def parse_args(argv=None):
     ap.add_argument("--peers", default="torchrun", help="(a) torchrun, or '' for none")
     ap.add_argument("--cap", type=float, default=180.0, help="(a) give up on training again after this")
     ap.add_argument("--hang-timeout", type=float, default=15.0)
+    ap.add_argument("--fresh-hosts", action="store_true",
+                    help="(a) take down fake hosts already there and bring up max(--hosts) healthy ones")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=4.0, help="(b) length of each run")
     ap.add_argument("--fault-every", type=float, default=120.0, help="(b) seconds of training between faults")
@@ -358,8 +360,12 @@ def part_a(args, features) -> dict:
     os.chmod(work / "python", 0o755)
     started = False
     try:
-        hosts = healthy_hosts(str(work / "python")) if Path("/run/dslaunch-infra/env.sh").exists() else []
-        if not hosts:
+        there = Path("/run/dslaunch-infra/env.sh").exists()
+        if there and args.fresh_hosts:
+            sh("netns_down.sh")
+            there = False
+        hosts = healthy_hosts(str(work / "python")) if there else []
+        if not there:
             r = sh("netns_up.sh", env={"DSL_NODES": str(max(args.host_list)), "DSL_INSTALL_PDSH": "0"})
             if r.returncode != 0:
                 return {"status": "not run", "why": f"fake hosts did not come up: {r.stderr[-300:]}"}
@@ -369,7 +375,8 @@ def part_a(args, features) -> dict:
         for n in args.host_list:
             if len(hosts) < n:
                 rows.append({"hosts": n, "status": "not run",
-                             "why": f"only {len(hosts)} healthy fake hosts ({', '.join(hosts)})"})
+                             "why": f"only {len(hosts)} healthy fake hosts ({', '.join(hosts)}): "
+                                    "pass --fresh-hosts"})
                 continue
             for scenario in args.scenario_list:
                 for i in range(args.repeats):
@@ -468,11 +475,14 @@ def part_b(args, features) -> dict:
 
 
 # ---- (c), (d): the other helpers' benchmarks ------------------------------------------------------
+SMOKE_ARGS = {"bench_watchdog_cost": ["--smoke"], "bench_async_checkpoint": ["--saves", "1"]}
+
+
 def other_bench(name: str, args) -> dict:
     path = HERE / f"{name}.py"
     if not path.exists():
         return {"status": "not run", "why": f"benchmarks/{name}.py is not there"}
-    argv = [PY, str(path), *(["--smoke"] if args.smoke else [])]
+    argv = [PY, str(path), *(SMOKE_ARGS.get(name, []) if args.smoke else [])]
     r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=3600,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
