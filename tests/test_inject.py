@@ -71,19 +71,36 @@ def test_slow_rank_sleeps_every_step_and_the_job_still_finishes():
     assert "[rank 0] DONE 0 5" in lines and "[rank 1] DONE 1 5" in lines
 
 
+@pytest.mark.slow
+def test_host_down_here_is_a_lost_host():
+    # the local runner's one host: its agent kills the ranks and goes silent (the fake hosts of
+    # tests/multihost/test_inject.py do the same over ssh); the plain loop reports its steps
+    marker, env = marker_env()
+    r = dslaunch(*RUN, "--heartbeat-timeout", 2, "--inject", "host-down:host=localhost,step=3", SCRIPT,
+                 "--plain", "--steps", 100000, "--step-sleep", 0.05, env=env)
+    assert r.returncode == 1, r.stderr
+    assert ("dslaunch agent on localhost: inject host-down:host=localhost,step=3: killing this "
+            "host's ranks and going silent") in r.stderr
+    assert "job failed: host localhost (node 0) lost: no heartbeat for 2 s" in r.stderr
+    assert "[rank 0] STEP 0 3 " in r.stdout and "DONE" not in r.stdout
+    assert_no_leftovers(marker)
+
+
 def test_attempt_filter_skips_a_restarted_job(tmp_path):
     # no launcher: the rank side alone, with the restart count the agent gives a restarted job
     from dslaunch.engine.fault_injection import RankFaults
     from dslaunch.launcher.inject import encode, parse_spec
 
     faults = encode([parse_spec("kill:rank=1,step=3"), parse_spec("hang:rank=1,step=5,attempt=1"),
-                     parse_spec("slow:rank=1,after=0,seconds=1,attempt=all")])
+                     parse_spec("slow:rank=1,after=0,seconds=0.01,attempt=all")])
     env = {"DSLAUNCH_INJECT": faults, "RANK": "1"}
     first = RankFaults.from_env({**env, "DSLAUNCH_RESTART_COUNT": "0"})
     again = RankFaults.from_env({**env, "DSLAUNCH_RESTART_COUNT": "1"})
     assert [f["kind"] for f in first.pending] == ["kill", "slow"]
     assert [f["kind"] for f in again.pending] == ["hang", "slow"]
     assert RankFaults.from_env({**env, "RANK": "0"}) is None
+    again.at_step(1)  # after=0 is due at once (seconds since the process started); step=5 is not
+    assert again.slow == 0.01 and [f["kind"] for f in again.pending] == ["hang"]
     assert RankFaults.from_env({"RANK": "1"}) is None
 
 

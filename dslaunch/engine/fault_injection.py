@@ -19,7 +19,21 @@ import time
 from dslaunch import progress_record
 
 ENV = "DSLAUNCH_INJECT"
-_T0 = time.monotonic()  # "after=" counts from when the rank first imported this module
+
+
+def _age() -> float:
+    """Seconds since this process started (Linux's /proc), else 0: "after=" counts from there,
+    not from when the script got round to importing the engine."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            return max(0.0, float(f.read().split()[0]) - started)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+_T0 = time.monotonic() - _age()
 
 
 def _injected_hang(rank: int, step: int) -> None:
