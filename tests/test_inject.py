@@ -45,7 +45,10 @@ def test_bad_spec_is_refused_before_anything_starts(tmp_path, spec, says):
 @pytest.mark.slow
 def test_kill_fails_the_job_naming_the_rank_and_sigkill():
     marker, env = marker_env()
-    r = dslaunch(*RUN, "--inject", "kill:rank=1,step=3", SCRIPT, "--steps", 6, env=env)
+    # the step's sleep keeps rank 0 out of its next collective for a while after the kill, so its
+    # own error (connection reset by the dead peer) comes well after rank 1's death, the root cause
+    r = dslaunch(*RUN, "--inject", "kill:rank=1,step=3", SCRIPT, "--steps", 6, "--step-sleep", 0.5,
+                 env=env)
     assert r.returncode == 1, r.stderr
     assert "job failed: rank 1 (host localhost) was killed by SIGKILL" in r.stderr
     assert "kill:rank=1,step=3: rank 1" in r.stderr and "kills itself (SIGKILL) at step 3" in r.stderr
@@ -171,8 +174,10 @@ def test_hang_is_reported_by_the_watchdog(tmp_path):
     if not _has_watchdog():
         pytest.skip("no --hang-timeout in this build (the hang watchdog is not there yet)")
     marker, env = marker_env()
-    r = dslaunch(*RUN, "--hang-timeout", 3, "--inject", "hang:rank=1,step=2", SCRIPT,
+    # 10 s: well above what imports take on a loaded machine (the watchdog is not under test here)
+    r = dslaunch(*RUN, "--hang-timeout", 10, "--inject", "hang:rank=1,step=2", SCRIPT,
                  "--steps", 50, env=env, timeout=120)
     assert r.returncode != 0, r.stderr
-    assert "rank 1" in r.stderr and "_injected_hang" in r.stderr + r.stdout
+    # the report names the stuck rank and the function it is stuck in (its stack)
+    assert "rank 1 never entered all_reduce" in r.stderr and "in _injected_hang" in r.stderr
     assert_no_leftovers(marker)

@@ -29,6 +29,8 @@ import subprocess
 import threading
 import time
 
+from dslaunch import progress_record
+
 ENV = "DSLAUNCH_INJECT"
 RANK_KINDS = ("kill", "hang", "slow")
 HOST_KINDS = ("host-down", "link-down")
@@ -176,7 +178,7 @@ def _uplink() -> str | None:
 
 class HostFaults:
     """Runs this host's faults for an agent (``agent.py`` starts it after its ranks). The agent
-    provides ``host``, ``restart_count``, ``progress()`` ({rank: record}), ``kill_ranks()``,
+    provides ``host``, ``restart_count``, ``ranks``, ``progress_file(rank)``, ``kill_ranks()``,
     ``silence()`` and ``say(text)`` (to its stderr)."""
 
     def __init__(self, agent, faults: list):
@@ -196,7 +198,9 @@ class HostFaults:
     def _due(self, fault: dict) -> bool:
         if "after" in fault:
             return time.monotonic() - self.t0 >= fault["after"]
-        steps = [rec.get("step", -1) for rec in self.agent.progress().values()]
+        # the records themselves, not the agent's view of them (the watchdog keeps state there)
+        steps = [rec["step"] for rec in (progress_record.read(self.agent.progress_file(r.rank))
+                                         for r in self.agent.ranks) if rec is not None]
         return bool(steps) and max(steps) >= fault["step"]
 
     def _run(self) -> None:

@@ -71,9 +71,9 @@ if args.plain:
             dist.all_reduce(prm.grad)
         opt.step()
         step += 1
-        time.sleep(args.step_sleep)
         say("STEP", step)
         tick(step)
+        time.sleep(args.step_sleep)  # after the step: a peer's fault at it is over before our next collective
 else:
     import dslaunch
 
@@ -90,10 +90,10 @@ else:
         x, y = batch(engine.global_steps, int(RANK))
         loss = torch.nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
-        time.sleep(args.step_sleep)
         engine.step()  # an injected fault fires in here, at the step it names
         say("STEP", engine.global_steps)
         if args.save_dir and args.save_every and engine.global_steps % args.save_every == 0:
             engine.save_checkpoint(args.save_dir)
+        time.sleep(args.step_sleep)  # after the step: a peer's fault at it is over before our next collective
     step = engine.global_steps
 print(f"DONE {RANK} {step}", flush=True)
