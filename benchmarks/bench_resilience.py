@@ -201,8 +201,9 @@ def healthy_hosts(python: str) -> list:
                    key=lambda h: int(h[4:]))
     ok = []
     for h in names:
-        r = subprocess.run(["ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", h, "--", python,
-                            "-c", "import dslaunch.launcher.agent, torch"], capture_output=True, timeout=60)
+        remote = shlex.join([python, "-c", "import dslaunch.launcher.agent, torch"])
+        r = subprocess.run(["ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", h, "--", remote],
+                           capture_output=True, timeout=60)
         if r.returncode == 0:
             ok.append(h)
     return ok
