@@ -2,7 +2,8 @@
 """How fast a job trains again after a fault, and what faults cost over a whole run.
 
 (a) recovery (needs root: the fake hosts of tests/infra, network namespaces with sshd): a job of
-    N hosts x --slots ranks (tests/scripts/inject_train.py: the engine, a checkpoint every
+    N hosts x --slots ranks, plus --spares spare hosts (a hostfile "spare" where the launcher
+    has --nnodes: with one lost host of two, only a spare leaves a majority answering) (tests/scripts/inject_train.py: the engine, a checkpoint every
     --save-every steps, resumed by engine.load_checkpoint at start) loses its last host
     (host-loss: `netns_host.sh down`, link down then every process killed) or has its last rank
     stuck outside a collective (hang: `--inject hang:...`, with `--hang-timeout 15` where the
@@ -71,6 +72,9 @@ def parse_args(argv=None):
     ap.add_argument("--parts", default="a,b,c,d", help="which of a,b,c,d to run")
     ap.add_argument("--hosts", default="2,4", help="(a) host counts")
     ap.add_argument("--slots", type=int, default=1, help="(a) ranks per host")
+    ap.add_argument("--spares", type=int, default=1,
+                    help="(a) spare hosts beside the N (hostfile 'spare' where the launcher has --nnodes; "
+                         "torchrun: standby agents started after the first rendezvous)")
     ap.add_argument("--scenarios", default="host-loss,hang", help="(a) host-loss,hang")
     ap.add_argument("--peers", default="torchrun", help="(a) torchrun, or '' for none")
     ap.add_argument("--cap", type=float, default=180.0, help="(a) give up on training again after this")
@@ -111,12 +115,16 @@ def parse_args(argv=None):
 # ---- one running job, every line stamped on arrival --------------------------------------------
 class Job:
     def __init__(self, procs: list):
-        self.procs = procs
         self.lines: list = []  # (arrival time, stream, text)
         self.q: queue.Queue = queue.Queue()
+        self.procs = []
         for p in procs:
-            for name in ("stdout", "stderr"):
-                threading.Thread(target=self._read, args=(getattr(p, name), name), daemon=True).start()
+            self.add(p)
+
+    def add(self, p):
+        self.procs.append(p)
+        for name in ("stdout", "stderr"):
+            threading.Thread(target=self._read, args=(getattr(p, name), name), daemon=True).start()
 
     def _read(self, stream, name):
         for line in stream:
@@ -234,9 +242,10 @@ def train_args(ckpt: Path, step_sleep: float, save_every: int) -> list:
             "--step-sleep", str(step_sleep)]
 
 
-def start_dslaunch(work, hosts, slots, scenario, features, args):
+def start_dslaunch(work, hosts, spares, slots, scenario, features, args):
     hf = work / "hostfile"
-    hf.write_text("".join(f"{h} slots={slots}\n" for h in hosts))
+    hf.write_text("".join(f"{h} slots={slots}\n" for h in hosts)
+                  + "".join(f"{h} slots={slots} spare\n" for h in spares if "--nnodes" in features))
     world = len(hosts) * slots
     argv = [*DSLAUNCH, "run", "-H", str(hf), "--launcher", "ssh", "--python", str(work / "python"),
             "--max-restarts", "3", "--grace-period", "2", "--omp-threads", "1", "--log-dir", str(work / "logs"),
@@ -253,25 +262,27 @@ def start_dslaunch(work, hosts, slots, scenario, features, args):
     return Job([proc])
 
 
+def torchrun_agent(work, hosts, h, slots, port, env, args):
+    torchrun = str(Path(PY).parent / "torchrun")
+    remote = (f"cd {shlex.quote(str(work))} && {env} exec "
+              + shlex.join([torchrun, "--nnodes", f"1:{len(hosts)}", "--nproc-per-node", str(slots),
+                            "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                            f"{hosts[0]}:{port}", "--rdzv-id", f"bench-{port}",
+                            *train_args(work / "ckpt", args.step_sleep, args.save_every)]))
+    return subprocess.Popen(["ssh", "-T", "-o", "BatchMode=yes", h, "--", remote], cwd=work,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
 def start_torchrun(work, hosts, slots, scenario, args):
     world = len(hosts) * slots
-    torchrun = str(Path(PY).parent / "torchrun")
     env = f"PYTHONPATH={shlex.quote(str(REPO))} OMP_NUM_THREADS=1"
     if scenario == "hang":
         spec = inject.encode([inject.parse_spec(f"hang:rank={world - 1},step={FAULT_STEP}")])
         env += f" {inject.ENV}={shlex.quote(spec)}"
     port = random.randint(20000, 40000)
-    procs = []
-    for h in hosts:
-        remote = (f"cd {shlex.quote(str(work))} && {env} exec "
-                  + shlex.join([torchrun, "--nnodes", f"1:{len(hosts)}", "--nproc-per-node", str(slots),
-                                "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                                f"{hosts[0]}:{port}", "--rdzv-id", f"bench-{port}",
-                                *train_args(work / "ckpt", args.step_sleep, args.save_every)]))
-        procs.append(subprocess.Popen(["ssh", "-T", "-o", "BatchMode=yes", h, "--", remote], cwd=work,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      start_new_session=True))
-    return Job(procs)
+    job = Job([torchrun_agent(work, hosts, h, slots, port, env, args) for h in hosts])
+    job.spare = lambda h: job.add(torchrun_agent(work, hosts, h, slots, port, env, args))
+    return job
 
 
 def first_after(job, t0, pred):
@@ -308,14 +319,19 @@ def phases(job, t_fault, launcher: str) -> dict:
     return out
 
 
-def recover_once(launcher, work, hosts, slots, scenario, features, args) -> dict:
+def recover_once(launcher, work, hosts, spares, slots, scenario, features, args) -> dict:
     shutil.rmtree(work / "ckpt", ignore_errors=True)
     shutil.rmtree(work / "logs", ignore_errors=True)
-    job = (start_dslaunch(work, hosts, slots, scenario, features, args) if launcher == "dslaunch"
+    job = (start_dslaunch(work, hosts, spares, slots, scenario, features, args) if launcher == "dslaunch"
            else start_torchrun(work, hosts, slots, scenario, args))
-    res = {"launcher": launcher, "hosts": len(hosts), "ranks": len(hosts) * slots, "scenario": scenario}
+    res = {"launcher": launcher, "hosts": len(hosts), "spares": len(spares), "ranks": len(hosts) * slots,
+           "scenario": scenario}
     lost = hosts[-1]
     try:
+        if launcher == "torchrun" and spares:  # standby agents, once the first round has formed
+            if job.wait(rank0("INIT"), 240) is not None:
+                for h in spares:
+                    job.spare(h)
         if scenario == "host-loss":
             if job.wait(lambda t, s, x: (r := rank_line(x)) is not None and r[0] == "STEP" and r[1] == 0
                         and int(r[2][0]) >= FAULT_STEP, 240) is None:
@@ -349,7 +365,7 @@ def recover_once(launcher, work, hosts, slots, scenario, features, args) -> dict
         res["launcher_tail"] = [x for _, s, x in job.lines if s == "stderr"][-6:]
         if scenario == "host-loss":
             sh("netns_host.sh", "up", lost, timeout=60)
-        res["reaped_leftovers"] = reap(hosts)
+        res["reaped_leftovers"] = reap(hosts + spares)
     return res
 
 
@@ -367,14 +383,15 @@ def part_a(args, features) -> dict:
             there = False
         hosts = healthy_hosts(str(work / "python")) if there else []
         if not there:
-            r = sh("netns_up.sh", env={"DSL_NODES": str(max(args.host_list)), "DSL_INSTALL_PDSH": "0"})
+            r = sh("netns_up.sh", env={"DSL_NODES": str(max(args.host_list) + args.spares),
+                                       "DSL_INSTALL_PDSH": "0"})
             if r.returncode != 0:
                 return {"status": "not run", "why": f"fake hosts did not come up: {r.stderr[-300:]}"}
             started = True
             hosts = healthy_hosts(str(work / "python"))
         rows = []
         for n in args.host_list:
-            if len(hosts) < n:
+            if len(hosts) < n + args.spares:
                 rows.append({"hosts": n, "status": "not run",
                              "why": f"only {len(hosts)} healthy fake hosts ({', '.join(hosts)}): "
                                     "pass --fresh-hosts"})
@@ -383,7 +400,8 @@ def part_a(args, features) -> dict:
                 for i in range(args.repeats):
                     for launcher in ["dslaunch", *args.peer_list]:
                         bu.log(f"(a) {launcher} {scenario} {n} hosts #{i + 1}")
-                        row = recover_once(launcher, work, hosts[:n], args.slots, scenario, features, args)
+                        row = recover_once(launcher, work, hosts[:n], hosts[n:n + args.spares], args.slots,
+                                           scenario, features, args)
                         bu.log(f"    training again: {row.get('training_again', row.get('error'))}")
                         rows.append(row)
         return {"status": "ok", "fault_step": FAULT_STEP, "runs": clean(rows, {str(work): "<work>"}),
