@@ -4,7 +4,8 @@
 (a) recovery (needs root: the fake hosts of tests/infra, network namespaces with sshd): a job of
     N hosts x --slots ranks, plus --spares spare hosts (a hostfile "spare" where the launcher
     has --nnodes: with one lost host of two, only a spare leaves a majority answering)
-    (tests/scripts/inject_train.py: the engine, a checkpoint every --save-every steps, resumed by engine.load_checkpoint at start) loses its last host
+    (tests/scripts/inject_train.py: the engine, a checkpoint every --save-every steps, resumed
+    by engine.load_checkpoint at start) loses its last host
     (host-loss: `netns_host.sh down`, link down then every process killed) or has its last rank
     stuck outside a collective (hang: `--inject hang:...`, with `--hang-timeout 15` where the
     launcher has it). Measured from the fault to the first step of the restarted job, split from
