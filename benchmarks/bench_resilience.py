@@ -63,7 +63,6 @@ INFRA = REPO / "tests" / "infra"
 SCRIPT = REPO / "tests" / "scripts" / "inject_train.py"
 PY = sys.executable
 DSLAUNCH = [PY, "-c", "from dslaunch.cli import main; main()"]
-FAULT_STEP = 12  # the fault comes once rank 0 has made this many steps (a checkpoint exists)
 REPORT = re.compile(r"lost|hang|stuck|desync|no progress|job failed|failed", re.I)
 
 
@@ -86,7 +85,8 @@ def parse_args(argv=None):
     ap.add_argument("--minutes", type=float, default=4.0, help="(b) length of each run")
     ap.add_argument("--fault-every", type=float, default=120.0, help="(b) seconds of training between faults")
     ap.add_argument("--ranks", type=int, default=2, help="(b) ranks on this host")
-    ap.add_argument("--save-every", type=int, default=20, help="checkpoint interval, steps")
+    ap.add_argument("--save-every", type=int, default=10,
+                    help="checkpoint interval, steps; (a)'s fault comes at 1.5 intervals")
     ap.add_argument("--step-sleep", type=float, default=0.1, help="seconds of 'work' per step")
     ap.add_argument("--steps", type=int, default=0,
                     help="(b) a fixed number of steps instead of --minutes (one kill halfway)")
@@ -98,6 +98,7 @@ def parse_args(argv=None):
     args.host_list = [int(h) for h in args.hosts.split(",") if h]
     args.scenario_list = [s for s in args.scenarios.split(",") if s]
     args.peer_list = [p for p in args.peers.split(",") if p]
+    args.fault_step = max(3, args.save_every * 3 // 2)  # a checkpoint exists, half an interval redone
     for bad, ok, what in ((args.part_list, "abcd", "--parts"),
                           (args.scenario_list, ("host-loss", "hang"), "--scenarios"),
                           (args.peer_list, ("torchrun",), "--peers")):
@@ -256,7 +257,7 @@ def start_dslaunch(work, hosts, spares, slots, scenario, features, args):
     if scenario == "hang":
         if "--hang-timeout" in features:
             argv += ["--hang-timeout", f"{args.hang_timeout:g}"]
-        argv += ["--inject", f"hang:rank={world - 1},step={FAULT_STEP}"]
+        argv += ["--inject", f"hang:rank={world - 1},step={args.fault_step}"]
     argv += train_args(work / "ckpt", args.step_sleep, args.save_every)
     proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -278,7 +279,7 @@ def start_torchrun(work, hosts, slots, scenario, args):
     world = len(hosts) * slots
     env = f"PYTHONPATH={shlex.quote(str(REPO))} OMP_NUM_THREADS=1"
     if scenario == "hang":
-        spec = inject.encode([inject.parse_spec(f"hang:rank={world - 1},step={FAULT_STEP}")])
+        spec = inject.encode([inject.parse_spec(f"hang:rank={world - 1},step={args.fault_step}")])
         env += f" {inject.ENV}={shlex.quote(spec)}"
     port = random.randint(20000, 40000)
     job = Job([torchrun_agent(work, hosts, h, slots, port, env, args) for h in hosts])
@@ -335,7 +336,7 @@ def recover_once(launcher, work, hosts, spares, slots, scenario, features, args)
                     job.spare(h)
         if scenario == "host-loss":
             if job.wait(lambda t, s, x: (r := rank_line(x)) is not None and r[0] == "STEP" and r[1] == 0
-                        and int(r[2][0]) >= FAULT_STEP, 240) is None:
+                        and int(r[2][0]) >= args.fault_step, 240) is None:
                 res["error"] = "never reached the fault step: " + " | ".join(x for _, _, x in job.lines[-8:])
                 return res
             t_fault = time.time()
@@ -405,7 +406,7 @@ def part_a(args, features) -> dict:
                                            scenario, features, args)
                         bu.log(f"    training again: {row.get('training_again', row.get('error'))}")
                         rows.append(row)
-        return {"status": "ok", "fault_step": FAULT_STEP, "runs": clean(rows, {str(work): "<work>"}),
+        return {"status": "ok", "fault_step": args.fault_step, "runs": clean(rows, {str(work): "<work>"}),
                 "summary": summarize_a(rows)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
