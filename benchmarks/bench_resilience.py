@@ -359,11 +359,11 @@ def recover_once(launcher, work, hosts, spares, slots, scenario, features, args)
                                      if len(ended) == len(job.procs) else f">= {args.cap:g}")
         else:
             res["training_again"] = f"{res['training_again_s']:.1f}"
-        incidents = work / "logs" / "incidents.jsonl"
-        if incidents.exists():
-            res["incidents"] = [json.loads(x) for x in incidents.read_text().splitlines() if x.strip()]
     finally:
         job.stop()
+        incidents = work / "logs" / "incidents.jsonl"  # complete once the launcher has ended
+        if incidents.exists():
+            res["incidents"] = [json.loads(x) for x in incidents.read_text().splitlines() if x.strip()]
         res["launcher_tail"] = [x for _, s, x in job.lines if s == "stderr"][-6:]
         if scenario == "host-loss":
             sh("netns_host.sh", "up", lost, timeout=60)
@@ -407,14 +407,14 @@ def part_a(args, features) -> dict:
                         bu.log(f"    training again: {row.get('training_again', row.get('error'))}")
                         rows.append(row)
         return {"status": "ok", "fault_step": args.fault_step, "runs": clean(rows, {str(work): "<work>"}),
-                "summary": summarize_a(rows)}
+                "summary": summarize_a(rows, args.cap)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if started:
             sh("netns_down.sh")
 
 
-def summarize_a(rows) -> list:
+def summarize_a(rows, cap: float) -> list:
     out = []
     keys = sorted({(r["scenario"], r["hosts"]) for r in rows if "scenario" in r})
     for scenario, n in keys:
@@ -429,6 +429,8 @@ def summarize_a(rows) -> list:
             row[launcher]["training_again"] = [r.get("training_again", r.get("error")) for r in rs]
         ds, tr = row.get("dslaunch", {}), row.get("torchrun", {})
         row["torchrun_over_dslaunch"] = bu.ratio(tr.get("training_again_s"), ds.get("training_again_s"))
+        if tr and tr.get("training_again_s") is None and ds.get("training_again_s"):
+            row["torchrun_over_dslaunch_at_least"] = bu.ratio(cap, ds["training_again_s"])  # it hit the cap
         out.append(row)
     return out
 
