@@ -32,7 +32,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peer_scripts"))
@@ -88,8 +87,8 @@ def parse_args(argv=None):
         args.steps = 2 if args.smoke else 20
     if args.warmup is None:
         args.warmup = 1 if args.smoke else 3
-    args.stage_list = [_int_in(s, (2, 3), "--stages", p) for s in _split(args.stages)]
-    args.precision_list = _split(args.precision)
+    args.stage_list = [_int_in(s, (2, 3), "--stages", p) for s in bu.split(args.stages)]
+    args.precision_list = bu.split(args.precision)
     for prec in args.precision_list:
         if prec not in ("fp32", "bf16"):
             p.error(f"--precision: {prec!r} is not fp32 or bf16")
@@ -98,8 +97,6 @@ def parse_args(argv=None):
     return args
 
 
-def _split(text: str) -> list:
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _int_in(text, allowed, flag, p):
@@ -163,17 +160,9 @@ def one_run(c, args, work: Path, rep: int, peer_py, warmup_run=False) -> dict:
     cfg_path.write_text(json.dumps(ds_config(c["stage"]), indent=1))
     cmd = command(c, args, cfg_path, out_dir, peer_py, warmup_run)
     log_path = out_dir / "launcher.log"
-    t0 = time.perf_counter()
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=run_env(c, args), cwd=bu.REPO,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            rc = "timeout"
+    rc, wall = bu.run_logged(cmd, log_path, run_env(c, args), args.timeout)
     run = {"config": c["name"], "repeat": rep, "command": shlex.join(cmd), "returncode": rc,
-           "wall_seconds": round(time.perf_counter() - t0, 3)}
+           "wall_seconds": round(wall, 3)}
     ranks = [json.loads(f.read_text()) for f in sorted(out_dir.glob("rank*.json"))]
     log_tail = log_path.read_text(errors="replace")[-3000:]
     if rc != 0 or len(ranks) != args.nproc:
@@ -190,19 +179,6 @@ def one_run(c, args, work: Path, rep: int, peer_py, warmup_run=False) -> dict:
     return run
 
 
-def _kill_group(proc):
-    import signal
-
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def step_seconds(rank: dict) -> list:
@@ -262,11 +238,11 @@ def summarise(configs, runs) -> list:
         if row["runtime"] != "dslaunch" or row["status"] != "ok" or not peer or peer["status"] != "ok":
             continue
         r = {"samples_per_s": bu.ratio(row["samples_per_s_median"], peer["samples_per_s_median"]),
-             "samples_per_s_paired": _paired(by[row["name"]], by[peer["name"]]),
+             "samples_per_s_paired": bu.paired(by[row["name"]], by[peer["name"]], "samples_per_s"),
              "trainer_samples_per_s": bu.ratio(row["trainer_samples_per_s_median"],
                                                peer["trainer_samples_per_s_median"]),
              "peak_rss": bu.ratio(row["peak_rss_mb_median"], peer["peak_rss_mb_median"]),
-             "loss_max_abs_diff": _loss_diff(row["losses"], peer["losses"])}
+             "loss_max_abs_diff": bu.loss_diff(row["losses"], peer["losses"])}
         r["target_met"] = (r["samples_per_s"] >= TARGET["samples_per_s"] and r["peak_rss"] <= TARGET["peak_rss"])
         row["vs_deepspeed"] = r
     return rows
@@ -276,16 +252,8 @@ def _round(x, nd=2):
     return None if x is None else round(x, nd)
 
 
-def _paired(a_runs, b_runs) -> list:
-    """Per-round ratios (the two runs of a round were adjacent in time): shows the noise."""
-    b = {r["repeat"]: r for r in b_runs if r["status"] == "ok"}
-    return [bu.ratio(r["samples_per_s"], b[r["repeat"]]["samples_per_s"]) for r in a_runs
-            if r["status"] == "ok" and r["repeat"] in b]
 
 
-def _loss_diff(a, b):
-    n = min(len(a), len(b))
-    return max(abs(x - y) for x, y in zip(a[:n], b[:n])) if n else None
 
 
 def print_tables(rows, args) -> None:

@@ -32,10 +32,8 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peer_scripts"))
@@ -92,12 +90,12 @@ def parse_args(argv=None):
         args.steps = 3 if args.smoke else 20
     if args.warmup is None:
         args.warmup = 1 if args.smoke else 5
-    args.stage_list = [_parse_stage(s) for s in _split(args.stages)]
-    args.precision_list = _split(args.precision)
+    args.stage_list = [_parse_stage(s) for s in bu.split(args.stages)]
+    args.precision_list = bu.split(args.precision)
     for prec in args.precision_list:
         if prec not in ("fp32", "bf16"):
             p.error(f"--precision: {prec!r} is not fp32 or bf16")
-    args.peer_list = _split(args.peers)
+    args.peer_list = bu.split(args.peers)
     for peer in args.peer_list:
         if peer not in RUNTIMES[1:]:
             p.error(f"--peers: {peer!r} is not one of ddp, fsdp2, deepspeed")
@@ -106,8 +104,6 @@ def parse_args(argv=None):
     return args
 
 
-def _split(text: str) -> list:
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _parse_stage(text: str):
@@ -210,16 +206,7 @@ def one_run(c, args, work: Path, rep: int, peer_py, smoke_warmup=False) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = command(c, args, out_dir, peer_py, smoke_warmup)
     log_path = out_dir / "launcher.log"
-    t0 = time.perf_counter()
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=run_env(args), cwd=bu.REPO,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            rc = "timeout"
-    wall = time.perf_counter() - t0
+    rc, wall = bu.run_logged(cmd, log_path, run_env(args), args.timeout)
     run = {"config": c["name"], "repeat": rep, "command": shlex.join(cmd), "returncode": rc,
            "wall_seconds": round(wall, 3)}
     ranks = []
@@ -243,19 +230,6 @@ def one_run(c, args, work: Path, rep: int, peer_py, smoke_warmup=False) -> dict:
     return run
 
 
-def _kill_group(proc):
-    import signal
-
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _last_line_with(text: str, needle: str) -> str:
@@ -319,7 +293,7 @@ def summarise(configs, runs, args) -> list:
             continue
         ref = index.get(f"ddp/{row['precision']}")
         if ref and ref["status"] == "ok" and row["runtime"] != "ddp":
-            row["loss_max_abs_diff_vs_ddp"] = _loss_diff(row["losses"], ref["losses"])
+            row["loss_max_abs_diff_vs_ddp"] = bu.loss_diff(row["losses"], ref["losses"])
         if row["runtime"] != "dslaunch":
             continue
         row["ratios"] = {}
@@ -333,25 +307,17 @@ def summarise(configs, runs, args) -> list:
             key = peer_name.split("/")[0]
             row["ratios"][key] = {
                 "tokens_per_s": bu.ratio(row["tokens_per_s_median"], peer["tokens_per_s_median"]),
-                "tokens_per_s_paired": _paired(by[row["name"]], by[peer_name]),
+                "tokens_per_s_paired": bu.paired(by[row["name"]], by[peer_name], "tokens_per_s"),
                 "peak_rss": bu.ratio(row["peak_rss_mb_median"], peer["peak_rss_mb_median"]),
-                "loss_max_abs_diff": _loss_diff(row["losses"], peer["losses"]),
+                "loss_max_abs_diff": bu.loss_diff(row["losses"], peer["losses"]),
             }
             if row.get("gpu_peak_mb_median") and peer.get("gpu_peak_mb_median"):
                 row["ratios"][key]["gpu_peak_mem"] = bu.ratio(row["gpu_peak_mb_median"], peer["gpu_peak_mb_median"])
     return rows
 
 
-def _paired(a_runs, b_runs) -> list:
-    """Per-repeat ratios (runs of one round were adjacent in time): shows the noise."""
-    b = {r["repeat"]: r for r in b_runs if r["status"] == "ok"}
-    return [bu.ratio(r["tokens_per_s"], b[r["repeat"]]["tokens_per_s"]) for r in a_runs
-            if r["status"] == "ok" and r["repeat"] in b]
 
 
-def _loss_diff(a, b):
-    n = min(len(a), len(b))
-    return max(abs(x - y) for x, y in zip(a[:n], b[:n])) if n else None
 
 
 def print_tables(rows, args) -> None:

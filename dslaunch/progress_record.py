@@ -26,12 +26,21 @@ ENV = "DSLAUNCH_PROGRESS_FILE"
 # seq, pid, updated, step, step_time, coll_seq, coll_since, coll_bytes, coll_op, coll_group,
 # last_seq, last_op, last_group, ckpt_saved_step, ckpt_saved_time, ckpt_loaded_step
 _FORMAT = "<Qqdqdqdq16s48sq16s48sqdq"
-SIZE = struct.calcsize(_FORMAT)
+_RECORD = struct.Struct(_FORMAT)  # compiled once: a write is on every collective
+_SEQ = struct.Struct("<Q")
+SIZE = _RECORD.size
 _TEXT = {"coll_op": 16, "coll_group": 48, "last_op": 16, "last_group": 48}
+_ENCODED: dict = {}  # (text, width) -> bytes: a job uses a handful of op and group names
 
 
 def _text(value: str, width: int) -> bytes:
-    return value.encode("utf-8", "replace")[:width]
+    key = (value, width)
+    raw = _ENCODED.get(key)
+    if raw is None:
+        raw = value.encode("utf-8", "replace")[:width]
+        if len(_ENCODED) < 4096:
+            _ENCODED[key] = raw
+    return raw
 
 
 class ProgressWriter:
@@ -56,15 +65,15 @@ class ProgressWriter:
         v = self.v
         v["updated"] = time.time()
         self._seq += 1  # odd: writing
-        struct.pack_into("<Q", self._map, 0, self._seq)
-        struct.pack_into(
-            _FORMAT, self._map, 0, self._seq, v["pid"], v["updated"], v["step"],
+        _SEQ.pack_into(self._map, 0, self._seq)
+        _RECORD.pack_into(
+            self._map, 0, self._seq, v["pid"], v["updated"], v["step"],
             v["step_time"], v["coll_seq"], v["coll_since"], v["coll_bytes"],
             _text(v["coll_op"], 16), _text(v["coll_group"], 48), v["last_seq"],
             _text(v["last_op"], 16), _text(v["last_group"], 48), v["ckpt_saved_step"],
             v["ckpt_saved_time"], v["ckpt_loaded_step"])
         self._seq += 1  # even: whole
-        struct.pack_into("<Q", self._map, 0, self._seq)
+        _SEQ.pack_into(self._map, 0, self._seq)
 
     def step(self, global_step: int) -> None:
         """The training step counter advanced (an optimizer step, skipped or not)."""
@@ -79,6 +88,13 @@ class ProgressWriter:
                       coll_op=op, coll_group=group)
         self._flush()
         return seq
+
+    def resume(self, op: str, group: str, seq: int, nbytes: int = 0) -> None:
+        """The rank waits for collective ``seq`` of ``group``, entered earlier (an async call's
+        ``wait()``): shown as in it again, the sequence unchanged."""
+        self.v.update(coll_seq=int(seq), coll_since=time.time(), coll_bytes=int(nbytes),
+                      coll_op=op, coll_group=group)
+        self._flush()
 
     def leave(self) -> None:
         """The collective entered last has completed."""
@@ -107,7 +123,7 @@ def read(path: str, tries: int = 5) -> dict | None:
     for _ in range(tries):
         if len(raw) < SIZE:
             return None
-        fields = struct.unpack(_FORMAT, raw)
+        fields = _RECORD.unpack(raw)
         if fields[0] % 2 == 0:
             break
         time.sleep(0.001)

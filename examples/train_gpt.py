@@ -8,6 +8,12 @@ Uses only dslaunch's public, DeepSpeed-compatible API (``import dslaunch as deep
 ``--deepspeed_config``) or, when the launcher was given ``--config``, from the environment.
 Every rank reads the global batch of step ``s`` and keeps its own rows, so the loss curve does not
 depend on the number of ranks.
+
+Restarts (``dslaunch run --max-restarts``, or a job restarted by hand, on any number of ranks):
+with ``--checkpoint-dir`` the script first calls ``engine.load_checkpoint(dir)``, which returns
+``(None, None)`` when there is nothing yet and otherwise resumes from ``latest``. Its own data
+position goes with every save as ``client_state={"samples_seen": ...}``; on resume it skips the
+samples already consumed (docs/resilience.md).
 """
 
 import argparse
@@ -30,7 +36,8 @@ def parse_args():
     p.add_argument("--data-bytes", type=int, default=4 << 20, help="bytes of stdlib text to use")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--save-every", type=int, default=0, help="save every N steps (0: at the end)")
-    p.add_argument("--resume", action="store_true", help="load the latest checkpoint first")
+    p.add_argument("--resume", action="store_true",
+                   help="(implied by --checkpoint-dir: the latest checkpoint, if any, is loaded)")
     p.add_argument("--log-every", type=int, default=50, help="print loss and tokens/s every N steps")
     dslaunch.add_config_arguments(p)
     return p.parse_args()
@@ -53,15 +60,23 @@ def main():
               f"accum {accum} x ranks {world} = batch {engine.train_batch_size()} x seq "
               f"{args.seq_len}", flush=True)
 
-    if args.resume and args.checkpoint_dir:
+    samples_seen = 0  # the data position: global samples consumed so far
+    if args.checkpoint_dir:  # resume from the newest complete checkpoint, if there is one
         path, client = engine.load_checkpoint(args.checkpoint_dir)
-        if rank == 0:
-            print(f"resumed from {path} at step {engine.global_steps}", flush=True)
+        if path is not None:
+            samples_seen = client.get("samples_seen", engine.global_samples)
+            if rank == 0:
+                print(f"resumed from {path} at step {engine.global_steps} ({samples_seen} samples "
+                      "seen)", flush=True)
 
-    tokens_per_step = engine.train_batch_size() * args.seq_len
+    batch = engine.train_batch_size()  # the same at any world size (elasticity keeps it)
+    tokens_per_step = batch * args.seq_len
     t0, start = time.perf_counter(), engine.global_steps
     for step in range(engine.global_steps, args.steps):
-        tokens, targets = data.batch_at(step, rank, world)
+        # skip what was consumed: this data source is addressed by global batch index, so the
+        # position is samples_seen // batch (a streaming loader would skip samples_seen samples)
+        tokens, targets = data.batch_at(samples_seen // batch, rank, world)
+        samples_seen += batch
         tokens, targets = tokens.to(engine.device), targets.to(engine.device)  # as with DeepSpeed
         for i in range(accum):
             sl = slice(i * micro, (i + 1) * micro)
@@ -70,13 +85,14 @@ def main():
             engine.step()
         done = step + 1
         if args.checkpoint_dir and args.save_every and done % args.save_every == 0:
-            engine.save_checkpoint(args.checkpoint_dir, client_state={"step": done})
+            engine.save_checkpoint(args.checkpoint_dir, client_state={"samples_seen": samples_seen})
         if rank == 0 and (done % args.log_every == 0 or done == args.steps):
             rate = (done - start) * tokens_per_step / (time.perf_counter() - t0)
             print(f"step {done:5d} | loss {loss.item():.4f} | lr {engine.get_lr()[0]:.2e} | "
                   f"{rate:,.0f} tokens/s", flush=True)
     if args.checkpoint_dir and not args.save_every:
-        engine.save_checkpoint(args.checkpoint_dir, client_state={"step": engine.global_steps})
+        engine.save_checkpoint(args.checkpoint_dir, client_state={"samples_seen": samples_seen})
+    engine.wait_checkpoint()  # a background save (checkpoint.async_save) is complete
     if rank == 0:
         elapsed = time.perf_counter() - t0
         print(f"done: {args.steps - start} steps in {elapsed:.1f}s, "

@@ -218,11 +218,14 @@ def test_log_dir_has_one_file_per_rank(tmp_path):
 
 def test_max_restarts_reruns_the_whole_job(tmp_path):
     r = dslaunch("run", "--nproc-per-node", 2, "--max-restarts", 1, "--grace-period", 1,
-                 SCRIPTS / "launch_fail.py", tmp_path, "once", 1)
+                 SCRIPTS / "launch_fail.py", tmp_path, "once", 1, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "restarting the whole job (restart 1 of 1)" in r.stderr
     assert "first attempt fails" in r.stderr
     assert "[rank 0] attempt 1 ok" in r.stdout and "[rank 1] attempt 1 ok" in r.stdout
+    # without --log-dir, the fault's record goes to ./dslaunch-logs (docs/launcher.md)
+    record = json.loads((tmp_path / "dslaunch-logs" / "incidents.jsonl").read_text())
+    assert record["action"] == "restart" and record["detector"] == "exit"
 
 
 def test_gloo_all_reduce_through_dslaunch(tmp_path):

@@ -1,4 +1,4 @@
-"""Harness helpers shared by bench_train.py and bench_launch.py (they live here, beside the peer
+"""Harness helpers shared by the bench_*.py harnesses (they live here, beside the peer
 scripts): machine facts, versions, the peer venv, medians, result files. Standard library only: the
 harness itself never imports torch."""
 
@@ -13,6 +13,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]  # benchmarks/
@@ -133,3 +134,52 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def split(text: str) -> list:
+    """A comma-separated option value as a list (empty items dropped)."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def kill_group(proc) -> None:
+    """SIGTERM, then SIGKILL, a run started with ``start_new_session=True`` (its whole group)."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_logged(cmd: list, log_path: Path, env: dict, timeout: float) -> tuple:
+    """Run ``cmd`` in its own session from the repository, output to ``log_path``; ("timeout"
+    after ``timeout`` s, the group killed) -> (returncode, wall seconds)."""
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            rc = "timeout"
+    return rc, time.perf_counter() - t0
+
+
+def paired(a_runs, b_runs, key: str) -> list:
+    """Per-repeat ratios of ``key`` (the runs of one repeat were adjacent in time): shows the noise."""
+    b = {r["repeat"]: r for r in b_runs if r["status"] == "ok"}
+    return [ratio(r[key], b[r["repeat"]][key]) for r in a_runs
+            if r["status"] == "ok" and r["repeat"] in b]
+
+
+def loss_diff(a, b):
+    """The largest per-step loss difference over the steps both have (None when none)."""
+    n = min(len(a), len(b))
+    return max(abs(x - y) for x, y in zip(a[:n], b[:n])) if n else None

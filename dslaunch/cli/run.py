@@ -65,8 +65,8 @@ def _gpu_count() -> int:
         return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def _hosts(hostfile, nproc_per_node, launcher="local") -> tuple:
-    """(host -> slot count, where they came from)."""
+def _hosts(hostfile, nproc_per_node, launcher="local", spares: set | None = None) -> tuple:
+    """(host -> slot count, where they came from); hostfile spares are added to ``spares``."""
     from dslaunch.launcher.hostfile import HostfileError, default_hostfile, parse_hostfile
 
     path = hostfile or default_hostfile()
@@ -80,7 +80,7 @@ def _hosts(hostfile, nproc_per_node, launcher="local") -> tuple:
                                        "salloc/sbatch, or submit with `dslaunch sbatch`") from None
     if path is not None:
         try:
-            return parse_hostfile(path), str(path)
+            return parse_hostfile(path, spares), str(path)
         except HostfileError as exc:
             raise click.ClickException(str(exc)) from None
         except OSError as exc:
@@ -112,6 +112,19 @@ def _config(path: str, world_size: int) -> str:
     return json.dumps(written, separators=(",", ":"))
 
 
+HANG_TIMEOUT = 300.0
+
+
+def _hang_timeout(flag: float | None, config_json: str | None) -> float:
+    """--hang-timeout, else the config's ``fault_tolerance.hang_timeout`` (validated already),
+    else HANG_TIMEOUT."""
+    if flag is not None:
+        return flag
+    section = (json.loads(config_json).get("fault_tolerance") or {}) if config_json else {}
+    value = section.get("hang_timeout")
+    return HANG_TIMEOUT if value is None else float(value)
+
+
 def _env(env_items: tuple, cwd: Path) -> tuple:
     from dslaunch.launcher.environment import EnvError, collect_env
 
@@ -134,11 +147,43 @@ def _faults(specs: tuple, hosts: list, world_size: int) -> list:
         raise click.UsageError(str(exc)) from None
 
 
+def _elastic(selection: dict, spares: dict, nnodes, min_nodes, max_nodes, no_ssh) -> tuple:
+    """(first selection, spares, ElasticPolicy) from ``--nnodes MIN:MAX`` or DeepSpeed's
+    ``--min_elastic_nodes/--max_elastic_nodes``; hosts beyond MAX wait as spares."""
+    from dslaunch.launcher.elastic import ElasticPolicy, ElasticStop, parse_nnodes
+
+    if nnodes is not None and (min_nodes is not None or max_nodes is not None):
+        raise click.UsageError("--nnodes and --min_elastic_nodes/--max_elastic_nodes say the same "
+                               "thing: give one of them")
+    if nnodes is not None:
+        try:
+            lo, hi = parse_nnodes(nnodes)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    else:
+        count = len(selection)
+        lo, hi = min_nodes or min(count, max_nodes or count), max_nodes or count
+        if lo > hi:
+            raise click.UsageError(f"--min_elastic_nodes {lo} is more than --max_elastic_nodes {hi}")
+    if no_ssh and (lo, hi) != (len(selection), len(selection)):
+        raise click.UsageError("--nnodes MIN:MAX with --no_ssh: each node's launcher starts only "
+                               "its own ranks and cannot re-plan the job")
+    try:
+        policy = ElasticPolicy.start(selection, spares, lo, hi)
+    except ElasticStop as stop:
+        raise click.ClickException(stop.reason) from None
+    return policy.selection(), {h: policy.hosts[h] for h in policy.spares}, policy
+
+
 def _print_summary(plan: WorldPlan) -> None:
     click.echo(f"launcher: {plan.launcher}   world size: {plan.world_size}   "
                f"master: {plan.master_addr}:{plan.master_port}   run id: {plan.run_id}")
     for n in plan.nodes:
         click.echo(f"  node {n['node_rank']} {n['host']}: slots {n['slots']} -> ranks {n['ranks']}")
+    for host, slots in plan.spares.items():
+        click.echo(f"  spare {host}: slots {slots} (used by a restart when a host is lost)")
+    if plan.nnodes and plan.nnodes[0] != plan.nnodes[1]:
+        click.echo(f"elastic: {plan.nnodes[0]} to {plan.nnodes[1]} hosts (--nnodes)")
     click.echo(f"each rank runs: {plan.rank_command()}  (cwd {plan.cwd})")
     if plan.config_path:
         click.echo(f"config: {plan.config_path} (validated, passed as written in DSLAUNCH_CONFIG)")
@@ -183,12 +228,27 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.option("-m", "--module", is_flag=True, help="SCRIPT is a module name, run as python -m.")
 @click.option("--omp-threads", type=click.IntRange(min=1), default=None,
               help="OMP_NUM_THREADS per rank (default: cores // local ranks unless already set).")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Restart the whole job after a failure up to N times (budget across the job).")
+@click.option("--max-restarts", "--max_restarts", "max_restarts", type=click.IntRange(min=0), default=0,
+              show_default=True,
+              help="Restart the whole job after a failure up to N times (budget across the job), "
+                   "without lost hosts (spares and hosts that answer again take their place). Exit "
+                   "75: too few hosts left; 3: crash loop (3 restarts without progress).")
+@click.option("--nnodes", default=None, metavar="MIN:MAX",
+              help="Elastic range of hosts (torchrun's spelling; N = N:N): restarts go on while at "
+                   "least MIN hosts answer; at most MAX are used. Default: the selected hosts, fixed.")
+@click.option("--min_elastic_nodes", "--min-elastic-nodes", "min_elastic_nodes",
+              type=click.IntRange(min=1), default=None, help="DeepSpeed's name for --nnodes MIN.")
+@click.option("--max_elastic_nodes", "--max-elastic-nodes", "max_elastic_nodes",
+              type=click.IntRange(min=1), default=None, help="DeepSpeed's name for --nnodes MAX.")
 @click.option("--grace-period", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when ranks are stopped.")
-@click.option("--heartbeat-timeout", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+@click.option("--heartbeat-timeout", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Declare a node lost after this many seconds without a heartbeat from its agent.")
+@click.option("--hang-timeout", type=click.FloatRange(min=0), default=None,
+              help="Stop the job (or restart it, per --max-restarts) when no rank has made progress "
+                   "(a training step, a collective) for this many seconds, with a report of where "
+                   "each rank is; desynchronised collectives are reported at once. 0 disables. "
+                   f"Default: the config's fault_tolerance.hang_timeout, else {HANG_TIMEOUT:g}.")
 @click.option("--chdir", type=click.Path(), default=None,
               help="Working directory of the ranks (default: the current directory).")
 @click.option("--python", "python", default=None,
@@ -206,11 +266,11 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, master_port, config,
-        env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts,
-        grace_period, heartbeat_timeout, chdir, python, as_deepspeed, inject_specs, script,
-        script_args, **runner_options):
+        env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts, nnodes,
+        min_elastic_nodes, max_elastic_nodes, grace_period, heartbeat_timeout, hang_timeout, chdir,
+        python, as_deepspeed, inject_specs, script, script_args, **runner_options):
     """Run SCRIPT (or, with -m, a module) on every selected slot; ARGS go to it untouched."""
-    from dslaunch.launcher.resources import ResourceError, select_resources
+    from dslaunch.launcher.resources import ResourceError, select_with_spares
 
     if script.startswith("-") and script != "-":
         raise click.UsageError(f"no such option: {script}")
@@ -237,14 +297,17 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         except CoreListError as exc:
             raise click.UsageError(str(exc)) from None
 
-    hosts, _source = _hosts(hostfile, nproc_per_node, (launcher or "").lower())
+    spare_names: set = set()
+    hosts, _source = _hosts(hostfile, nproc_per_node, (launcher or "").lower(), spare_names)
     try:
-        selection = select_resources(hosts, include=include, exclude=exclude, num_nodes=num_nodes,
-                                     nproc_per_node=nproc_per_node)
+        selection, spares = select_with_spares(hosts, spare_names, include=include, exclude=exclude,
+                                               num_nodes=num_nodes, nproc_per_node=nproc_per_node)
     except ResourceError as exc:
         raise click.ClickException(str(exc)) from None
+    selection, spares, elastic = _elastic(selection, spares, nnodes, min_elastic_nodes,
+                                          max_elastic_nodes, no_ssh)
     world_size = sum(len(s) for s in selection.values())
-    faults = _faults(inject_specs, list(selection), world_size)
+    faults = _faults(inject_specs, [*selection, *spares], world_size)  # a spare may be named too
     if no_ssh:
         from dslaunch.launcher.runners.nossh import NoSSHRunner
 
@@ -284,6 +347,7 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         bind_cores=bind_cores, bind_core_list=bind_core_list,
         local_rank_arg=as_deepspeed and not no_local_rank,
     )
+    plan.spares, plan.nnodes = spares, [elastic.min_nodes, elastic.max_nodes]
     runner = runner_cls(plan, runner_options)
     try:
         runner.validate()
@@ -302,7 +366,8 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
             runner.preflight()
     except RunnerError as exc:
         raise click.ClickException(str(exc)) from None
-    sys.exit(runner.run(heartbeat_timeout=heartbeat_timeout))
+    sys.exit(runner.run(heartbeat_timeout=heartbeat_timeout,
+                        hang_timeout=_hang_timeout(hang_timeout, config_json), elastic=elastic))
 
 
 __all__ = ["run", "LOCAL_HOSTS"]

@@ -53,7 +53,6 @@ NOT_SUPPORTED_YET = [
     Feature("flops_profiler.enabled", "the FLOPs profiler", "", _enabled("flops_profiler")),
     Feature("comms_logger.enabled", "the communication logger (engine.comm_stats() is there)", "",
             _enabled("comms_logger")),
-    Feature("elasticity.enabled", "elastic training", "", _enabled("elasticity")),
     Feature("compression_training", "compression training", "",
             lambda get: _any_enabled(get("compression_training"))),
     Feature("data_efficiency.enabled", "data efficiency (sampling/routing)", "",

@@ -1,4 +1,5 @@
-"""resolve_config: load -> validate -> resolve "auto" -> batch triad -> cross-checks -> features.
+"""resolve_config: load -> validate -> resolve "auto" -> batch triad (or the ``elasticity``
+solver, ``elasticity.py``) -> cross-checks -> features.
 
 Returns a ResolvedConfig (the full value tree, where each value came from, and the typed sections
 of ``sections.py``) or raises one ConfigError listing every problem found. Every refusal of an
@@ -21,6 +22,7 @@ from typing import Any, Optional
 
 from .auto import resolve_autos
 from .batch import GAS, MBS, TBS, TRIAD, resolve_batch
+from .elasticity import resolve_elastic
 from .errors import ConfigError
 from .features import unsupported_problems
 from .loader import load_config_with_origin
@@ -129,7 +131,10 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
         dp = _data_parallel_size(values, world_size)
     notes: list = []
     no_batch = not require_batch and all(values[key] is None for key in TRIAD)
-    if not no_batch and not any(p.split(":", 1)[0] in TRIAD for p in problems):  # a bad value is reported once
+    if values["elasticity"]["enabled"] is True:  # the elastic solver sets the triad
+        if not any(p.startswith("elasticity") for p in problems):
+            resolve_elastic(values, sources, problems, notes, dp)
+    elif not no_batch and not any(p.split(":", 1)[0] in TRIAD for p in problems):  # a bad value is reported once
         resolve_batch(values, sources, problems, notes, dp, world_size,
                       frameworks_fill=autos == "describe")
     for key in TRIAD:  # whatever the triad could not settle depends on the world size

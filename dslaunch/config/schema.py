@@ -301,6 +301,24 @@ CHECKPOINT = Section({
     "load_universal": B(),
     "use_node_local_storage": B(),
     "parallel_write": Section({"pipeline_stage": B()}),
+    # dslaunch's own (DeepSpeed has no such keys): write in the background; keep the newest N
+    "async_save": B(),
+    "keep_last": I(0, 0),  # 0: keep every checkpoint
+})
+
+# DeepSpeed's elastic training batch solver (config/elasticity.py); defaults as DeepSpeed's
+ELASTICITY = Section({
+    "enabled": B(),
+    "max_train_batch_size": I(None, 1),
+    "micro_batch_sizes": Leaf("any", None),  # a list of positive ints, checked in elasticity.py
+    "min_gpus": I(1, 1),
+    "max_gpus": I(10000, 1),
+    "min_time": I(0, 0),
+    "version": F(0.2, choices=(0.1, 0.2)),
+    "ignore_non_elastic_batch_info": B(),
+    "prefer_larger_batch": B(True),
+    "model_parallel_size": I(1, 1),
+    "num_gpus_per_node": I(1, 1),
 })
 
 PIPELINE = Section({
@@ -369,7 +387,7 @@ TOP = Section({
     "checkpoint": CHECKPOINT,
     "pipeline": PIPELINE,
     "tensor_parallel": TENSOR_PARALLEL,
-    "elasticity": _enabled_open(),
+    "elasticity": ELASTICITY,
     "compression_training": Leaf("any", None),  # large nested tree; its use is caught in features.py
     "data_efficiency": _enabled_open(),
     "curriculum_learning": _enabled_open(),
@@ -380,6 +398,10 @@ TOP = Section({
     "nebula": _enabled_open(),
     "compile": Section({"deepcompile": B()}, open=True),
     "expert_parallel": _enabled_open(),
+    # dslaunch's own (DeepSpeed has no such key): read by `dslaunch run`, ignored by the engine
+    "fault_tolerance": Section({
+        "hang_timeout": F(300.0, 0.0),  # seconds without progress before the job stops; 0: off
+    }),
     "dslaunch": Section({  # dslaunch's own settings (DeepSpeed has no such key)
         "pipe_schedule": S("1f1b", ("1f1b", "gpipe")),
     }, open=True),

@@ -47,11 +47,13 @@ import atexit
 import datetime
 import os
 import time
+import zlib
 from collections import defaultdict
 
 import torch
 import torch.distributed as dist
 
+from dslaunch import progress_record
 from dslaunch.engine import comm_pairwise
 
 # torch 2.13 renamed the flat collectives (the old names warn, FutureWarning); older torch has only
@@ -197,22 +199,55 @@ def sent_bytes(collective: str, payload: int, world: int) -> int:
     return 0
 
 
-class _TimedWork:
-    """An async collective's handle that books the wait time when it completes."""
+P2P_GROUP = "p2p"  # progress label of point-to-point calls: no sequence shared across ranks
+_P2P = frozenset(("send", "recv"))
 
-    def __init__(self, work, record, start, then=None):
+
+def group_label(group) -> str:
+    """A group's name in the progress record, the same on every member (its sequence numbers line
+    up across ranks): "world", else "ranks 0-3,8" (global ranks, runs collapsed)."""
+    if group is None or group is dist.group.WORLD or not dist.is_initialized():
+        return "world"
+    try:
+        ranks = sorted(dist.get_process_group_ranks(group))
+    except (ValueError, RuntimeError):
+        return "group"
+    runs, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            runs.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    text = "ranks " + ",".join(runs)
+    if len(text) > 48:  # the record's field width: keep the ends and a digest of the rest
+        text = f"ranks {ranks[0]}..{ranks[-1]} n{len(ranks)} {zlib.crc32(text.encode()):08x}"
+    return text
+
+
+class _TimedWork:
+    """An async collective's handle that books the wait time when it completes (and, with a
+    progress writer, shows the rank waiting in it from ``wait()`` until it returns)."""
+
+    def __init__(self, work, record, start, then=None, progress=None):
         self._work, self._record, self._start = work, record, start
         self._then = then  # completes the result once the collective is done (a chunk copy)
+        self._progress = progress  # (writer, op, group, seq, nbytes) or None
         self._done = False
 
     def wait(self):
         if not self._done:
+            p = self._progress
+            if p is not None:
+                p[0].resume(*p[1:])
             self._work.wait()
             if self._then is not None:
                 self._then()
                 self._then = None
             self._record["seconds"] += time.perf_counter() - self._start
             self._done = True
+            if p is not None:
+                p[0].leave()
         return True
 
     def is_completed(self):
@@ -230,6 +265,8 @@ class Comm:
         self._paths = {dev: collective_paths(group_backend(backend, dev)) for dev in ("cpu", "cuda")}
         self._stats: dict = defaultdict(
             lambda: {"calls": 0, "bytes": 0, "sent_bytes": 0, "seconds": 0.0})
+        self._progress = progress_record.writer()  # None unless an agent reads our progress
+        self.label = group_label(group)
 
     def paths_for(self, tensor) -> dict:
         """The collective paths for a tensor on its device (gloo's choices for a CPU tensor)."""
@@ -254,13 +291,27 @@ class Comm:
 
     def _run(self, name, nbytes, fn, async_op, path=None, sent_nbytes=None, then=None):
         rec = self._book(name, nbytes, path, sent_nbytes)
+        w = self._progress
+        if w is not None:
+            label = P2P_GROUP if name in _P2P else self.label
+            seq = w.enter(name, label, nbytes)
         start = time.perf_counter()
-        work = fn(async_op)
+        try:
+            work = fn(async_op)
+        except BaseException:
+            if w is not None:
+                w.leave()
+            raise
         if async_op:
-            return _TimedWork(work, rec, start, then)
+            if w is None:
+                return _TimedWork(work, rec, start, then)
+            w.leave()  # issued: the rank goes on until wait(), which shows it in the call again
+            return _TimedWork(work, rec, start, then, (w, name, label, seq, nbytes))
         if then is not None:
             then()
         rec["seconds"] += time.perf_counter() - start
+        if w is not None:
+            w.leave()
         return work  # what the call returns: None for a collective, the sender's rank for recv
 
     def stats(self) -> dict:

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from dslaunch import progress_record
 from dslaunch.config import to_dict
 
 from . import fault_injection
@@ -102,6 +103,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
 
         self.global_steps = 0
         self._faults = fault_injection.RankFaults.from_env()  # dslaunch run --inject; else None
+        self._progress = progress_record.writer()  # the hang watchdog's step counter (or None)
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
@@ -111,6 +113,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self._tokens = 0
         self._last_print = (time.perf_counter(), 0)
         self._allreduce_seconds = 0.0
+        self._async_saver = None  # checkpoint/async_save.py, made by the first save
         self._direct_backward = DirectBackward(self)  # loss.backward() without engine.backward
         self._init_surface(client_optimizer_name)
 
@@ -193,6 +196,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             self._step(lr_kwargs)
         finally:
             self._inside_step = False
+        if self._async_saver is not None:  # a background save that finished: record it
+            self._async_saver.poll()
 
     def _step(self, lr_kwargs):
         boundary = self.is_gradient_accumulation_boundary()
@@ -207,6 +212,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             else:
                 self.skipped_steps += 1
             self.global_steps += 1
+            if self._progress is not None:
+                self._progress.step(self.global_steps)
             if self._managed_accumulation:
                 self.global_samples += self._train_batch
             else:  # the micro-batches this step really saw (DeepSpeed counts the same)
@@ -255,10 +262,19 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
-                        exclude_frozen_parameters=False):
+                        exclude_frozen_parameters=False, async_save=None, keep_last=None):
+        """DeepSpeed's; ``async_save`` / ``keep_last`` (dslaunch's, default: the config's
+        ``checkpoint.async_save`` / ``checkpoint.keep_last``): write in the background
+        (``wait_checkpoint()``), keep only the newest N checkpoints."""
         return ckpt.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
                                     save_latest=save_latest,
-                                    exclude_frozen_parameters=exclude_frozen_parameters)
+                                    exclude_frozen_parameters=exclude_frozen_parameters,
+                                    async_save=async_save, keep_last=keep_last)
+
+    def wait_checkpoint(self) -> None:
+        """Every rank calls it: an asynchronous save in flight is written and ``latest`` moved
+        (raises if any rank failed). The next save or load waits too; so does exit (locally)."""
+        ckpt.async_saver(self).wait()
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
                          exclude_frozen_parameters=False):

@@ -26,11 +26,15 @@ import time
 
 from dslaunch import progress_record
 from dslaunch.launcher import errors, events, inject
+from dslaunch.launcher.bootstrap import STACK_FILE_ENV
 from dslaunch.launcher.cores import CoreListError, format_cores, rank_cores
 from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
 
 TAIL_LINES = 20
 DUMP_WAIT = 0.5  # seconds between the SIGUSR1 stack dump and SIGTERM (the dump is written at once)
+STACK_WAIT = 1.5  # how long a "dump stacks" waits for a rank's faulthandler file (a busy host may
+# take a while to schedule the rank that must handle the signal)
+PYSPY_TIMEOUT = 1.5
 READER_JOIN = 2.0  # how long an exit waits for the rank's last output to be streamed
 
 
@@ -66,6 +70,10 @@ class Rank:
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.reader: threading.Thread | None = None
         self.exited = False
+        # the hang watchdog's idleness: when its progress record last changed (our clock)
+        self.record: dict | None = None
+        self.changed_at = self.looked_at = time.monotonic()
+        self.ticks: int | None = None  # its CPU time (clock ticks) while it has no record
 
 
 class Agent:
@@ -184,20 +192,61 @@ class Agent:
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node["slots"])
         env[progress_record.ENV] = self.progress_file(rank)
+        env[STACK_FILE_ENV] = self.stack_file(rank)
         return env
 
     def progress_file(self, rank: int) -> str:
         return os.path.join(self.tmpdir, f"progress_{rank}.bin")
 
-    def progress(self) -> dict:
-        """{rank: its last progress record} for the ranks still running that wrote one."""
-        found = {}
+    def stack_file(self, rank: int) -> str:
+        return os.path.join(self.tmpdir, f"stacks_{rank}.txt")
+
+    def progress(self) -> tuple:
+        """({rank: its last progress record} for the running ranks that wrote one, {rank: seconds
+        since its record last changed, or, before its first record, since its CPU time last
+        advanced} for every running rank)."""
+        found, idle = {}, {}
+        now, wall = time.monotonic(), time.time()
         for r in self.ranks:
             if r.proc.poll() is None:
                 rec = progress_record.read(self.progress_file(r.rank))
-                if rec is not None:
+                if rec is None:
+                    # no record yet (imports, or a script outside dslaunch's comm layer): it
+                    # progresses while it uses CPU time; a rank blocked in a wait uses none
+                    ticks = _cpu_ticks(r.proc.pid)
+                    if ticks != r.ticks:
+                        r.ticks, r.changed_at = ticks, now
+                else:
                     found[str(r.rank)] = rec
-        return found
+                    if rec != r.record:
+                        # changed since the last look: when exactly, the rank's stamp says (this
+                        # host's clock), never earlier than that last look
+                        ago = min(max(wall - rec["updated"], 0.0), now - r.looked_at)
+                        r.record, r.changed_at = rec, now - ago
+                r.looked_at = now
+                idle[str(r.rank)] = round(now - r.changed_at, 3)
+        return found, idle
+
+    def dump_stacks(self, wanted: set) -> None:
+        """Send the stacks of this node's running ranks in ``wanted`` (all when empty): the
+        bootstrap's faulthandler appends them to the rank's stack file on SIGUSR2."""
+        ranks = [r for r in self.ranks if r.proc.poll() is None and (not wanted or r.rank in wanted)]
+        sizes = {}
+        for r in ranks:
+            try:
+                sizes[r.rank] = os.path.getsize(self.stack_file(r.rank))
+            except OSError:
+                sizes[r.rank] = 0
+            try:
+                os.kill(r.proc.pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+        stacks = {str(r.rank): {"python": _read_new(self.stack_file(r.rank), sizes[r.rank])}
+                  for r in ranks}
+        self.event(events.STACKS, stacks=stacks)
+        if ranks and shutil.which("py-spy"):  # slower: in an event of their own, after these
+            self.event(events.STACKS, stacks={str(r.rank): {"native": _pyspy(r.proc.pid)}
+                                              for r in ranks})
 
     def start(self) -> None:
         gpus = detect_gpus()
@@ -294,7 +343,8 @@ class Agent:
 
     def _heartbeat(self) -> None:
         while not self.all_exited.wait(self.plan.heartbeat_interval):
-            self.event(events.HEARTBEAT, time=time.time(), progress=self.progress())
+            progress, idle = self.progress()
+            self.event(events.HEARTBEAT, time=time.time(), progress=progress, idle=idle)
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signal.Signals(signum).name
@@ -378,6 +428,9 @@ class Agent:
                 self.stop(dump=True)
             elif item in (events.CMD_STOP, "eof"):
                 self.stop(dump=False)
+            elif item.startswith(events.CMD_DUMP_STACKS):
+                wanted = {int(w) for w in item[len(events.CMD_DUMP_STACKS):].split() if w.isdigit()}
+                threading.Thread(target=self.dump_stacks, args=(wanted,), daemon=True).start()
         if self.silent:
             self._play_dead()
         self.all_exited.set()
@@ -388,6 +441,52 @@ class Agent:
     def _reap_all(self) -> None:
         # A rank's leftover children (same process group) must not outlive the job.
         self._signal_groups(signal.SIGKILL, self.ranks)
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """The CPU time (user + system, clock ticks) a process has used, from /proc; None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _read_new(path: str, start: int) -> str:
+    """What a rank's faulthandler appended to ``path`` after byte ``start``: waits until the file
+    has grown and then stays the same for a moment (the dump is written in pieces), at most
+    STACK_WAIT seconds."""
+    deadline = time.monotonic() + STACK_WAIT
+    last = start
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            continue
+        if size > start and size == last:
+            break
+        last = size
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(256 * 1024).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _pyspy(pid: int) -> str | None:
+    """``py-spy dump --native`` of the rank when py-spy is installed (not a dependency)."""
+    exe = shutil.which("py-spy")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
+                             text=True, timeout=PYSPY_TIMEOUT)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"py-spy failed: {exc}"
+    return out.stdout if out.returncode == 0 else f"py-spy failed: {out.stderr.strip()[-300:]}"
 
 
 def main(argv: list | None = None) -> int:

@@ -8,6 +8,8 @@
   it, and the rank exits 1.
 - SIGUSR1 dumps every thread's Python stack to stderr (faulthandler): the agent sends it before
   stopping ranks after a failure, so a hung rank shows where it was stuck.
+- SIGUSR2 appends the same dump to the file named by ``DSLAUNCH_STACK_FILE`` (set by the agent):
+  how the agent captures a live rank's stacks for the hang watchdog's report, without stopping it.
 - The rank leaves as the interpreter would (non-daemon threads joined, atexit handlers run, stdio
   flushed) but skips the interpreter's final teardown: C++ objects that own threads (gloo's
   process groups) are destroyed there in arbitrary order and can call std::terminate, which
@@ -101,6 +103,7 @@ def main(argv: list | None = None) -> None:
         os.sched_setaffinity(0, parse_core_list(cpus))
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    _register_stack_file()
     if os.environ.get("DSLAUNCH_AS_DEEPSPEED"):
         from dslaunch.as_deepspeed import install_from_env  # imports no torch
 
@@ -126,6 +129,22 @@ def main(argv: list | None = None) -> None:
         # Exit as Python would: 130 after Ctrl-C, 1 otherwise.
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
     _leave(code)
+
+
+STACK_FILE_ENV = "DSLAUNCH_STACK_FILE"
+_STACK_FILE = None  # kept open: faulthandler writes to its descriptor from the signal handler
+
+
+def _register_stack_file() -> None:
+    global _STACK_FILE
+    path = os.environ.pop(STACK_FILE_ENV, None)  # popped: the script's children have their own
+    if not path or not hasattr(signal, "SIGUSR2"):
+        return
+    try:
+        _STACK_FILE = open(path, "ab", buffering=0)
+    except OSError:  # still handled (to stderr): SIGUSR2's default action would end the rank
+        _STACK_FILE = sys.stderr
+    faulthandler.register(signal.SIGUSR2, file=_STACK_FILE, all_threads=True, chain=False)
 
 
 def _exit_status(code) -> int:

@@ -4,7 +4,11 @@ their events, fail fast, report.
 - Every failure is recorded; the summary names the root cause by the rule in ``errors.py``.
 - A node whose agent sends nothing for ``heartbeat_timeout`` seconds is declared lost, by host.
 - Ctrl-C / SIGTERM: the first stops every rank gracefully, the second kills them.
-- ``max_restarts``: after a failure the whole job starts again, the budget counted across the job.
+- ``max_restarts``: after a failure the whole job starts again, the budget counted across the job,
+  on the hosts ``recovery.py`` chooses (lost ones excluded, spares taken in, ``--nnodes MIN:MAX``),
+  with one incident record per fault (``incidents.py``).
+- ``hang_timeout`` (> 0): the hang watchdog (``watchdog.py``) reads the ranks' progress from the
+  heartbeats; its verdict (hang, desync) is a failure like any other, reported with the stacks.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dslaunch.launcher import errors, events
+from dslaunch.launcher import errors, events, watchdog
+from dslaunch.launcher.elastic import ElasticStop
 from dslaunch.launcher.errors import Failure
 from dslaunch.launcher.plan import WorldPlan
+from dslaunch.launcher.recovery import Recovery
 
 TAIL_LINES = 20
+HEARTBEAT_TIMEOUT = 5.0  # default: agents beat every second, so 5 missed beats; a loss seen in <= 6 s
+SSH_DROPPED = 255  # ssh's exit code when the connection failed or dropped
+STALL = 0.5  # a write to our stdout this long means our output, not the agent, held its events
 POLL = 0.1  # main-loop tick: signal flags and heartbeat deadlines are checked this often
 KILL_SLACK = 10.0  # after a stop, agents get grace_period + this long before being killed
 PIPE_SLACK = 3.0  # after that kill, an exited agent's pipes get this long to reach EOF
@@ -41,13 +50,22 @@ class AgentProcess:
     stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     finished: bool = False
     pids: dict = field(default_factory=dict)  # rank -> pid, from the agents' started events
+    # Liveness seen by the stdout reader (the heartbeats travel in-band with the ranks' output):
+    last_line: float = 0.0  # when it last read a line (any line: the agent is alive)
+    writing_since: float | None = None  # it is writing a rank's line to our stdout since then
+    resumed_at: float = 0.0  # when a write blocked for STALL s or more ended
+
+
+def _all_answer(hosts) -> set:
+    return set(hosts)
 
 
 class JobController:
-    def __init__(self, plan: WorldPlan, runner, *, heartbeat_timeout: float = 10.0,
-                 out=None, err=None):
+    def __init__(self, plan: WorldPlan, runner, *, heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+                 hang_timeout: float = 0.0, out=None, err=None, elastic=None):
         self.plan, self.runner = plan, runner
         self.heartbeat_timeout = heartbeat_timeout
+        self.hang_timeout = hang_timeout
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.out_lock = threading.Lock()
@@ -55,6 +73,7 @@ class JobController:
         self.logs: dict = {}
         self.interrupts = 0
         self.interrupt_name = ""
+        self.recovery = Recovery(plan, elastic, getattr(runner, "probe", _all_answer), self._say)
 
     # ---- public --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -62,19 +81,47 @@ class JobController:
         for notice in self.runner.notices():
             self._say(notice)
         restore = self._install_signals()
+        attempt, outcome = 0, "interrupted"
         try:
-            attempt = 0
             while True:
                 code, failure = self._run_once(attempt)
-                if code == 0 or self.interrupts or attempt >= self.plan.max_restarts:
+                if code == 0 or self.interrupts:
+                    outcome = "finished" if code == 0 else outcome
                     return code
+                last = attempt >= self.plan.max_restarts
+                outcome = "failed (no restart left)"
+                try:
+                    plan = self.recovery.after_failure(attempt, failure, self.lost_hosts, self.plan,
+                                                       can_restart=not last, detected=self.detected)
+                except ElasticStop as stop:
+                    outcome = f"stopped: {stop.reason}"
+                    self._say(f"not restarting: {stop.reason} (exit code {stop.code})")
+                    return stop.code
+                if plan is None:
+                    return code
+                if self.interrupts:  # Ctrl-C while the next hosts were probed: start nothing
+                    outcome = "interrupted"
+                    return 130 if self.interrupt_name == "SIGINT" else 143
                 attempt += 1
+                moved = ""
+                if plan is not self.plan:
+                    moved = (f" on {', '.join(n['host'] for n in plan.nodes)} (world size "
+                             f"{self.plan.world_size} -> {plan.world_size})")
+                    self._use_plan(plan)
                 self._say(f"restarting the whole job (restart {attempt} of {self.plan.max_restarts}) "
-                          f"after: {failure.text if failure else 'failure'}")
+                          f"after: {failure.text if failure else 'failure'}{moved}")
         finally:
             restore()
             for f in self.logs.values():
                 f.close()
+            text = self.recovery.end(attempt + 1, outcome, self.plan.world_size)
+            if text and self.plan.max_restarts:
+                self._say(text)
+
+    def _use_plan(self, plan: WorldPlan) -> None:
+        """The next attempts run ``plan`` (an elastic restart): the runner builds its agents from it."""
+        self.plan = self.runner.plan = plan
+        self.prefixes = plan.prefixes()
 
     # ---- one attempt ---------------------------------------------------------------------------
     def _run_once(self, attempt: int) -> tuple:
@@ -82,10 +129,17 @@ class JobController:
         self.failures: list[Failure] = []
         self.stop_sent: str | None = None
         self.stop_deadline: float | None = None
+        self.lost_hosts: dict = {}  # host -> why, for the restart policy
+        self.detected: float | None = None  # when the first failure of this attempt was seen
+        self.recovery.begin()
         self._open_logs(attempt)
         agents = [AgentProcess(**spec) for spec in self.runner.agent_specs(attempt)]
         now = time.monotonic()
         last_seen = {n: now for a in agents for n in a.node_ranks}
+        self.watch = watchdog.Watchdog(self.hang_timeout, {
+            r: self.plan.node(n)["host"] for n in last_seen for r in self.plan.node(n)["ranks"]},
+            now) if self.hang_timeout > 0 else None
+        owner = {n: a for a in agents for n in a.node_ranks}
         node_done: set = set()
         exits: dict = {}  # rank -> exit event
         for a in agents:
@@ -106,14 +160,19 @@ class JobController:
         lost: set = set()
         while not all(a.finished for a in agents):
             self._check_interrupts(agents)
+            self._watch(agents)
             now = time.monotonic()
-            for n, seen in last_seen.items():
-                if n not in node_done and n not in lost and now - seen > self.heartbeat_timeout:
+            # Events already queued are read first: a launcher that was slow to run (a loaded
+            # host) must not call a node lost whose heartbeats are waiting in the queue.
+            for n, seen in last_seen.items() if self.q.empty() else ():
+                silent = self._silent(owner[n], seen, now)
+                if n not in node_done and n not in lost and silent > self.heartbeat_timeout:
                     lost.add(n)
                     host = self.plan.node(n)["host"]
-                    self._fail(Failure(time.time() - (now - seen), "lost",
-                                       f"host {host} (node {n}) lost: no heartbeat for "
-                                       f"{self.heartbeat_timeout:g} s"), agents)
+                    why = f"no heartbeat for {self.heartbeat_timeout:g} s"
+                    self.lost_hosts[host] = why
+                    self._fail(Failure(time.time() - silent, "lost",
+                                       f"host {host} (node {n}) lost: {why}", host=host), agents)
                     for a in agents:  # its agent is unreachable: drop the connection too
                         if n in a.node_ranks:
                             self._kill_agent(a)
@@ -137,9 +196,12 @@ class JobController:
                 missing = [n for n in a.node_ranks if n not in node_done and n not in lost]
                 if missing and not self.stop_sent:
                     tail = list(a.stderr_tail)
+                    host = self.plan.node(missing[0])["host"] if len(a.node_ranks) == 1 else None
+                    if host and rc == SSH_DROPPED:  # the connection, not the agent: liveness
+                        self.lost_hosts[host] = f"connection to its agent dropped (code {rc})"
                     self._fail(Failure(time.time(), "agent",
                                        f"the agent for {a.label} exited (code {rc}) before its ranks "
-                                       f"finished", tail, "agent stderr:"), agents)
+                                       f"finished", tail, "agent stderr:", host=host), agents)
                 node_done.update(a.node_ranks)  # nothing more will come from it
                 continue
             ev = item
@@ -147,8 +209,12 @@ class JobController:
             if n in last_seen:
                 last_seen[n] = time.monotonic()
             name = ev.get("event")
+            if self.watch is not None:
+                self.watch.event(ev, time.monotonic())
             if name == events.STARTED:
                 a.pids.update(ev.get("pids") or {})
+            elif name == events.HEARTBEAT:
+                self.recovery.on_progress(ev.get("progress") or {})
             elif name == events.EXIT:
                 exits[ev["rank"]] = ev
                 if errors.counts_as_failure(ev):
@@ -156,8 +222,13 @@ class JobController:
             elif name == events.DONE:
                 node_done.add(n)
             elif name == events.ERROR:
-                self._fail(Failure(time.time(), "agent", ev.get("message", "agent error")), agents)
+                self._fail(Failure(time.time(), "agent", ev.get("message", "agent error"),
+                                   host=ev.get("host")), agents)
 
+        # Hosts heard from just now need no probe before a restart (recovery.py).
+        end = time.monotonic()
+        self.recovery.heard = {self.plan.node(n)["host"] for n, seen in last_seen.items()
+                               if n not in lost and end - seen < self.heartbeat_timeout}
         # the ranks this launcher started (with --no_ssh, only its own node's)
         expected = sum(len(self.plan.node(n)["ranks"]) for a in agents for n in a.node_ranks)
         return self._finish(exits, expected)
@@ -180,8 +251,33 @@ class JobController:
     # ---- failures ------------------------------------------------------------------------------
     def _fail(self, failure: Failure, agents=None) -> None:
         self.failures.append(failure)
+        if self.detected is None:
+            self.detected = time.time()
         if agents is not None:
             self._stop(agents, events.CMD_STOP_FAILURE)
+
+    def _watch(self, agents) -> None:
+        """Act on the hang watchdog: ask the agents for the suspects' stacks, then report."""
+        if self.watch is None or self.stop_sent:
+            return
+        action = self.watch.poll(time.monotonic(), time.time())
+        if action is None:
+            return
+        if action.kind == "dump":
+            self._say(f"hang watchdog: {action.verdict} detected, collecting the stacks of "
+                      f"{watchdog.ranks_text(action.ranks)}")
+            if self.runner.queries:
+                command = " ".join([events.CMD_DUMP_STACKS, *map(str, action.ranks)])
+                for a in agents:
+                    if not a.finished:
+                        self.runner.send(a, command)
+            return
+        self._say(action.report)
+        what = "hang" if action.verdict == "hang" else "collectives desynchronised"
+        culprit = action.ranks[0] if len(action.ranks) == 1 else None  # one suspect: the incident names it
+        host = self.watch.ranks[culprit].host if culprit is not None else None
+        self._fail(Failure(action.wall_time, "hang", f"{what}: {action.headline}", host=host,
+                           rank=culprit), agents)
 
     def _stop(self, agents, command: str) -> None:
         if self.stop_sent == command or (self.stop_sent == events.CMD_KILL):
@@ -229,13 +325,29 @@ class JobController:
     # ---- streams -------------------------------------------------------------------------------
     def _read_stdout(self, a: AgentProcess) -> None:
         for raw in a.proc.stdout:
+            a.last_line = time.monotonic()
             line = raw.decode("utf-8", "replace")
             ev = events.parse_event(line)
             if ev is not None:
                 self.q.put(("event", a, ev))
             else:
+                a.writing_since = time.monotonic()
                 self._show(line if line.endswith("\n") else line + "\n")
+                if time.monotonic() - a.writing_since >= STALL:
+                    a.resumed_at = time.monotonic()
+                a.writing_since = None
         self.q.put(("eof", a, None))
+
+    @staticmethod
+    def _silent(a: AgentProcess, seen: float, now: float) -> float:
+        """How long a node of ``a`` has given no sign of life, last heartbeat at ``seen``. Its
+        events come after the ranks' lines on the same pipe, so while our own stdout blocks (a
+        slow terminal, a paused pager) they wait behind it: that silence is ours, not the node's.
+        A line read from an agent that carries one node proves that node alive too."""
+        if a.writing_since is not None:
+            return 0.0
+        alive = a.last_line if len(a.node_ranks) == 1 else 0.0
+        return now - max(seen, alive, a.resumed_at)
 
     def _read_stderr(self, a: AgentProcess) -> None:
         for raw in a.proc.stderr:

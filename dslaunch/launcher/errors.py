@@ -29,10 +29,12 @@ MAX_CONSEQUENCES_SHOWN = 5  # the summary names only the earliest few later fail
 @dataclass
 class Failure:
     time: float
-    kind: str  # "rank", "lost", "agent"
+    kind: str  # "rank", "lost", "agent", "hang" (the watchdog's verdict, watchdog.py)
     text: str  # the one-line headline
     detail: list = field(default_factory=list)  # traceback tail or last output lines
     detail_title: str = ""
+    host: str | None = None  # the culprit's host, when one host is to blame (elastic restarts)
+    rank: int | None = None  # the culprit rank, when one rank is
 
 
 # ---- on the agent: what a rank's exit event says ---------------------------------------------
@@ -106,10 +108,10 @@ def rank_failure(exit_event: dict) -> Failure:
     if err:
         headline = f"rank {rank} (host {host}) {how}: {err.get('exc_type')}: {err.get('message')}"
         return Failure(ev.get("time", time.time()), "rank", headline,
-                       err.get("traceback_tail") or [], "traceback (last lines):")
+                       err.get("traceback_tail") or [], "traceback (last lines):", host, rank)
     tail = ev.get("output_tail") or []
     return Failure(ev.get("time", time.time()), "rank", f"rank {rank} (host {host}) {how}",
-                   tail, "last output lines:" if tail else "(it printed nothing)")
+                   tail, "last output lines:" if tail else "(it printed nothing)", host, rank)
 
 
 def root_cause(failures: list) -> Failure | None:

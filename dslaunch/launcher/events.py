@@ -7,6 +7,9 @@ Agent stdout carries rank output lines (already prefixed for display) and event 
                      SIGTERM, grace period, SIGKILL;
 - ``stop``           stop without the dump (Ctrl-C, SIGTERM to the launcher);
 - ``kill``           SIGKILL every rank now (second Ctrl-C);
+- ``dump stacks R..`` send a ``stacks`` event with the Python stacks (and native ones when py-spy
+                     is installed) of this node's ranks among R.. (all of them without R), which
+                     go on running (the hang watchdog's report);
 - EOF                the launcher or the connection is gone: same as ``stop``.
 
 Plain text on purpose: it crosses ssh, pdsh and srun unchanged, and a human can read it.
@@ -23,7 +26,11 @@ EVENT_PREFIX_B = EVENT_PREFIX.encode()
 # Event names (the "event" field).
 STARTED = "started"  # node_rank, host, pids {rank: pid}, gpus (CUDA_VISIBLE_DEVICES or null)
 EXIT = "exit"  # rank, local_rank, node_rank, host, returncode, signal, time, stopped, error, output_tail
-HEARTBEAT = "heartbeat"  # node_rank, host, time, progress {rank: progress_record.read()}
+# progress {rank: progress_record.read()}; idle {rank: seconds since its record last changed,
+# or, before it wrote one, since its CPU time last advanced}, every running rank, agent's clock
+HEARTBEAT = "heartbeat"  # node_rank, host, time, progress, idle
+# stacks {rank: {"python": text}}, then (py-spy installed) a second one {rank: {"native": text}}
+STACKS = "stacks"  # node_rank, host, stacks
 DONE = "done"  # node_rank, host, returncodes {rank: rc}
 ERROR = "error"  # node_rank, host, message: the agent could not start its ranks
 
@@ -31,6 +38,7 @@ ERROR = "error"  # node_rank, host, message: the agent could not start its ranks
 CMD_STOP = "stop"
 CMD_STOP_FAILURE = "stop failure"
 CMD_KILL = "kill"
+CMD_DUMP_STACKS = "dump stacks"
 
 
 def format_event(event: str, **fields) -> bytes:

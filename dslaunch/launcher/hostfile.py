@@ -1,4 +1,8 @@
-"""MPI-style hostfiles: ``HOST slots=N`` per line -> ordered ``{host: slots}``.
+"""MPI-style hostfiles: ``HOST slots=N [spare]`` per line -> ordered ``{host: slots}``.
+
+``spare`` after the slot count marks a host the first plan leaves out: an elastic job
+(``dslaunch run --max-restarts``) takes it in when a planned host is lost, so the world size
+can stay the same. Callers that want to know which hosts are spares pass a set to fill.
 
 Blank lines and ``#`` comments (whole-line or trailing) are allowed. Every error names the file and
 the line (``FILE:LINE: ...``) so a user can fix it without guessing. Host names are checked against
@@ -35,9 +39,14 @@ def check_host_name(name: str) -> str | None:
     return None
 
 
-def parse_hostfile_text(text: str, path: str = "<hostfile>") -> dict[str, int]:
+SPARE = "spare"
+
+
+def parse_hostfile_text(text: str, path: str = "<hostfile>",
+                        spares: set | None = None) -> dict[str, int]:
     hosts: dict[str, int] = {}
     first_line: dict[str, int] = {}
+    found_spares: set = set()
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -64,19 +73,29 @@ def parse_hostfile_text(text: str, path: str = "<hostfile>") -> dict[str, int]:
         if slots <= 0:
             raise HostfileError(f"{where}: slot count for host {host!r} must be positive, got {slots}")
         junk = rest[m.end():].strip()
-        if junk:
-            raise HostfileError(f"{where}: unexpected text after the slot count: {junk!r}")
+        spare = junk == SPARE
+        if junk and not spare:
+            raise HostfileError(f"{where}: unexpected text after the slot count: {junk!r} "
+                                f"(only the word '{SPARE}' may follow it)")
         if host in hosts:
             raise HostfileError(f"{where}: duplicate host {host!r} (first listed on line {first_line[host]})")
         hosts[host] = slots
         first_line[host] = lineno
+        if spare:
+            found_spares.add(host)
     if not hosts:
         raise HostfileError(f"{path}: no hosts listed (expected lines like 'host1 slots=2')")
+    if len(found_spares) == len(hosts):
+        raise HostfileError(f"{path}: every host is marked '{SPARE}'; at least one must not be "
+                            "(spares only replace lost hosts)")
+    if spares is not None:
+        spares.update(found_spares)
     return hosts
 
 
-def parse_hostfile(path) -> dict[str, int]:
-    """Parse the hostfile at ``path`` into an ordered ``{host: slots}``; raises HostfileError."""
+def parse_hostfile(path, spares: set | None = None) -> dict[str, int]:
+    """Parse the hostfile at ``path`` into an ordered ``{host: slots}`` (spare hosts included; their
+    names are added to ``spares`` when given); raises HostfileError."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -88,4 +107,4 @@ def parse_hostfile(path) -> dict[str, int]:
         raise HostfileError(f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise HostfileError(f"{p}: cannot read hostfile: {exc.strerror}") from None
-    return parse_hostfile_text(text, str(p))
+    return parse_hostfile_text(text, str(p), spares)

@@ -75,6 +75,8 @@ class WorldPlan:
     bind_cores: bool = False  # pin each rank to its share of the host's cores (--bind_cores_to_rank)
     bind_core_list: str | None = None  # the cores to share out ("0-3,8"); None: the agent's cores
     local_rank_arg: bool = False  # append --local_rank=N to each rank's argv (DeepSpeed's launcher)
+    spares: dict = field(default_factory=dict)  # host -> slot ids: not planned, for elastic restarts
+    nnodes: list = field(default_factory=list)  # [MIN, MAX] hosts (--nnodes); [] = this plan's count
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -97,8 +99,8 @@ class WorldPlan:
         """base64 of the JSON (without display-only fields): safe as one argv word, even over ssh.
         With a private ``env_channel`` the environment is left out (it travels that way)."""
         data = self.to_dict()
-        data.pop("commands", None)
-        data.pop("env_sources", None)
+        for display_only in ("commands", "env_sources", "spares", "nnodes"):
+            data.pop(display_only, None)
         if self.env_channel:
             data["env"] = {}
         raw = json.dumps(data, separators=(",", ":")).encode()
@@ -199,6 +201,24 @@ def build_plan(
         bind_core_list=bind_core_list,
         local_rank_arg=local_rank_arg,
     )
+
+
+def replan(plan: WorldPlan, selection: dict) -> WorldPlan:
+    """The plan of an elastic restart on ``selection`` (host -> slot ids): ranks renumbered host by
+    host, a fresh master port (the old one may linger in TIME_WAIT, or on a host that is gone), and
+    the master moved to the new first host when it was a host the new plan no longer has. A
+    master address that names no host of the old plan (an IP, a service name) is the user's: kept."""
+    old_hosts = {n["host"] for n in plan.nodes}
+    nodes, next_rank = [], 0
+    for node_rank, (host, slots) in enumerate(selection.items()):
+        ranks = list(range(next_rank, next_rank + len(slots)))
+        next_rank += len(slots)
+        nodes.append({"host": host, "node_rank": node_rank, "slots": list(slots), "ranks": ranks})
+    master = plan.master_addr
+    if master in old_hosts and master not in selection:
+        master = nodes[0]["host"]
+    return dataclasses.replace(plan, nodes=nodes, world_size=next_rank, master_addr=master,
+                               master_port=free_port())
 
 
 def free_port() -> int:

@@ -102,3 +102,28 @@ def select_resources(hosts: dict[str, int], include: str | None = None, exclude:
                 raise ResourceError(f"--nproc-per-node {n} but host {h!r} has only {hosts[h]} slot(s)")
             chosen = {h: s[:n] for h, s in chosen.items()}
     return chosen
+
+
+def select_with_spares(hosts: dict[str, int], spares: set, include: str | None = None,
+                       exclude: str | None = None, num_nodes: int | None = None,
+                       nproc_per_node: int | None = None) -> tuple:
+    """``(selection, spare selection)``: the hostfile's ``spare`` hosts are kept out of the first
+    plan. ``--include/--exclude`` apply to spares too (a spare left out is no spare);
+    ``--num-nodes`` counts only the others; ``--nproc-per-node`` applies to both."""
+    if not spares:
+        return select_resources(hosts, include, exclude, num_nodes, nproc_per_node), {}
+    if include or exclude:
+        chosen = select_resources(hosts, include, exclude, num_nodes, nproc_per_node)
+        main = {h: s for h, s in chosen.items() if h not in spares}
+        if not main:
+            raise ResourceError(f"{'--include' if include else '--exclude'} leaves only spare "
+                                f"hosts ({', '.join(chosen)}); a job needs a host not marked spare")
+        return main, {h: s for h, s in chosen.items() if h in spares}
+    main = select_resources({h: n for h, n in hosts.items() if h not in spares},
+                            num_nodes=num_nodes, nproc_per_node=nproc_per_node)
+    try:
+        extra = select_resources({h: n for h, n in hosts.items() if h in spares},
+                                 nproc_per_node=nproc_per_node)
+    except ResourceError as exc:
+        raise ResourceError(f"spare host: {exc}") from None
+    return main, extra

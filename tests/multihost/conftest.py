@@ -2,7 +2,8 @@
 
 Session fixtures:
 - ``cluster``: host1, host2 (healthy) and host3 (python present, dslaunch/torch hidden by a tmpfs
-  over the venv's site-packages in host3's own mount namespace). Brought up once, torn down at
+  over the venv's site-packages in host3's own mount namespace), and host4 (healthy: the third
+  host of elastic jobs, or their spare; the other tests leave it out of their hostfiles). Brought up once, torn down at
   the end. Skips ONLY when not root or ``ip netns`` is unusable; missing packages are a failure
   (run .ci/apt-install.sh), so CI cannot silently skip.
 - ``slurm``: slurmctld + one slurmd per fake host (munge), started on first use.
@@ -32,6 +33,7 @@ INFRA_DIR = Path("/run/dslaunch-infra")
 SLURM_DIR = Path("/run/dslaunch-slurm")
 HOSTS = ["host1", "host2"]
 BARE = "host3"
+EXTRA = "host4"
 DOWN_ADDR = "198.51.100.99"  # in the fake subnet, owned by nobody: connect fails (no ARP answer)
 DSLAUNCH = [sys.executable, "-c", "from dslaunch.cli import main; main()"]
 _PLAN_RE = re.compile(r"--plan[ =]([A-Za-z0-9_=-]+)")
@@ -63,6 +65,7 @@ def _describe(pid: int) -> str:
 class Cluster:
     hosts = HOSTS
     bare = BARE
+    extra = EXTRA
     down_addr = DOWN_ADDR
 
     def hostfile(self, path: Path, entries: dict | None = None) -> Path:
@@ -112,7 +115,7 @@ class Cluster:
 
     def assert_clean(self, cwd: Path, hosts=None, wait: float = 15.0) -> None:
         """No process of the job on any fake host nor here (waits for in-flight exits)."""
-        hosts = hosts or [*HOSTS, BARE]
+        hosts = hosts or [*HOSTS, BARE, EXTRA]
         deadline = time.monotonic() + wait
         while True:
             left = {h: self.job_pids(h) for h in hosts}
@@ -163,7 +166,7 @@ def cluster():
     _sh("slurm_down.sh")
     _sh("netns_down.sh")
     site = sysconfig.get_paths()["purelib"]
-    up = _sh("netns_up.sh", env={"DSL_NODES": "3", "DSL_BARE_HOSTS": BARE, "DSL_HIDE_PATH": site,
+    up = _sh("netns_up.sh", env={"DSL_NODES": "4", "DSL_BARE_HOSTS": BARE, "DSL_HIDE_PATH": site,
                                   "DSL_INSTALL_PDSH": "0"})
     if up.returncode != 0:
         _sh("netns_down.sh")

@@ -5,6 +5,10 @@ Modules (one idea each):
   writes, ``torch.load(weights_only=True)`` reads, ``latest`` / tag resolution,
   ``metadata.json``, lazily mmap'd rank files (``RankFiles``).
 - ``rng.py``: the RNG states a rank saves and restores.
+- ``async_save.py``: ``save_checkpoint(async_save=True)``: host snapshot, background writer per
+  rank, rank 0 publishes once every rank's ``.done`` marker is there (no collective off the
+  main thread); ``wait_checkpoint``.
+- ``retention.py``: ``keep_last``: older tags pruned after a publish, never ``latest``'s.
 - ``save_load.py``: ``DSLaunchEngine.save_checkpoint`` / ``load_checkpoint`` (ZeRO 0-3, resharded
   on load when the layout differs) and ``save_16bit_model``.
 - ``zero_shards.py``: what a ZeRO 1-3 strategy puts in its rank file and loads back, as saved or
@@ -39,12 +43,13 @@ newest; ``<dir>/zero_to_fp32.py`` consolidates with torch alone):
   ``metadata.json`` (layout, and per (stage, TP rank) the TP splits and parameter names that
   consolidation needs).
 
-Save: every rank writes into ``<dir>/.<tag>.tmp/``, each file under a temporary name then
-renamed; after a barrier rank 0 renames the directory to ``<tag>`` and rewrites ``latest`` last,
-so a crash leaves the previous checkpoint whole. Load: ``latest`` (or the tag) -> metadata ->
-weights checked against the model (the first mismatched tensor is named) -> optimizer state ->
-counters, scheduler, loss scaler, RNG. Every file that may come from someone else is read with
-``torch.load(weights_only=True)``.
+Save: every rank writes into ``<dir>/.<tag>.tmp/``, each file under a temporary name, fsynced,
+then renamed; once every rank's files are complete (a barrier; asynchronously, every rank's
+marker) rank 0 renames the directory to ``<tag>`` and rewrites ``latest`` last, so a crash or a
+rank killed at any moment leaves the previous checkpoint whole and ``latest`` naming it. Load:
+``latest`` (or the tag) -> metadata -> weights checked against the model (the first mismatched
+tensor is named) -> optimizer state -> counters, scheduler, loss scaler, RNG. Every file that
+may come from someone else is read with ``torch.load(weights_only=True)``.
 
 Another world size: ZeRO 1-3 rank files carry the layout of their shards, so a job laid out
 otherwise reads each of its new shards' pieces from the old files (``zero_shards.py``

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import warnings
 
 import torch
 
 TMP_SUFFIX = ".tmp"
-CRASH_ENV = "DSLAUNCH_TEST_CRASH_IN_SAVE"  # tests: "after_files" exits mid-save (see crash_point)
+CRASH_ENV = "DSLAUNCH_TEST_CRASH_IN_SAVE"  # tests: "after_files[@rank]" dies mid-save (crash_point)
 
 
 class CheckpointError(RuntimeError):
@@ -108,10 +109,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def crash_point(name: str) -> None:
-    """Test hook: with DSLAUNCH_TEST_CRASH_IN_SAVE=<name> the process dies here (os._exit)."""
-    if os.environ.get(CRASH_ENV) == name:
+def crash_point(name: str, rank: int | None = None) -> None:
+    """Test hook: with DSLAUNCH_TEST_CRASH_IN_SAVE=<name> the process dies here (os._exit);
+    with <name>@<rank> only that rank dies, by SIGKILL (as kill -9 or a lost host would)."""
+    want = os.environ.get(CRASH_ENV)
+    if not want:
+        return
+    if want == name:
         os._exit(17)
+    if rank is not None and want == f"{name}@{rank}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def save_tag(engine, tag) -> str:

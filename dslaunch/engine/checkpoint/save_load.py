@@ -15,6 +15,9 @@ name and renamed); after a barrier rank 0 renames the directory to ``<dir>/<tag>
 rewrites ``latest`` (temporary file + ``os.replace``). A process that dies before the rename
 leaves the previous checkpoint and ``latest`` untouched; a stale ``.tmp`` directory is removed
 by the next save. (Assumes ``<dir>`` is one shared filesystem for all ranks, as DeepSpeed does.)
+``async_save``: the same files, written by a background thread per rank (``async_save.py``);
+``keep_last``: older tags pruned after the publish (``retention.py``). After a complete save
+each rank records it in its progress record (``dslaunch.progress_record``), after a load too.
 
 Files are read with ``torch.load(weights_only=True)`` (``files.load_file``); anything unreadable
 is an error that names the file.
@@ -25,9 +28,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 
+from dslaunch import progress_record
+
+from .async_save import AsyncSaver, live_storages, snapshot, write_files
 from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
 from .files import (
     CheckpointError,
@@ -46,7 +53,9 @@ from .files import (
     start_save_dir,
     write_to_fp32_script,
 )
+from .retention import prune
 from .rng import rng_state, set_rng_state
+from .zero_shards import STAGING
 
 # -- save --------------------------------------------------------------------------------------
 
@@ -58,17 +67,68 @@ def without_frozen(state: dict, module: torch.nn.Module) -> dict:
 
 
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True,
-                    exclude_frozen_parameters=False) -> bool:
+                    exclude_frozen_parameters=False, async_save=None, keep_last=None) -> bool:
+    """Every rank calls it. ``async_save`` / ``keep_last`` None: the config's
+    ``checkpoint.async_save`` / ``checkpoint.keep_last``. Asynchronous: returns once the state is
+    copied to host memory; ``async_save.py`` writes and publishes it."""
+    section = engine._config.checkpoint
+    async_save = section.async_save if async_save is None else bool(async_save)
+    keep_last = section.keep_last if keep_last is None else int(keep_last)
+    saver = async_saver(engine)
+    saver.wait()  # a save still in flight is published first, on every rank
     save_dir = os.fspath(save_dir)
     tag = save_tag(engine, tag)
     comm, rank = engine.comm, engine.global_rank
     final, tmp = start_save_dir(save_dir, tag, rank)
     comm.barrier()
 
-    strategy = engine.strategy
-    module_sd = strategy.module_state_dict()  # every rank calls it (stage 3 gathers)
+    if async_save:  # ZeRO shards are gathered straight into the reused host buffers
+        saver.staging.begin()
+        token = STAGING.set(saver.staging.alloc)
+        try:
+            files = _rank_files(engine, tmp, client_state, exclude_frozen_parameters)
+        finally:
+            STAGING.reset(token)
+    else:
+        files = _rank_files(engine, tmp, client_state, exclude_frozen_parameters)
+    meta = _metadata(engine, tag, tmp) if rank == 0 else None
+    step = engine.global_steps
+
+    def publish():
+        _publish(save_dir, tag, tmp, final, meta, save_latest, keep_last)
+
+    if async_save:
+        # later steps change the live tensors in place: copy what shares their memory
+        files = snapshot(files, live_storages(engine.module, engine.optimizer, engine.strategy),
+                         saver.staging)
+        crash_point("before_files", rank)
+        saver.start(files, tmp, publish, step, _record_saved)
+        return True
+    crash_point("before_files", rank)
+    write_files(files, rank)
+    comm.barrier()
+    if rank == 0:
+        publish()
+    comm.barrier()
+    _record_saved(step)
+    return True
+
+
+def async_saver(engine) -> AsyncSaver:
+    saver = getattr(engine, "_async_saver", None)
+    if saver is None:
+        saver = engine._async_saver = AsyncSaver(engine.comm, engine.global_rank,
+                                                 engine.world_size, engine.device)
+    return saver
+
+
+def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> dict:
+    """``{path: object}`` this rank writes (every rank calls it: stage 3 gathers the weights)."""
+    strategy, rank = engine.strategy, engine.global_rank
+    module_sd = strategy.module_state_dict()
     if exclude_frozen_parameters:
         module_sd = without_frozen(module_sd, engine.module)
+    files = {}
     if rank == 0:
         sched = engine.lr_scheduler
         client = dict(client_state or {})
@@ -77,7 +137,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
             "global_steps": engine.global_steps,
             "global_samples": engine.global_samples,
             "micro_steps": engine.micro_steps,
-            "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
+            **_batch_info(engine),
             "skipped_steps": engine.skipped_steps,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "loss_scaler": engine.precision.scaler.state_dict(),
@@ -87,34 +147,65 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         # the client state at the top level too, where DeepSpeed puts it and readers of its
         # files look (Lightning's zero-to-fp32 conversion); pickled once, the objects are shared
         states.update({k: v for k, v in client.items() if k not in states})
-        atomic_torch_save(states, model_file(tmp))
+        files[model_file(tmp)] = states
     # "optimizer_state_dict"/"zero_stage": where readers of DeepSpeed's files find the stage
-    atomic_torch_save({"strategy": strategy.state_dict(), "rng": rng_state(),
-                       "rank": rank, "world_size": engine.world_size,
-                       "optimizer_state_dict": {"zero_stage": engine.zero_stage}},
-                      rank_file(tmp, rank))
-    crash_point("after_files")
-    comm.barrier()
-    if rank == 0:
-        meta = {"format": "dslaunch-checkpoint/1", "tag": tag, "world_size": engine.world_size,
-                "dp_world_size": engine.dp_world_size, "zero_stage": engine.zero_stage,
-                "dtype": engine.precision.name, "global_steps": engine.global_steps,
-                "dslaunch_version": dslaunch_version(),
-                "files": ["model_states.pt"] + [os.path.basename(rank_file(tmp, r))
-                                                for r in range(engine.world_size)],
-                # for zero_to_fp32's exclude_frozen_parameters
-                "frozen_params": [n for n, p in engine.module.named_parameters()
-                                  if not p.requires_grad]}
-        atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
-        crash_point("before_rename")
-        publish_dir(tmp, final)
-        write_to_fp32_script(save_dir)
-        if save_latest:
-            crash_point("before_latest")
-            atomic_text(os.path.join(save_dir, "latest"), tag)
-            fsync_dir(save_dir)
-    comm.barrier()
-    return True
+    files[rank_file(tmp, rank)] = {"strategy": strategy.state_dict(), "rng": rng_state(),
+                                   "rank": rank, "world_size": engine.world_size,
+                                   "optimizer_state_dict": {"zero_stage": engine.zero_stage}}
+    return files
+
+
+def _batch_info(engine) -> dict:
+    """How the global batch was split when saving (a resume at another world size logs what
+    changed: ``_log_layout_change``)."""
+    return {"world_size": engine.world_size, "dp_world_size": engine.dp_world_size,
+            "train_batch_size": engine.train_batch_size(),
+            "train_micro_batch_size_per_gpu": engine.train_micro_batch_size_per_gpu(),
+            "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
+            "elasticity": bool(engine._config.elasticity.enabled)}
+
+
+def _metadata(engine, tag: str, tmp: str) -> dict:
+    return {"format": "dslaunch-checkpoint/1", "tag": tag, **_batch_info(engine),
+            "zero_stage": engine.zero_stage, "dtype": engine.precision.name,
+            "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+            "dslaunch_version": dslaunch_version(),
+            "files": ["model_states.pt"] + [os.path.basename(rank_file(tmp, r))
+                                            for r in range(engine.world_size)],
+            # for zero_to_fp32's exclude_frozen_parameters
+            "frozen_params": [n for n, p in engine.module.named_parameters()
+                              if not p.requires_grad]}
+
+
+def _publish(save_dir, tag, tmp, final, meta, save_latest, keep_last) -> None:
+    """Rank 0, once every rank's files are complete: metadata, the directory in place,
+    ``latest`` last, then the old tags pruned."""
+    meta = dict(meta, saved_at=time.time())
+    atomic_text(os.path.join(tmp, "metadata.json"), json.dumps(meta, indent=1))
+    crash_point("before_rename")
+    publish_dir(tmp, final)
+    write_to_fp32_script(save_dir)
+    if save_latest:
+        crash_point("before_latest")
+        atomic_text(os.path.join(save_dir, "latest"), tag)
+        fsync_dir(save_dir)
+    if keep_last:
+        prune(save_dir, keep_last, _latest_tag(save_dir))
+
+
+def _latest_tag(save_dir: str):
+    try:
+        with open(os.path.join(save_dir, "latest")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _record_saved(step: int) -> None:
+    """The launcher's restart policy reads it (``progress_record``): a complete save."""
+    w = progress_record.writer()
+    if w is not None:
+        w.checkpoint_saved(step)
 
 
 # -- load --------------------------------------------------------------------------------------
@@ -143,14 +234,26 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
     """Returns ``(path, client_state)`` as DeepSpeed does; ``(None, None)`` (and a warning)
     when no tag is given and ``load_dir`` has no ``latest`` file. A checkpoint written by
     DeepSpeed (ZeRO 1-3) loads too (``deepspeed_format.py``)."""
+    async_saver(engine).wait()  # a save of ours still in flight is published first
     load_dir = os.fspath(load_dir)
     tag = find_tag(load_dir, tag)
     if tag is None:
         return None, None
     path = os.path.join(load_dir, tag)
     if is_deepspeed_checkpoint(path):  # a run moving over from DeepSpeed
-        return load_deepspeed_checkpoint(engine, path, strict, load_optimizer_states,
-                                         load_lr_scheduler_states, load_module_only)
+        loaded = load_deepspeed_checkpoint(engine, path, strict, load_optimizer_states,
+                                           load_lr_scheduler_states, load_module_only)
+    else:
+        loaded = _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
+                       load_module_only)
+    w = progress_record.writer()
+    if w is not None:
+        w.checkpoint_loaded(engine.global_steps)
+    return loaded
+
+
+def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
+          load_module_only):
     meta = read_meta(path)
     mpath = model_file(path)
     states = load_file(mpath, mmap=True)  # only copied into the model: no second copy of it
@@ -181,7 +284,30 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
         engine.micro_steps = engine.global_steps * gas
     engine.skipped_steps = int(states.get("skipped_steps", 0))
     engine.strategy.zero_grad()
+    if engine.global_rank == 0:
+        _log_layout_change(path, meta, states, engine)
     return path, states.get("client_state", {})
+
+
+def _log_layout_change(path: str, meta: dict, states: dict, engine) -> None:
+    """One line on stderr when the job resumes with another world size or batch split."""
+    now = _batch_info(engine)
+    saved = {k: states.get(k, meta.get(k)) for k in now}
+    if saved["world_size"] == now["world_size"] and saved["gradient_accumulation_steps"] in (
+            None, now["gradient_accumulation_steps"]):
+        return
+
+    def split(b):
+        return (f"world size {b['world_size']}, micro {b['train_micro_batch_size_per_gpu']} x "
+                f"accumulation {b['gradient_accumulation_steps']} x data-parallel "
+                f"{b['dp_world_size']} = batch {b['train_batch_size']}")
+    same = saved["train_batch_size"] in (None, now["train_batch_size"])
+    print(f"[dslaunch] resumed {path}: saved with {split(saved)}; now {split(now)}"
+          + (" (optimizer state resharded)" if saved["world_size"] != now["world_size"] and
+             engine.zero_stage in ZERO_STAGES else "")
+          + ("; the global batch is the same" if same else
+             "; the global batch CHANGED (set elasticity, or train_batch_size with "
+             "train_micro_batch_size_per_gpu, to keep it)"), file=sys.stderr, flush=True)
 
 
 ZERO_STAGES = (1, 2, 3)  # one shard format (zero_shards.py): any of them reads any other

@@ -12,6 +12,7 @@ Per rank, under ``strategy`` in ``rank_{r}_optim_states.pt``::
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 
@@ -22,11 +23,26 @@ from dslaunch.engine.zero import partition as P
 from .files import RankFiles
 from .shard_index import ParamIndex, reshard
 
+# An async save (async_save.py) hands its reusable host buffers here: ``alloc(numel, dtype)``
+STAGING: contextvars.ContextVar = contextvars.ContextVar("dslaunch_ckpt_staging", default=None)
+
+
+def _flat(parts: list) -> torch.Tensor:
+    """``parts`` concatenated into a new host tensor (a reused staging buffer when an async save
+    set one and the parts are on the host: no fresh pages to fault in)."""
+    alloc = STAGING.get()
+    if alloc is None or parts[0].device.type != "cpu" or len({p.dtype for p in parts}) > 1:
+        return torch.cat(parts).cpu()
+    out = alloc(sum(p.numel() for p in parts), parts[0].dtype)
+    if len(parts) == 1:
+        return out.view(parts[0].shape).copy_(parts[0])
+    return torch.cat(parts, out=out.view(-1, *parts[0].shape[1:]))
+
 
 def _shard_values(strategy, g) -> torch.Tensor:
     if g.master is not None:
-        return g.master.detach().clone().cpu()
-    return torch.cat([c.detach().float() for c in g.chunks]).cpu()
+        return _flat([g.master.detach()])
+    return _flat([c.detach().float() for c in g.chunks])
 
 
 def shard_state_dict(strategy) -> dict:
@@ -40,7 +56,7 @@ def shard_state_dict(strategy) -> dict:
             vals = [st.get(k) for st in per_chunk]
             if all(torch.is_tensor(v) and v.numel() == sp.numel() and v.dim() > 0
                    for v, sp in zip(vals, g.shard_params)):
-                state[k] = torch.cat([v.detach().reshape(-1) for v in vals]).cpu()
+                state[k] = _flat([v.detach().reshape(-1) for v in vals])
             else:
                 v = next(v for v in vals if v is not None)
                 scalars[k] = v.detach().clone().cpu() if torch.is_tensor(v) else torch.tensor(v)

@@ -328,6 +328,8 @@ class PipelineEngine(DSLaunchEngine):
         else:
             self.skipped_steps += 1
         self.global_steps += 1
+        if self._progress is not None:
+            self._progress.step(self.global_steps)
         self.global_samples += self._train_batch
         self.micro_steps += self.micro_batches
         self.timers.stop("step")

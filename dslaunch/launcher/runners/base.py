@@ -27,6 +27,9 @@ def _write_line(agent, line: str) -> None:
         pass  # already gone: its EOF is being handled
 
 
+PROBE_TIMEOUT = 3.0  # seconds an elastic restart waits for a host to answer
+
+
 class RunnerError(Exception):
     """The runner cannot run this plan (one line, shown to the user)."""
 
@@ -37,6 +40,9 @@ class Runner:
     # the runner forwards our stdin to every agent, "environ" when it forwards our environment,
     # "" when neither (the environment then travels inside the plan, and notices() says so).
     env_channel = "stdin"
+    # Whether ``send`` reaches each agent's stdin as a plain line, so that a query (``dump
+    # stacks``) can be sent without stopping anything.
+    queries = True
 
     def __init__(self, plan: WorldPlan, options: dict | None = None):
         self.plan = plan
@@ -105,10 +111,36 @@ class Runner:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def run(self, heartbeat_timeout: float = 10.0) -> int:
-        from dslaunch.launcher.controller import JobController
+    def probe(self, hosts: list) -> set:
+        """The hosts that answer now (before an elastic restart): this host always; any other if
+        ``ssh HOST true`` succeeds within ``PROBE_TIMEOUT`` seconds (all asked at once)."""
+        import subprocess
+        from concurrent.futures import ThreadPoolExecutor
 
-        return JobController(self.plan, self, heartbeat_timeout=heartbeat_timeout).run()
+        from dslaunch.launcher.plan import LOCAL_HOSTS
+        from dslaunch.launcher.runners import remote
+
+        def answers(host: str) -> bool:
+            if host in LOCAL_HOSTS:
+                return True
+            argv = remote.ssh_argv(host, self.options, connect_timeout=PROBE_TIMEOUT - 1)
+            try:
+                return subprocess.run([*argv, "--", "true"], stdin=subprocess.DEVNULL,
+                                      capture_output=True, timeout=PROBE_TIMEOUT).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                return False
+
+        if not hosts:
+            return set()
+        with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+            return {h for h, ok in zip(hosts, pool.map(answers, hosts)) if ok}
+
+    def run(self, heartbeat_timeout: float | None = None, hang_timeout: float = 0.0,
+            elastic=None) -> int:
+        from dslaunch.launcher.controller import HEARTBEAT_TIMEOUT, JobController
+
+        return JobController(self.plan, self, heartbeat_timeout=heartbeat_timeout or HEARTBEAT_TIMEOUT,
+                             hang_timeout=hang_timeout, elastic=elastic).run()
 
 
 __all__ = ["Runner", "RunnerError", "events"]

@@ -31,6 +31,7 @@ from dslaunch.launcher.runners.base import Runner, RunnerError
 
 class MPIRunner(Runner):
     name = "mpi"
+    queries = False  # send() interrupts the whole job (only node 0's agent reads our stdin)
     binaries: tuple = ()
     rank_from = ""
 

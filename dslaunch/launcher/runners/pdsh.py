@@ -24,6 +24,7 @@ from dslaunch.launcher.runners.base import Runner, RunnerError
 class PdshRunner(Runner):
     name = "pdsh"
     env_channel = ""  # pdsh forwards neither our stdin nor our environment
+    queries = False  # send() stops the agents (no stdin reaches them)
 
     def validate(self) -> None:
         for w in self._ssh_words():

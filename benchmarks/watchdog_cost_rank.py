@@ -1,0 +1,74 @@
+"""A rank of bench_watchdog_cost.py: the bench GPT (or its tiny version) under ZeRO-2, trained
+in blocks of steps with the progress record alternately written and not, in the same process.
+
+    dslaunch run --nproc-per-node 2 benchmarks/watchdog_cost_rank.py --out DIR [--smoke]
+        [--steps N] [--warmup W] [--block K]
+
+Why in one run: steps/s between separate runs varies more on a shared machine than the record
+could change it; alternating blocks of K steps (on, off, off, on, ...) inside one job puts both
+modes under the same conditions. "Off" detaches the writer from every Comm and the engine (what
+a job without DSLAUNCH_PROGRESS_FILE runs), "on" puts it back. Rank 0 writes
+``<out>/blocks.json``: the step seconds of each mode and the collectives numbered per step.
+"""
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_scripts"))
+
+import common
+import torch.distributed as dist
+from zero_config import train_config
+
+import dslaunch
+from dslaunch import progress_record
+from dslaunch.engine.comm import Comm
+
+
+def main():
+    p = common.parser(__doc__)
+    p.add_argument("--block", type=int, default=5, help="steps per block")
+    args = p.parse_args()
+    writer = progress_record.writer()
+    if writer is None:
+        sys.exit("watchdog_cost_rank.py: no DSLAUNCH_PROGRESS_FILE (run it under dslaunch run)")
+    model = common.build_model(args)
+    engine, _, _, _ = dslaunch.initialize(model=model, model_parameters=model.parameters(),
+                                          config=train_config(2, args.precision))
+    holders = [o for o in gc.get_objects() if isinstance(o, Comm)] + [engine]
+    rank, world = common.rank_world()
+    batches = common.build_batches(args, rank, world)
+
+    def step(tokens, targets):
+        loss = engine(tokens, targets)
+        engine.backward(loss)
+        engine.step()
+
+    times = {"on": [], "off": []}
+    for i, (tokens, targets) in enumerate(batches):
+        block = max(0, i - args.warmup) // args.block
+        on = block % 4 in (0, 3)  # on, off, off, on: each mode first as often as second
+        for h in holders:
+            h._progress = writer if on else None
+        t0 = time.perf_counter()
+        step(tokens, targets)
+        dt = time.perf_counter() - t0
+        if i >= args.warmup:
+            times["on" if on else "off"].append(dt)
+    for h in holders:
+        h._progress = writer
+    dist.barrier()
+    if rank == 0:
+        total = sum(writer._group_seq.values())
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "blocks.json").write_text(json.dumps({
+            "step_seconds": times, "collectives": total, "steps": len(batches)}))
+
+
+if __name__ == "__main__":
+    main()

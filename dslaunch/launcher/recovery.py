@@ -1,0 +1,119 @@
+"""Between attempts: the controller's restart policy and its post-mortem records.
+
+The controller reports what it sees (progress records from heartbeats, the failed attempt's root
+cause and lost hosts); this decides the next attempt's plan (``elastic.py``'s rules), or stops
+with the reason and exit code, and keeps one incident record per fault (``incidents.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from dslaunch.launcher import incidents
+from dslaunch.launcher.elastic import CRASH_LOOP_EXIT, AttemptProgress, ElasticPolicy, ElasticStop
+from dslaunch.launcher.plan import WorldPlan, replan
+
+
+class Recovery:
+    def __init__(self, plan: WorldPlan, policy: ElasticPolicy | None, probe, say):
+        self.policy = policy or ElasticPolicy.start(
+            {n["host"]: n["slots"] for n in plan.nodes}, {}, len(plan.nodes), len(plan.nodes))
+        self.probe, self.say = probe, say
+        # Without --log-dir, only a job that may restart keeps records (in ./dslaunch-logs): a
+        # plain failed run is reported on the terminal and leaves no files behind.
+        keep = bool(plan.log_dir) or plan.max_restarts > 0
+        self.log = incidents.IncidentLog(incidents.incidents_path(plan.log_dir) if keep else None)
+        self.pending: incidents.Incident | None = None  # restarted, not training again yet
+        self.restarted: float | None = None  # when its re-plan ended (the next attempt starts)
+        self.begin()
+
+    def begin(self) -> None:
+        """A new attempt starts."""
+        self.records: dict = {}  # rank -> its last progress record in this attempt
+        self.current = AttemptProgress()
+        self.heard: set = set()  # hosts whose agents were heard from as the attempt ended
+        self.first_record: float | None = None  # when this attempt's ranks were first seen
+        self.loaded_seen: float | None = None  # when a record first showed a loaded checkpoint
+
+    def on_progress(self, progress: dict) -> None:
+        """A heartbeat's {rank: progress record}."""
+        for rank, rec in progress.items():
+            self.records[str(rank)] = rec
+            self.current.update(rec)
+        now = time.time()
+        if progress and self.first_record is None:
+            self.first_record = now
+        if self.current.loaded >= 0 and self.loaded_seen is None:
+            self.loaded_seen = now
+        if self.pending is not None and self.current.trained():
+            self._close(time.time())
+
+    def _close(self, trained_at: float | None) -> None:
+        inc = self.pending
+        if self.first_record is not None and self.restarted is not None:
+            inc.restart_seconds = round(max(0.0, self.first_record - self.restarted), 3)
+            if self.loaded_seen is not None:
+                inc.load_seconds = round(self.loaded_seen - self.first_record, 3)
+        inc.resumed(self.current.loaded, trained_at)
+        self.log.write(self.pending)
+        self.pending = None
+
+    def after_failure(self, attempt: int, failure, lost: dict, plan: WorldPlan,
+                      can_restart: bool, detected: float | None = None) -> WorldPlan | None:
+        """The plan of the next attempt (None: no restart budget left, stop as failed). Raises
+        ElasticStop (reason, exit code) when restarting is refused."""
+        if self.pending is not None:
+            self._close(None)  # failed again before training: resume point as far as known
+        inc = incidents.Incident(
+            attempt=attempt, time=failure.time if failure else time.time(),
+            detector=incidents.detector(failure.kind if failure else "agent"),
+            kind=failure.kind if failure else "agent",
+            reason=failure.text if failure else "failure",
+            culprit_rank=getattr(failure, "rank", None), culprit_host=getattr(failure, "host", None),
+            last_collective_seq=incidents.last_collectives(self.records),
+            last_step=max(self.current.step, self.current.saved), world_size_before=plan.world_size)
+        began = time.time()
+        if detected is not None:
+            inc.detect_seconds = round(max(0.0, detected - inc.time), 3)
+            inc.stop_seconds = round(max(0.0, began - detected), 3)
+        if not can_restart:
+            inc.stop_reason, inc.exit_code = "no restart left (--max-restarts)", 1
+            self.log.write(inc)
+            return None
+        policy = self.policy
+        try:
+            loop = policy.crash_loop(attempt, self.current)
+            if loop:
+                raise ElasticStop(CRASH_LOOP_EXIT, loop)
+            before = list(policy.planned)
+            for host, why in policy.exclude(attempt, lost, inc.culprit_host):
+                inc.excluded_hosts[host] = why
+                self.say(f"excluding host {host} from the next attempts: {why}")
+            hosts, rejoined = policy.next_hosts(self._probe)
+        except ElasticStop as stop:
+            inc.stop_reason, inc.exit_code = stop.reason, stop.code
+            self.log.write(inc)
+            raise
+        for host in rejoined:
+            self.say(f"host {host} answers again: it rejoins the job")
+        inc.rejoined_hosts = rejoined
+        new = plan if hosts == before else replan(plan, policy.selection())
+        inc.action, inc.world_size_after = "restart", new.world_size
+        self.restarted = time.time()
+        inc.replan_seconds = round(self.restarted - began, 3)
+        self.pending = inc
+        return new
+
+    def _probe(self, hosts: list) -> set:
+        """The hosts that answer: those heard from within the heartbeat timeout as the attempt
+        ended answer (probing them again would only cost a connection each); the others are asked."""
+        heard = {h for h in hosts if h in self.heard}
+        ask = [h for h in hosts if h not in heard]
+        return heard | (set(self.probe(ask)) if ask else set())
+
+    def end(self, attempts: int, outcome: str, world_size: int) -> str:
+        """The run is over: flush the last record; the summary paragraph ("" when no fault)."""
+        if self.pending is not None:
+            self._close(None)
+        return incidents.summary(self.log.written, attempts, outcome, self.policy.history,
+                                 world_size, self.log.path)

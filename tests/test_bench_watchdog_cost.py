@@ -1,0 +1,26 @@
+"""benchmarks/bench_watchdog_cost.py runs: a tiny --smoke job writes its JSON with the expected
+keys and no false alarm (numbers are the benchmark's business, not checked here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+
+@pytest.mark.slow
+def test_watchdog_cost_smoke():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_watchdog_cost.py"),
+                        "--smoke", "--repeats", "1", "--steps", "8", "--no-save"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    assert result["record"]["collective_us"] > 0 and result["record"]["step_us"] > 0
+    assert result["collectives_per_step"] > 0  # the engine's collectives were numbered
+    train = result["train"]
+    assert train["false_alarms"] == 0
+    assert train["steps_per_s_on"] > 0 and train["steps_per_s_off"] > 0

@@ -1,0 +1,121 @@
+"""Checkpoints that survive faults, resume at another world size, and save in the background
+(issue 20, parts 3-4), with real multi-rank jobs through `dslaunch run`
+(tests/scripts/ckpt_resume.py: `engine.load_checkpoint(dir)` at start, as DeepSpeed scripts do).
+
+- A rank killed by SIGKILL in the middle of `save_checkpoint` (sync or async): `latest` still
+  names the previous checkpoint, which the next job loads.
+- `async_save` writes the same files as a synchronous save (every tensor equal; ZeRO 0, 2, 3), while training
+  goes on (the same losses); `keep_last` keeps the newest tags.
+- Elastic resume: 4 ranks -> 2 -> 3 with ZeRO 1, 2, 3 and the `elasticity` section: the global batch
+  stays 24 (micro-batch and accumulation recomputed), the optimizer state is resharded, and the
+  losses continue those of an uninterrupted 2-rank run (1e-5 relative: other world sizes sum the
+  micro-batch gradients in another order).
+"""
+
+import json
+
+import pytest
+import torch
+
+from helpers import launch, results
+
+pytestmark = pytest.mark.slow
+
+BASE = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01}},
+        "gradient_clipping": 1.0}
+ELASTIC = {"elasticity": {"enabled": True, "max_train_batch_size": 24, "micro_batch_sizes": [2, 4],
+                          "version": 0.1},
+           "optimizer": BASE["optimizer"], "zero_optimization": {"stage": 2},
+           "checkpoint": {"async_save": True, "keep_last": 2}}
+
+
+def _run(tmp_path, cfg, name, save_dir, nproc=2, env=None, check=True, **kw):
+    args = ["--out", tmp_path / name, "--save-dir", save_dir]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}", v]
+    return launch(tmp_path, cfg, "ckpt_resume.py", args, nproc=nproc, env=env, check=check,
+                  timeout=240)
+
+
+def _tensors_equal(a, b, where=""):
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            _tensors_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _tensors_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("point,async_save", [("after_files@1", 0), ("after_files@1", 1),
+                                              ("before_files@2", 1)])
+def test_rank_killed_mid_save_leaves_latest_on_the_previous_checkpoint(tmp_path, point, async_save):
+    ck = tmp_path / "ck"
+    cfg = {**BASE, "train_batch_size": 6, "zero_optimization": {"stage": 1}}
+    _run(tmp_path, cfg, "a", ck, nproc=3, steps=2, async_save=async_save)
+    assert (ck / "latest").read_text() == "global_step2"
+    died = _run(tmp_path, cfg, "b", ck, nproc=3, steps=4, async_save=async_save, check=False,
+                env={"DSLAUNCH_TEST_CRASH_IN_SAVE": point})
+    assert died.returncode != 0, died.stdout[-2000:]
+    assert (ck / "latest").read_text() == "global_step2"
+    assert not (ck / "global_step4").exists()
+    if point.startswith("after"):  # it really died mid-save: the other ranks' files are there
+        assert (ck / ".global_step4.tmp" / "rank_0_optim_states.pt").exists()
+    _run(tmp_path, cfg, "c", ck, nproc=3, steps=4, async_save=async_save)
+    c = results(tmp_path / "c", nproc=3)
+    assert c[0]["start"] == 2 and c[0]["loaded"] == str(ck / "global_step2")
+    assert c[0]["client_state"] == {"samples_seen": 12}
+    assert (ck / "latest").read_text() == "global_step4"
+    assert not (ck / ".global_step4.tmp").exists()
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_async_save_writes_the_same_files_as_sync(tmp_path, stage):
+    cfg = {**BASE, "zero_optimization": {"stage": stage}}
+    for mode in (0, 1):  # the async writer starts late: the next steps change the live state
+        _run(tmp_path, cfg, f"m{mode}", tmp_path / f"ck{mode}", steps=6, async_save=mode,
+             keep_last=2, env={"DSLAUNCH_TEST_ASYNC_WRITE_DELAY": "1.5"})
+    sync, asyn = results(tmp_path / "m0"), results(tmp_path / "m1")
+    assert sync[0]["losses"] == asyn[0]["losses"] and sync[0]["no_checkpoint_warning"]
+    for d in (tmp_path / "ck0", tmp_path / "ck1"):  # keep_last 2: global_step2 pruned
+        assert sorted(p.name for p in d.iterdir() if p.is_dir()) == ["global_step4", "global_step6"]
+        assert (d / "latest").read_text() == "global_step6"
+    for tag in ("global_step4", "global_step6"):
+        names = sorted(p.name for p in (tmp_path / "ck0" / tag).iterdir())
+        assert names == sorted(p.name for p in (tmp_path / "ck1" / tag).iterdir())
+        for name in names:
+            if name.endswith(".pt"):
+                _tensors_equal(torch.load(tmp_path / "ck0" / tag / name, weights_only=True),
+                               torch.load(tmp_path / "ck1" / tag / name, weights_only=True), name)
+        m0, m1 = (json.loads((tmp_path / d / tag / "metadata.json").read_text()) for d in ("ck0", "ck1"))
+        assert m0.pop("saved_at") < m1.pop("saved_at") and m0 == m1
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_elastic_resume_4_to_2_to_3_ranks_keeps_the_global_batch(tmp_path, stage):
+    ck = tmp_path / "ck"
+    cfg = {**ELASTIC, "zero_optimization": {"stage": stage}}
+    _run(tmp_path, cfg, "ref", tmp_path / "ref_ck", nproc=2, steps=8, save_every=100)
+    _run(tmp_path, cfg, "r4", ck, nproc=4, steps=4)
+    meta = json.loads((ck / "global_step4" / "metadata.json").read_text())
+    assert (meta["world_size"], meta["train_batch_size"], meta["gradient_accumulation_steps"]) == (4, 24, 3)
+    out2 = _run(tmp_path, cfg, "r2", ck, nproc=2, steps=6)
+    assert ("saved with world size 4, micro 2 x accumulation 3 x data-parallel 4 = batch 24; now "
+            "world size 2, micro 4 x accumulation 3 x data-parallel 2 = batch 24 (optimizer state "
+            "resharded); the global batch is the same") in out2.stdout
+    _run(tmp_path, cfg, "r3", ck, nproc=3, steps=8)
+    ref, r4, r2, r3 = (results(tmp_path / n, nproc=k)[0] for n, k in
+                       (("ref", 2), ("r4", 4), ("r2", 2), ("r3", 3)))
+    assert ref["no_checkpoint_warning"] and ref["loaded"] is None
+    assert [r["batch"] for r in (r4, r2, r3)] == [[24, 2, 3], [24, 4, 3], [24, 4, 2]]
+    assert (r2["start"], r3["start"]) == (4, 6)
+    assert r3["client_state"] == {"samples_seen": 6 * 24}
+    got = r4["losses"] + r2["losses"] + r3["losses"]
+    assert max(abs(x - y) / abs(y) for x, y in zip(got, ref["losses"])) <= 1e-5, (got, ref["losses"])
+    assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == ["global_step6", "global_step8"]
