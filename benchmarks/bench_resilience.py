@@ -359,6 +359,7 @@ def recover_once(launcher, work, hosts, spares, slots, scenario, features, args)
                                      if len(ended) == len(job.procs) else f">= {args.cap:g}")
         else:
             res["training_again"] = f"{res['training_again_s']:.1f}"
+            time.sleep(5)  # a few heartbeats more: the launcher's incident record learns the resume
     finally:
         job.stop()
         incidents = work / "logs" / "incidents.jsonl"  # complete once the launcher has ended
