@@ -135,6 +135,18 @@ def _env(env_items: tuple, cwd: Path) -> tuple:
     return ({k: v for k, (v, _) in collected.items()}, {k: src for k, (_, src) in collected.items()})
 
 
+def _faults(specs: tuple, hosts: list, world_size: int) -> list:
+    """The --inject specs, checked against the job before anything starts."""
+    if not specs:
+        return []
+    from dslaunch.launcher.inject import InjectError, parse_specs
+
+    try:
+        return parse_specs(specs, hosts, world_size)
+    except InjectError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _elastic(selection: dict, spares: dict, nnodes, min_nodes, max_nodes, no_ssh) -> tuple:
     """(first selection, spares, ElasticPolicy) from ``--nnodes MIN:MAX`` or DeepSpeed's
     ``--min_elastic_nodes/--max_elastic_nodes``; hosts beyond MAX wait as spares."""
@@ -244,6 +256,11 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.option("--as-deepspeed", "as_deepspeed", is_flag=True,
               help="On every rank `import deepspeed` gives dslaunch (DSLAUNCH_AS_DEEPSPEED=1) and the "
                    "script gets --local_rank=N, as under DeepSpeed's launcher.")
+@click.option("--inject", "inject_specs", multiple=True, metavar="SPEC",
+              help="Inject a fault to rehearse recovery (repeatable; off by default): "
+                   "kill:rank=R,step=N | hang:rank=R,step=N | slow:rank=R,step=N,seconds=S | "
+                   "host-down:host=H,after=30s | link-down:host=H,after=30s; add attempt=N|all "
+                   "(default 0). docs/launcher.md, \"Rehearsing faults\".")
 @_extra_options
 @deepspeed_options
 @click.argument("script")
@@ -251,7 +268,7 @@ def _print_summary(plan: WorldPlan) -> None:
 def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, master_port, config,
         env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts, nnodes,
         min_elastic_nodes, max_elastic_nodes, grace_period, heartbeat_timeout, hang_timeout, chdir,
-        python, as_deepspeed, script, script_args, **runner_options):
+        python, as_deepspeed, inject_specs, script, script_args, **runner_options):
     """Run SCRIPT (or, with -m, a module) on every selected slot; ARGS go to it untouched."""
     from dslaunch.launcher.resources import ResourceError, select_with_spares
 
@@ -290,6 +307,7 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
     selection, spares, elastic = _elastic(selection, spares, nnodes, min_elastic_nodes,
                                           max_elastic_nodes, no_ssh)
     world_size = sum(len(s) for s in selection.values())
+    faults = _faults(inject_specs, [*selection, *spares], world_size)  # a spare may be named too
     if no_ssh:
         from dslaunch.launcher.runners.nossh import NoSSHRunner
 
@@ -314,6 +332,10 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
     env, env_sources = _env(env_items, cwd)
     if as_deepspeed:
         env["DSLAUNCH_AS_DEEPSPEED"], env_sources["DSLAUNCH_AS_DEEPSPEED"] = "1", "--as-deepspeed"
+    if faults:
+        from dslaunch.launcher import inject
+
+        env[inject.ENV], env_sources[inject.ENV] = inject.encode(faults), "--inject"
     program = (["-m", script] if module else [script]) + list(script_args)
     plan = build_plan(
         selection, program=program, launcher=launcher, master_addr=master_addr,

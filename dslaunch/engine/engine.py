@@ -16,6 +16,7 @@ import torch
 from dslaunch import progress_record
 from dslaunch.config import to_dict
 
+from . import fault_injection
 from .autocast import Autocast
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
@@ -101,6 +102,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
 
         self.global_steps = 0
+        self._faults = fault_injection.RankFaults.from_env()  # dslaunch run --inject; else None
         self._progress = progress_record.writer()  # the hang watchdog's step counter (or None)
         self.global_samples = 0
         self.micro_steps = 0
@@ -220,6 +222,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             self._unmanaged_backwards = 0
             self.timers.stop("step")
             self._after_step(applied)
+            if self._faults is not None:
+                self._faults.at_step(self.global_steps)
         self.tput_timer.stop(global_step=boundary)
         self.micro_steps += 1
 

@@ -25,7 +25,7 @@ import threading
 import time
 
 from dslaunch import progress_record
-from dslaunch.launcher import errors, events
+from dslaunch.launcher import errors, events, inject
 from dslaunch.launcher.bootstrap import STACK_FILE_ENV
 from dslaunch.launcher.cores import CoreListError, format_cores, rank_cores
 from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
@@ -94,11 +94,12 @@ class Agent:
         self.stopper: threading.Thread | None = None
         self.signalled: str | None = None
         self.tmpdir = tempfile.mkdtemp(prefix="dslaunch-agent-")
+        self.silent = False  # --inject host-down fired: this host plays dead (launcher/inject.py)
 
     # ---- output ----------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
         with self.out_lock:
-            if self.out_broken:
+            if self.out_broken or self.silent:
                 return
             try:
                 self.out.write(data)
@@ -112,6 +113,31 @@ class Agent:
         fields.setdefault("node_rank", self.node_rank)
         fields.setdefault("host", self.host)
         self.write(events.format_event(name, **fields))
+
+    # ---- injected faults (launcher/inject.py: HostFaults calls these) --------------------------
+    def say(self, text: str) -> None:
+        if not self.silent:
+            sys.stderr.write(f"dslaunch agent on {self.host}: {text}\n")
+            sys.stderr.flush()
+
+    def silence(self) -> None:
+        with self.out_lock:
+            self.silent = True
+
+    def kill_ranks(self) -> None:
+        self._signal_groups(signal.SIGKILL, self.ranks)
+
+    def _play_dead(self) -> None:
+        """After host-down: no event, no output, no command obeyed, yet alive (an exit would
+        look like a crashed agent, not a lost host), until the launcher drops the connection."""
+        deadline = time.monotonic() + inject.SILENT_CAP
+        while time.monotonic() < deadline:
+            try:
+                kind, item = self.queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if kind == "command" and item == "eof":
+                return
 
     # ---- starting ranks ------------------------------------------------------------------------
     def rank_env(self, rank: int, local_rank: int, gpus: bool, torch_error_file: str = "",
@@ -376,8 +402,13 @@ class Agent:
             self.stop(dump=False, kill=True)
             self._reap_all()
             return 2
+        faults = inject.HostFaults.from_env(self, {**os.environ, **self.plan.env})
+        if faults is not None:
+            faults.start()
         returncodes: dict = {}
         while len(returncodes) < len(self.ranks):
+            if self.silent:
+                break
             if self.signalled:
                 self.signalled = None
                 self.stop(dump=False)
@@ -400,6 +431,8 @@ class Agent:
             elif item.startswith(events.CMD_DUMP_STACKS):
                 wanted = {int(w) for w in item[len(events.CMD_DUMP_STACKS):].split() if w.isdigit()}
                 threading.Thread(target=self.dump_stacks, args=(wanted,), daemon=True).start()
+        if self.silent:
+            self._play_dead()
         self.all_exited.set()
         self._reap_all()
         self.event(events.DONE, returncodes=returncodes)

@@ -333,6 +333,8 @@ class PipelineEngine(DSLaunchEngine):
         self.global_samples += self._train_batch
         self.micro_steps += self.micro_batches
         self.timers.stop("step")
+        if self._faults is not None:
+            self._faults.at_step(self.global_steps)
         return applied
 
 
