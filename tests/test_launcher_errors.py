@@ -89,3 +89,19 @@ def test_read_rank_error_keeps_the_traceback_tail(tmp_path):
     path.write_text(json.dumps({"time": 4.0, "exc_type": "E", "traceback": "a\nb\nc\n"}))
     assert errors.read_rank_error(str(path), 2) == {"time": 4.0, "exc_type": "E",
                                                     "traceback_tail": ["b", "c"]}
+
+
+def test_a_peer_that_lost_its_connection_does_not_hide_a_killed_rank():
+    # rank 1 is SIGKILLed; rank 0's next collective fails on the dead connection a few ms before
+    # rank 1's agent reaps it and stamps its exit: the kill is the cause, not the peer's error.
+    peer = _exit(0, time=100.000, error={"exc_type": "RuntimeError", "message":
+                 "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:1234"})
+    killed = _exit(1, returncode=-9, time=100.030, signal="SIGKILL")
+    root = errors.root_cause(_failures(peer, killed))
+    assert root.text == "rank 1 (host h) was killed by SIGKILL"
+    # ...but only within the window: a kill long after is a consequence, not the cause
+    late = _exit(1, returncode=-9, time=100.0 + errors.PEER_WINDOW + 1, signal="SIGKILL")
+    assert errors.root_cause(_failures(peer, late)).text.startswith("rank 0 ")
+    # and an ordinary error stays the cause of a later kill
+    boom = _exit(0, time=100.0, error={"exc_type": "ValueError", "message": "boom"})
+    assert errors.root_cause(_failures(boom, killed)).text.startswith("rank 0 ")

@@ -35,6 +35,8 @@ class Failure:
     detail_title: str = ""
     host: str | None = None  # the culprit's host, when one host is to blame (elastic restarts)
     rank: int | None = None  # the culprit rank, when one rank is
+    signal: str | None = None  # a rank killed by a signal we did not send ("SIGKILL")
+    peer_lost: bool = False  # the rank's error says a peer's connection went away (a consequence)
 
 
 # ---- on the agent: what a rank's exit event says ---------------------------------------------
@@ -108,15 +110,39 @@ def rank_failure(exit_event: dict) -> Failure:
     if err:
         headline = f"rank {rank} (host {host}) {how}: {err.get('exc_type')}: {err.get('message')}"
         return Failure(ev.get("time", time.time()), "rank", headline,
-                       err.get("traceback_tail") or [], "traceback (last lines):", host, rank)
+                       err.get("traceback_tail") or [], "traceback (last lines):", host, rank,
+                       ev.get("signal"), _says_peer_lost(f"{err.get('exc_type')}: {err.get('message')}"))
     tail = ev.get("output_tail") or []
     return Failure(ev.get("time", time.time()), "rank", f"rank {rank} (host {host}) {how}",
-                   tail, "last output lines:" if tail else "(it printed nothing)", host, rank)
+                   tail, "last output lines:" if tail else "(it printed nothing)", host, rank,
+                   ev.get("signal"))
+
+
+# What gloo / NCCL / sockets say when the process at the other end of a connection died.
+PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe",
+             "connection refused", "remote process exited", "socket closed", "end of file")
+# A killed rank's exit is stamped when its agent reaps it; a peer can fail on the broken
+# connection a little earlier than that stamp. Within this window the killed rank is the cause.
+PEER_WINDOW = 2.0
+
+
+def _says_peer_lost(text: str) -> bool:
+    low = text.lower()
+    return any(p in low for p in PEER_LOST)
 
 
 def root_cause(failures: list) -> Failure | None:
-    """The earliest failure (the first recorded on a tie); None when there is none."""
-    return min(failures, key=lambda f: f.time) if failures else None
+    """The earliest failure (the first recorded on a tie); None when there is none. Except: a
+    rank that failed because a peer's connection went away is not the cause of a rank killed by
+    a signal within ``PEER_WINDOW`` seconds after it (the kill's time is when it was reaped)."""
+    if not failures:
+        return None
+    first = min(failures, key=lambda f: f.time)
+    if first.peer_lost:
+        killed = [f for f in failures if f.signal and 0 <= f.time - first.time <= PEER_WINDOW]
+        if killed:
+            return min(killed, key=lambda f: f.time)
+    return first
 
 
 def consequences(failures: list, root: Failure) -> list:
