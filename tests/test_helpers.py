@@ -67,3 +67,14 @@ def test_dir_is_filled_in_configs_too():
 
 def test_job_cache_fixture_is_the_session_cache(job_cache):
     assert isinstance(job_cache, JobCache) and job_cache.root.is_dir()
+
+
+def test_no_two_test_files_share_a_name():
+    # pytest imports test files by basename (rootdir-relative, no packages): two files named
+    # alike in different folders stop the whole run at collection.
+    from collections import Counter
+
+    from helpers import ROOT
+
+    names = Counter(p.name for p in (ROOT / "tests").rglob("test_*.py"))
+    assert not [n for n, c in names.items() if c > 1]

@@ -1,7 +1,7 @@
 """`dslaunch run --inject`: each rank fault does what it says, on this host, through the real CLI
 (tests/scripts/inject_train.py: a tiny engine job, or a plain torch loop calling
 dslaunch.inject.tick); a bad spec is refused before anything starts. The host faults are in
-tests/multihost/test_inject.py."""
+tests/multihost/test_inject_hosts.py."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_slow_rank_sleeps_every_step_and_the_job_still_finishes():
 @pytest.mark.slow
 def test_host_down_here_is_a_lost_host():
     # the local runner's one host: its agent kills the ranks and goes silent (the fake hosts of
-    # tests/multihost/test_inject.py do the same over ssh); the plain loop reports its steps
+    # tests/multihost/test_inject_hosts.py do the same over ssh); the plain loop reports its steps
     marker, env = marker_env()
     r = dslaunch(*RUN, "--heartbeat-timeout", 2, "--inject", "host-down:host=localhost,step=3", SCRIPT,
                  "--plain", "--steps", 100000, "--step-sleep", 0.05, env=env)
