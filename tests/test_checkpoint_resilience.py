@@ -97,7 +97,7 @@ def test_async_save_writes_the_same_files_as_sync(tmp_path, stage):
         assert m0.pop("saved_at") < m1.pop("saved_at") and m0 == m1
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", [2, 3])  # stage 1 reshards through stage 2's code
 def test_elastic_resume_4_to_2_to_3_ranks_keeps_the_global_batch(tmp_path, stage):
     ck = tmp_path / "ck"
     cfg = {**ELASTIC, "zero_optimization": {"stage": stage}}

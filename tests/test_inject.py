@@ -65,11 +65,12 @@ def test_slow_rank_sleeps_every_step_and_the_job_still_finishes():
                  "--steps", 5)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    said = [i for i, ln in enumerate(lines)
+    rank1 = [ln for ln in lines if ln.startswith("[rank 1] ")]  # rank 0's lines interleave
+    said = [i for i, ln in enumerate(rank1)
             if ln.startswith("[rank 1] dslaunch inject: slow:rank=1,step=2,seconds=0.05: rank 1 "
                              "sleeps 0.05 s at every step from step 2")]
     assert len(said) == 1, r.stdout
-    assert lines[said[0] - 1].startswith("[rank 1] STEP 1 2 ")  # it fired in tick(2)
+    assert rank1[said[0] - 1].startswith("[rank 1] STEP 1 2 ")  # it fired in tick(2)
     assert "dslaunch inject" not in "\n".join(ln for ln in lines if ln.startswith("[rank 0]"))
     assert "[rank 0] DONE 0 5" in lines and "[rank 1] DONE 1 5" in lines
 
