@@ -53,8 +53,7 @@ def _tensors_equal(a, b, where=""):
         assert a == b, where
 
 
-@pytest.mark.parametrize("point,async_save", [("after_files@1", 0), ("after_files@1", 1),
-                                              ("before_files@2", 1)])
+@pytest.mark.parametrize("point,async_save", [("after_files@1", 0), ("after_files@1", 1)])
 def test_rank_killed_mid_save_leaves_latest_on_the_previous_checkpoint(tmp_path, point, async_save):
     ck = tmp_path / "ck"
     cfg = {**BASE, "train_batch_size": 6, "zero_optimization": {"stage": 1}}
@@ -97,7 +96,7 @@ def test_async_save_writes_the_same_files_as_sync(tmp_path, stage):
         assert m0.pop("saved_at") < m1.pop("saved_at") and m0 == m1
 
 
-@pytest.mark.parametrize("stage", [2, 3])  # stage 1 reshards through stage 2's code
+@pytest.mark.parametrize("stage", [3])  # stages 1-2 reshard in test_checkpoint_reshape.py too
 def test_elastic_resume_4_to_2_to_3_ranks_keeps_the_global_batch(tmp_path, stage):
     ck = tmp_path / "ck"
     cfg = {**ELASTIC, "zero_optimization": {"stage": stage}}

@@ -222,7 +222,9 @@ def test_dscpuadam_class_matches_torch_adamw_and_adam():
                 torch.nn.functional.mse_loss(mdl(x), y).backward()
                 opt.step()
         for a, b in zip(model.parameters(), ref_model.parameters()):
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            # fp32, 30 steps: the vector kernel's FMAs round differently from torch's (a few ulps
+            # on AVX-512, none on AVX2); a wrong formula is off by far more
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)
         model.load_state_dict(start)
 
 
