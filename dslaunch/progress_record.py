@@ -24,11 +24,20 @@ import time
 ENV = "DSLAUNCH_PROGRESS_FILE"
 
 # seq, pid, updated, step, step_time, coll_seq, coll_since, coll_bytes, coll_op, coll_group,
-# last_seq, last_op, last_group, ckpt_saved_step, ckpt_saved_time, ckpt_loaded_step
-_FORMAT = "<Qqdqdqdq16s48sq16s48sqdq"
+# last_seq, last_op, last_group, ckpt_saved_step, ckpt_saved_time, ckpt_loaded_step (224 bytes:
+# the first version), then what the live job view reads (launcher/jobview.py): coll_total,
+# step_coll_total, step_dt, step_coll, tokens, device_mem. New fields only ever go at the end: a
+# reader of an older version reads its prefix unchanged, and read() fills what an older writer
+# lacks with the defaults below.
+_FORMAT_V1 = "<Qqdqdqdq16s48sq16s48sqdq"
+_FORMAT = _FORMAT_V1 + "ddddqq"
 _RECORD = struct.Struct(_FORMAT)  # compiled once: a write is on every collective
+_RECORD_V1 = struct.Struct(_FORMAT_V1)
 _SEQ = struct.Struct("<Q")
 SIZE = _RECORD.size
+SIZE_V1 = _RECORD_V1.size
+_V2_DEFAULTS = {"coll_total": 0.0, "step_coll_total": 0.0, "step_dt": 0.0, "step_coll": 0.0,
+                "tokens": -1, "device_mem": -1}
 _TEXT = {"coll_op": 16, "coll_group": 48, "last_op": 16, "last_group": 48}
 _ENCODED: dict = {}  # (text, width) -> bytes: a job uses a handful of op and group names
 
@@ -57,7 +66,8 @@ class ProgressWriter:
         self.v = {"pid": os.getpid(), "updated": time.time(), "step": -1, "step_time": 0.0,
                   "coll_seq": 0, "coll_since": 0.0, "coll_bytes": 0, "coll_op": "",
                   "coll_group": "", "last_seq": 0, "last_op": "", "last_group": "",
-                  "ckpt_saved_step": -1, "ckpt_saved_time": 0.0, "ckpt_loaded_step": -1}
+                  "ckpt_saved_step": -1, "ckpt_saved_time": 0.0, "ckpt_loaded_step": -1,
+                  **_V2_DEFAULTS}
         self._group_seq: dict = {}  # group -> collectives entered on it (its sequence number)
         self._flush()
 
@@ -71,13 +81,22 @@ class ProgressWriter:
             v["step_time"], v["coll_seq"], v["coll_since"], v["coll_bytes"],
             _text(v["coll_op"], 16), _text(v["coll_group"], 48), v["last_seq"],
             _text(v["last_op"], 16), _text(v["last_group"], 48), v["ckpt_saved_step"],
-            v["ckpt_saved_time"], v["ckpt_loaded_step"])
+            v["ckpt_saved_time"], v["ckpt_loaded_step"], v["coll_total"], v["step_coll_total"],
+            v["step_dt"], v["step_coll"], v["tokens"], v["device_mem"])
         self._seq += 1  # even: whole
         _SEQ.pack_into(self._map, 0, self._seq)
 
-    def step(self, global_step: int) -> None:
-        """The training step counter advanced (an optimizer step, skipped or not)."""
-        self.v["step"], self.v["step_time"] = int(global_step), time.time()
+    def step(self, global_step: int, tokens: int = -1, device_mem: int = -1) -> None:
+        """The training step counter advanced (an optimizer step, skipped or not). ``tokens``:
+        token ids this rank has consumed so far (-1: unknown); ``device_mem``: bytes allocated on
+        its accelerator now (-1: none or unknown)."""
+        v = self.v
+        now = time.time()
+        if v["step"] >= 0:  # the step just ended: its length and its share spent in collectives
+            v["step_dt"] = now - v["step_time"]
+            v["step_coll"] = v["coll_total"] - v["step_coll_total"]
+        v["step"], v["step_time"], v["step_coll_total"] = int(global_step), now, v["coll_total"]
+        v["tokens"], v["device_mem"] = int(tokens), int(device_mem)
         self._flush()
 
     def enter(self, op: str, group: str, nbytes: int = 0) -> int:
@@ -99,6 +118,8 @@ class ProgressWriter:
     def leave(self) -> None:
         """The collective entered last has completed."""
         v = self.v
+        if v["coll_since"]:  # cumulative time in collectives (an async one: from its wait())
+            v["coll_total"] += max(0.0, time.time() - v["coll_since"])
         v.update(last_seq=v["coll_seq"], last_op=v["coll_op"], last_group=v["coll_group"],
                  coll_seq=0, coll_since=0.0, coll_bytes=0, coll_op="", coll_group="")
         self._flush()
@@ -114,16 +135,18 @@ class ProgressWriter:
 
 def read(path: str, tries: int = 5) -> dict | None:
     """The last whole record in ``path``, or None when there is none (not written yet, unreadable,
-    or always mid-write). ``coll_op`` is "" when the rank is not in a collective."""
+    or always mid-write). ``coll_op`` is "" when the rank is not in a collective. A record of the
+    first, shorter version (an older writer) reads with the later fields at their defaults."""
     try:
         with open(path, "rb") as f:
             raw = f.read(SIZE)
     except OSError:
         return None
     for _ in range(tries):
-        if len(raw) < SIZE:
+        if len(raw) < SIZE_V1:
             return None
-        fields = _RECORD.unpack(raw)
+        layout = _RECORD if len(raw) >= SIZE else _RECORD_V1
+        fields = layout.unpack(raw[:layout.size])
         if fields[0] % 2 == 0:
             break
         time.sleep(0.001)
@@ -135,14 +158,16 @@ def read(path: str, tries: int = 5) -> dict | None:
     else:
         return None
     (_, pid, updated, step, step_time, coll_seq, coll_since, coll_bytes, coll_op, coll_group,
-     last_seq, last_op, last_group, saved, saved_time, loaded) = fields
+     last_seq, last_op, last_group, saved, saved_time, loaded) = fields[:16]
+    later = dict(zip(_V2_DEFAULTS, fields[16:])) if len(fields) > 16 else dict(_V2_DEFAULTS)
     return {"pid": pid, "updated": updated, "step": step, "step_time": step_time,
             "coll_seq": coll_seq, "coll_since": coll_since, "coll_bytes": coll_bytes,
             "coll_op": coll_op.rstrip(b"\0").decode("utf-8", "replace"),
             "coll_group": coll_group.rstrip(b"\0").decode("utf-8", "replace"),
             "last_seq": last_seq, "last_op": last_op.rstrip(b"\0").decode("utf-8", "replace"),
             "last_group": last_group.rstrip(b"\0").decode("utf-8", "replace"),
-            "ckpt_saved_step": saved, "ckpt_saved_time": saved_time, "ckpt_loaded_step": loaded}
+            "ckpt_saved_step": saved, "ckpt_saved_time": saved_time, "ckpt_loaded_step": loaded,
+            **later}
 
 
 _WRITER: ProgressWriter | None = None

@@ -19,6 +19,7 @@ from dslaunch.cli.nvme_tune import nvme_tune
 from dslaunch.cli.report import report
 from dslaunch.cli.run import run
 from dslaunch.cli.sbatch import sbatch
+from dslaunch.cli.top import top
 
 
 class _Main(click.Group):
@@ -40,5 +41,5 @@ def main():
     """
 
 
-for _command in (run, config, hosts, report, ckpt, sbatch, nvme_tune, estimate_memory):
+for _command in (run, config, hosts, report, ckpt, sbatch, nvme_tune, estimate_memory, top):
     main.add_command(_command)

@@ -219,7 +219,8 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
               help="Set a variable on every rank (repeatable); the value is passed literally.")
 @click.option("--log-dir", "--enable_each_rank_log", "log_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write each rank's output to DIR/rank_N.log.")
+              help="Also write each rank's output to DIR/rank_N.log, and the live job view to "
+                   "DIR/status.json (what `dslaunch top --log-dir DIR` reads).")
 @click.option("--launcher", default=None,
               help=f"How agents are started: {', '.join(RUNNERS)} (any case). Default: local when "
                    "every host is this one, else pdsh when installed, else ssh.")
@@ -261,6 +262,16 @@ def _print_summary(plan: WorldPlan) -> None:
                    "kill:rank=R,step=N | hang:rank=R,step=N | slow:rank=R,step=N,seconds=S | "
                    "host-down:host=H,after=30s | link-down:host=H,after=30s; add attempt=N|all "
                    "(default 0). docs/launcher.md, \"Rehearsing faults\".")
+@click.option("--monitor", is_flag=True,
+              help="Show a live table of the ranks (host, step, step time, compute and time in "
+                   "collectives, tokens/s, memory, last heartbeat; redrawn in place on a terminal, "
+                   "printed once at the end elsewhere) and a straggler report at the end. "
+                   "`kill -USR1 <launcher pid>` prints the report at any time, with or without it. "
+                   "With --log-dir DIR, `dslaunch top --log-dir DIR` shows the same table from "
+                   "another terminal (DIR/status.json, replaced every second).")
+@click.option("--straggler-threshold", type=click.FloatRange(min=0), default=0.2, show_default=True,
+              help="A straggler's compute per step (its step time outside collectives) is more "
+                   "than this fraction above the median of all ranks.")
 @_extra_options
 @deepspeed_options
 @click.argument("script")
@@ -268,7 +279,8 @@ def _print_summary(plan: WorldPlan) -> None:
 def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, master_port, config,
         env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts, nnodes,
         min_elastic_nodes, max_elastic_nodes, grace_period, heartbeat_timeout, hang_timeout, chdir,
-        python, as_deepspeed, inject_specs, script, script_args, **runner_options):
+        python, as_deepspeed, inject_specs, monitor, straggler_threshold, script, script_args,
+        **runner_options):
     """Run SCRIPT (or, with -m, a module) on every selected slot; ARGS go to it untouched."""
     from dslaunch.launcher.resources import ResourceError, select_with_spares
 
@@ -367,7 +379,8 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
     except RunnerError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(runner.run(heartbeat_timeout=heartbeat_timeout,
-                        hang_timeout=_hang_timeout(hang_timeout, config_json), elastic=elastic))
+                        hang_timeout=_hang_timeout(hang_timeout, config_json), elastic=elastic,
+                        monitor=monitor, straggler_threshold=straggler_threshold))
 
 
 __all__ = ["run", "LOCAL_HOSTS"]

@@ -212,8 +212,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             else:
                 self.skipped_steps += 1
             self.global_steps += 1
-            if self._progress is not None:
-                self._progress.step(self.global_steps)
+            if self._progress is not None:  # also what the live job view shows (launcher/jobview.py)
+                self._progress.step(self.global_steps, self._tokens, self._device_memory())
             if self._managed_accumulation:
                 self.global_samples += self._train_batch
             else:  # the micro-batches this step really saw (DeepSpeed counts the same)
@@ -229,6 +229,10 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
 
     def zero_grad(self):
         self.strategy.zero_grad()
+
+    def _device_memory(self) -> int:
+        """Bytes allocated on this rank's GPU now (-1 on a CPU): the allocator's own count, no sync."""
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else -1
 
     def _after_step(self, applied: bool) -> None:
         # no loss is known when the script ran loss.backward() itself (direct_backward.py)

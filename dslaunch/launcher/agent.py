@@ -341,10 +341,24 @@ class Agent:
             self.queue.put(("command", raw.decode("utf-8", "replace").strip()))
         self.queue.put(("command", "eof"))
 
+    def memory(self) -> dict:
+        """{rank: resident memory in bytes} of the running ranks (the live job view's column)."""
+        import psutil  # here, not at import: starting ranks must stay cheap
+
+        rss = {}
+        for r in self.ranks:
+            if r.proc.poll() is None:
+                try:
+                    rss[str(r.rank)] = psutil.Process(r.proc.pid).memory_info().rss
+                except (psutil.Error, OSError):
+                    pass
+        return rss
+
     def _heartbeat(self) -> None:
         while not self.all_exited.wait(self.plan.heartbeat_interval):
             progress, idle = self.progress()
-            self.event(events.HEARTBEAT, time=time.time(), progress=progress, idle=idle)
+            self.event(events.HEARTBEAT, time=time.time(), progress=progress, idle=idle,
+                       rss=self.memory())
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signal.Signals(signum).name
@@ -355,7 +369,8 @@ class Agent:
         self.event(events.EXIT, rank=r.rank, local_rank=r.local_rank, returncode=rc,
                    signal=events.signal_name(rc), time=failed_at,
                    stopped=errors.caused_by_stop(failed_at, self.stop_time),
-                   error=error, output_tail=list(r.tail))
+                   error=error, output_tail=list(r.tail),
+                   progress=progress_record.read(self.progress_file(r.rank)))  # its last steps
 
     def receive_env(self) -> None:
         """Take the job's environment from the private channel the plan names (plan.py)."""

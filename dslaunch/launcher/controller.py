@@ -9,6 +9,9 @@ their events, fail fast, report.
   with one incident record per fault (``incidents.py``).
 - ``hang_timeout`` (> 0): the hang watchdog (``watchdog.py``) reads the ranks' progress from the
   heartbeats; its verdict (hang, desync) is a failure like any other, reported with the stacks.
+- The live job view (``jobview.py``) reads the same heartbeats: a table with ``monitor``
+  (``live_table.py``), ``DIR/status.json`` with a log dir (what ``dslaunch top`` reads), and the
+  straggler report (``stragglers.py``) at the end with ``monitor``, or on SIGUSR1 at any time.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from dslaunch.launcher import errors, events, watchdog
+from dslaunch.launcher import errors, events, jobview, stragglers, watchdog
 from dslaunch.launcher.elastic import ElasticStop
 from dslaunch.launcher.errors import Failure
 from dslaunch.launcher.plan import WorldPlan
@@ -62,7 +65,8 @@ def _all_answer(hosts) -> set:
 
 class JobController:
     def __init__(self, plan: WorldPlan, runner, *, heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
-                 hang_timeout: float = 0.0, out=None, err=None, elastic=None):
+                 hang_timeout: float = 0.0, out=None, err=None, elastic=None, monitor: bool = False,
+                 straggler_threshold: float = stragglers.DEFAULT_THRESHOLD):
         self.plan, self.runner = plan, runner
         self.heartbeat_timeout = heartbeat_timeout
         self.hang_timeout = hang_timeout
@@ -74,6 +78,13 @@ class JobController:
         self.interrupts = 0
         self.interrupt_name = ""
         self.recovery = Recovery(plan, elastic, getattr(runner, "probe", _all_answer), self._say)
+        self.straggler_threshold = straggler_threshold
+        self.report_requested = False  # SIGUSR1: print the straggler report now
+        self.monitor = None
+        if monitor:
+            from dslaunch.launcher.live_table import Monitor  # rich: only when asked for
+
+            self.monitor = Monitor(self.out)
 
     # ---- public --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -139,6 +150,10 @@ class JobController:
         self.watch = watchdog.Watchdog(self.hang_timeout, {
             r: self.plan.node(n)["host"] for n in last_seen for r in self.plan.node(n)["ranks"]},
             now) if self.hang_timeout > 0 else None
+        self.view = jobview.JobView({r: self.plan.node(n)["host"] for n in last_seen
+                                     for r in self.plan.node(n)["ranks"]}, attempt)
+        if self.monitor is not None:
+            self.monitor.start()
         owner = {n: a for a in agents for n in a.node_ranks}
         node_done: set = set()
         exits: dict = {}  # rank -> exit event
@@ -161,6 +176,7 @@ class JobController:
         while not all(a.finished for a in agents):
             self._check_interrupts(agents)
             self._watch(agents)
+            self._publish()
             now = time.monotonic()
             # Events already queued are read first: a launcher that was slow to run (a loaded
             # host) must not call a node lost whose heartbeats are waiting in the queue.
@@ -211,6 +227,8 @@ class JobController:
             name = ev.get("event")
             if self.watch is not None:
                 self.watch.event(ev, time.monotonic())
+            if name in (events.HEARTBEAT, events.EXIT):
+                self.view.event(ev, time.monotonic())
             if name == events.STARTED:
                 a.pids.update(ev.get("pids") or {})
             elif name == events.HEARTBEAT:
@@ -231,7 +249,40 @@ class JobController:
                                if n not in lost and end - seen < self.heartbeat_timeout}
         # the ranks this launcher started (with --no_ssh, only its own node's)
         expected = sum(len(self.plan.node(n)["ranks"]) for a in agents for n in a.node_ranks)
-        return self._finish(exits, expected)
+        code, failure = self._finish(exits, expected)
+        self._end_view(code)
+        return code, failure
+
+    # ---- the live job view ---------------------------------------------------------------------
+    def _title(self) -> str:
+        hosts = len({n["host"] for n in self.plan.nodes})
+        return (f"dslaunch job: {self.plan.world_size} ranks on {hosts} host(s), attempt "
+                f"{self.view.attempt}")
+
+    def _publish(self, state: str = "running", force: bool = False) -> None:
+        """About once a second: the status file (with a log dir) and the live table; the
+        straggler report when SIGUSR1 asked for it."""
+        if self.report_requested:
+            self.report_requested = False
+            self._say(stragglers.report(self.view.job(), self.straggler_threshold))
+        now = time.monotonic()
+        if not (force or self.view.due(now)) or not (self.plan.log_dir or self.monitor):
+            return
+        snapshot = self.view.snapshot(now, state, self.straggler_threshold)
+        if self.plan.log_dir:
+            jobview.write_status(self.plan.log_dir, snapshot)
+        if self.monitor is not None and state == "running":
+            with self.out_lock:  # the readers print ranks' lines through the same console
+                self.monitor.update(snapshot["ranks"], self._title())
+
+    def _end_view(self, code: int) -> None:
+        state = "finished" if code == 0 else "interrupted" if self.interrupts else "failed"
+        self._publish(state, force=True)
+        if self.monitor is not None:
+            with self.out_lock:
+                self.out.flush()
+                self.monitor.stop(self.view.live(time.monotonic()), f"{self._title()}: {state}")
+            self._say(stragglers.report(self.view.job(), self.straggler_threshold))
 
     def _finish(self, exits: dict, expected: int) -> tuple:
         if self.interrupts:
@@ -295,6 +346,10 @@ class JobController:
 
     def _say(self, text: str) -> None:
         with self.out_lock:
+            if self.monitor is not None and self.monitor.interactive:  # above the live table
+                for line in text.splitlines():
+                    self.monitor.print(f"dslaunch: {line}\n")
+                return
             self.out.flush()
             for line in text.splitlines():
                 self.err.write(f"dslaunch: {line}\n")
@@ -304,9 +359,12 @@ class JobController:
     def _install_signals(self):
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
 
         def handler(signum, frame):
+            if signum == signal.SIGUSR1:  # kill -USR1 <launcher pid>: the straggler report now
+                self.report_requested = True
+                return
             self.interrupts += 1
             self.interrupt_name = self.interrupt_name or signal.Signals(signum).name
 
@@ -359,8 +417,11 @@ class JobController:
 
     def _show(self, line: str) -> None:
         with self.out_lock:
-            self.out.write(line)
-            self.out.flush()
+            if self.monitor is not None and self.monitor.interactive:  # above the live table
+                self.monitor.print(line)
+            else:
+                self.out.write(line)
+                self.out.flush()
             if self.logs:
                 end = line.find("] ")
                 rank = self.prefixes.get(line[:end + 2]) if end > 0 else None

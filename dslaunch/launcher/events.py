@@ -25,10 +25,12 @@ EVENT_PREFIX_B = EVENT_PREFIX.encode()
 
 # Event names (the "event" field).
 STARTED = "started"  # node_rank, host, pids {rank: pid}, gpus (CUDA_VISIBLE_DEVICES or null)
+# ... and progress: the rank's last progress record (or null), what the live job view ends with
 EXIT = "exit"  # rank, local_rank, node_rank, host, returncode, signal, time, stopped, error, output_tail
 # progress {rank: progress_record.read()}; idle {rank: seconds since its record last changed,
-# or, before it wrote one, since its CPU time last advanced}, every running rank, agent's clock
-HEARTBEAT = "heartbeat"  # node_rank, host, time, progress, idle
+# or, before it wrote one, since its CPU time last advanced}, every running rank, agent's clock;
+# rss {rank: resident bytes} (the live job view's memory column; absent from older agents)
+HEARTBEAT = "heartbeat"  # node_rank, host, time, progress, idle, rss
 # stacks {rank: {"python": text}}, then (py-spy installed) a second one {rank: {"native": text}}
 STACKS = "stacks"  # node_rank, host, stacks
 DONE = "done"  # node_rank, host, returncodes {rank: rc}

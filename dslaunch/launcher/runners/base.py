@@ -136,11 +136,12 @@ class Runner:
             return {h for h, ok in zip(hosts, pool.map(answers, hosts)) if ok}
 
     def run(self, heartbeat_timeout: float | None = None, hang_timeout: float = 0.0,
-            elastic=None) -> int:
+            elastic=None, **view) -> int:
+        """``view``: the live job view's options (``monitor``, ``straggler_threshold``)."""
         from dslaunch.launcher.controller import HEARTBEAT_TIMEOUT, JobController
 
         return JobController(self.plan, self, heartbeat_timeout=heartbeat_timeout or HEARTBEAT_TIMEOUT,
-                             hang_timeout=hang_timeout, elastic=elastic).run()
+                             hang_timeout=hang_timeout, elastic=elastic, **view).run()
 
 
 __all__ = ["Runner", "RunnerError", "events"]
