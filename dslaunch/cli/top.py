@@ -38,7 +38,11 @@ def _headline(status: dict, age: float) -> str:
               help="Seconds between redraws.")
 def top(log_dir, once, stragglers, threshold, interval):
     """Show the ranks of a running job: host, step, step time (compute and in collectives),
-    tokens/s, memory, last heartbeat, state; redrawn until the job ends (Ctrl-C leaves)."""
+    tokens/s, memory, last heartbeat, state; redrawn until the job ends (Ctrl-C leaves).
+
+    It reads DIR/status.json, which the launcher of a job started with `dslaunch run --log-dir
+    DIR` replaces (atomically) about once a second: nothing connects to the job.
+    """
     from dslaunch.launcher import jobview
     from dslaunch.launcher import stragglers as straggler_report
     from dslaunch.launcher.live_table import console, table
@@ -52,7 +56,8 @@ def top(log_dir, once, stragglers, threshold, interval):
     def threshold_of(st: dict) -> float:
         if threshold is not None:
             return threshold
-        return st.get("threshold") or straggler_report.DEFAULT_THRESHOLD
+        value = st.get("threshold")
+        return straggler_report.DEFAULT_THRESHOLD if value is None else value
 
     def render(st: dict):
         age = max(0.0, time.time() - st.get("time", time.time()))
