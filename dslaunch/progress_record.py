@@ -71,9 +71,9 @@ class ProgressWriter:
         self._group_seq: dict = {}  # group -> collectives entered on it (its sequence number)
         self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, now: float | None = None) -> None:
         v = self.v
-        v["updated"] = time.time()
+        v["updated"] = time.time() if now is None else now
         self._seq += 1  # odd: writing
         _SEQ.pack_into(self._map, 0, self._seq)
         _RECORD.pack_into(
@@ -97,32 +97,35 @@ class ProgressWriter:
             v["step_coll"] = v["coll_total"] - v["step_coll_total"]
         v["step"], v["step_time"], v["step_coll_total"] = int(global_step), now, v["coll_total"]
         v["tokens"], v["device_mem"] = int(tokens), int(device_mem)
-        self._flush()
+        self._flush(now)
 
     def enter(self, op: str, group: str, nbytes: int = 0) -> int:
         """A collective ``op`` on ``group`` begins; returns its sequence number on that group."""
         seq = self._group_seq.get(group, 0) + 1
         self._group_seq[group] = seq
-        self.v.update(coll_seq=seq, coll_since=time.time(), coll_bytes=int(nbytes),
-                      coll_op=op, coll_group=group)
-        self._flush()
+        now = time.time()
+        self.v.update(coll_seq=seq, coll_since=now, coll_bytes=int(nbytes), coll_op=op,
+                      coll_group=group)
+        self._flush(now)
         return seq
 
     def resume(self, op: str, group: str, seq: int, nbytes: int = 0) -> None:
         """The rank waits for collective ``seq`` of ``group``, entered earlier (an async call's
         ``wait()``): shown as in it again, the sequence unchanged."""
-        self.v.update(coll_seq=int(seq), coll_since=time.time(), coll_bytes=int(nbytes),
-                      coll_op=op, coll_group=group)
-        self._flush()
+        now = time.time()
+        self.v.update(coll_seq=int(seq), coll_since=now, coll_bytes=int(nbytes), coll_op=op,
+                      coll_group=group)
+        self._flush(now)
 
     def leave(self) -> None:
         """The collective entered last has completed."""
         v = self.v
+        now = time.time()
         if v["coll_since"]:  # cumulative time in collectives (an async one: from its wait())
-            v["coll_total"] += max(0.0, time.time() - v["coll_since"])
+            v["coll_total"] += max(0.0, now - v["coll_since"])
         v.update(last_seq=v["coll_seq"], last_op=v["coll_op"], last_group=v["coll_group"],
                  coll_seq=0, coll_since=0.0, coll_bytes=0, coll_op="", coll_group="")
-        self._flush()
+        self._flush(now)
 
     def checkpoint_saved(self, global_step: int) -> None:
         self.v["ckpt_saved_step"], self.v["ckpt_saved_time"] = int(global_step), time.time()
