@@ -404,7 +404,12 @@ NAMES: list[Name] = [
     _missing("deepspeed.runtime.data_pipeline", DATA_EFFICIENCY),
     # -- subsystems of other issues -----------------------------------------------------------------
     _missing("deepspeed.checkpointing", SEQ),
-    _missing("deepspeed.sequence", SEQ),
+    _present("deepspeed.sequence", "dslaunch.sequence"),
+    _present("deepspeed.sequence.layer", "dslaunch.sequence.layer"),
+    _present("deepspeed.sequence.layer.DistributedAttention",
+             "dslaunch.engine.sequence.ulysses:DistributedAttention",
+             "sp_stream (overlap on a side CUDA stream) is accepted and not used; head counts "
+             "the sequence-parallel size does not divide are refused (DeepSpeed splits unevenly)"),
     _missing("deepspeed.moe", MOE),
     _missing("deepspeed.profiling", PROFILING),
     _missing("deepspeed.module_inject", AUTOTP),
