@@ -8,10 +8,10 @@ Launches: 4 ranks x 2, 2 ranks x 1, single process x 2."""
 import json
 
 import pytest
-from helpers import EXAMPLES, ROOT, launch, run_python
 
 from dslaunch.config import resolve_config
 from dslaunch.engine.topology import TopologyError, make_topology
+from helpers import EXAMPLES, ROOT, launch, run_python
 
 MODEL = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "32",
          "--data-bytes", "200000", "--log-every", "10"]
