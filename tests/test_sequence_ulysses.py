@@ -1,6 +1,8 @@
 """Ulysses DistributedAttention (dslaunch.sequence.layer) against full attention, fp64, on 4
 real ranks (gloo): sequence groups of 2 and 4, [b, s, h, d] and [s, b, h, d], MHA and grouped
-key/value heads; output and q/k/v gradients. One launch (tests/scripts/ulysses_checks.py)."""
+key/value heads; output and q/k/v gradients. Also the loss over sequence shards with ignored
+tokens, the data-loader adapter and the groups accessors on a sequence x data grid. One launch
+(tests/scripts/ulysses_checks.py)."""
 
 import inspect
 
@@ -17,6 +19,10 @@ def test_matches_full_attention_fp64(tmp_path):
             assert err <= 1e-12, (case, err)
         assert "query has 6 heads" in r["error_h6_kv6"]
         assert "key has 2 heads" in r["error_h8_kv2"]
+        for sp in (2, 4):  # the loss over shards with ignored tokens: value and gradients
+            assert r[f"loss_sp{sp}"] <= 1e-12 and r[f"loss_grad_sp{sp}"] <= 1e-12
+        assert r["adapter"] == r["adapter_expected"]
+        assert r["groups"] == r["groups_expected"]
 
 
 def test_signature_is_deepspeeds():

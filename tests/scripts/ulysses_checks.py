@@ -1,8 +1,10 @@
 """Rank script (4 ranks): DistributedAttention against full attention in fp64, on sequence groups
 of 2 (ranks 0-1, 2-3) and 4 (every rank), both layouts, MHA and GQA/MQA-style head counts:
 output and q/k/v gradients. Every rank builds the same full q, k, v (same seed) and keeps its
-sequence shard. Writes --out/rank_{r}.json: the largest error of each case, and the errors that
-indivisible head counts raise."""
+sequence shard. Then the loss over shards with ignored tokens, UlyssesSPDataLoaderAdapter, and
+dslaunch.utils.groups on a sequence x data grid. Writes --out/rank_{r}.json: the largest error
+of each case, the errors that indivisible head counts raise, what the adapter and the accessors
+gave and what they should have."""
 
 import argparse
 import json
@@ -11,9 +13,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 import dslaunch
+from dslaunch.engine.parallel_groups import set_layout
+from dslaunch.engine.topology import build_grid
 from dslaunch.sequence.layer import DistributedAttention
+from dslaunch.sequence.sharding import (
+    IGNORE_INDEX,
+    UlyssesSPDataLoaderAdapter,
+    sequence_parallel_cross_entropy,
+    shard_sequence,
+)
+from dslaunch.utils import groups as ugroups
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)
@@ -82,6 +94,50 @@ for heads, kv in ((6, 6), (8, 2)):
         res[f"error_h{heads}_kv{kv}"] = None
     except ValueError as e:
         res[f"error_h{heads}_kv{kv}"] = str(e)
+
+# the loss over shards with ignored tokens (unevenly spread): the value is the whole sequence's
+# mean, and each rank's logits gradient, averaged over the group as the engine averages the
+# weights' gradients, is the whole sequence's
+torch.manual_seed(7)
+logits = torch.randn(2, 16, 11, dtype=torch.float64)
+labels = torch.randint(0, 11, (2, 16))
+labels[0, :6] = IGNORE_INDEX  # rank 0 of a group of 4 gets 2 x 4 tokens, 4 of them ignored
+labels[1, 13:] = IGNORE_INDEX
+full = logits.clone().requires_grad_(True)
+ref = F.cross_entropy(full.reshape(-1, 11), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+ref.backward()
+for sp in (2, 4):
+    r = dist.get_rank(groups[sp])
+    mine = shard_sequence(logits, r, sp).requires_grad_(True)
+    loss = sequence_parallel_cross_entropy(mine, shard_sequence(labels, r, sp), groups[sp])
+    loss.backward()
+    res[f"loss_sp{sp}"] = abs(loss.item() - ref.item())
+    res[f"loss_grad_sp{sp}"] = (mine.grad / sp - shard_sequence(full.grad, r, sp)).abs().max().item()
+
+# the data-loader adapter: each rank of a pair draws its own batch; the pair then works through
+# both, each rank on its half of the sequence, labels shifted before the split
+pair, pr = groups[2], dist.get_rank(groups[2])
+ids = torch.arange(8).reshape(1, 8) + 100 * rank
+batches = [{"input_ids": ids, "position_ids": torch.arange(8).reshape(1, 8), "labels": ids,
+            "note": f"from {rank}"}]
+seen = list(UlyssesSPDataLoaderAdapter(batches, sp_rank=pr, sp_group=pair, sp_world_size=2,
+                                       device="cpu"))
+first = rank - pr  # the pair's lower global rank
+res["adapter"] = [[b["input_ids"].tolist(), b["shift_labels"].tolist(), b["position_ids"].tolist(),
+                   b["note"]] for b in seen]
+res["adapter_expected"] = [
+    [[[100 * g + 4 * pr + i for i in range(4)]],
+     [[100 * g + 4 * pr + i + 1 if 4 * pr + i < 7 else IGNORE_INDEX for i in range(4)]],
+     [[4 * pr + i for i in range(4)]], f"from {g}"] for g in (first, first + 1)]
+
+# dslaunch.utils.groups through a sequence x data grid (data 2 x sequence 2)
+grid = build_grid(sequence=2)
+set_layout(grid)
+res["groups"] = [ugroups._get_sequence_parallel_world_size(), ugroups._get_sequence_parallel_rank(),
+                 ugroups._get_data_parallel_world_size(), ugroups._get_data_parallel_rank(),
+                 ugroups._get_sequence_data_parallel_world_size(),
+                 dist.get_process_group_ranks(ugroups._get_sequence_parallel_group())]
+res["groups_expected"] = [2, rank % 2, 2, rank // 2, 4, [rank - rank % 2, rank - rank % 2 + 1]]
 
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)

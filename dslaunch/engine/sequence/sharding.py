@@ -55,6 +55,10 @@ class _SumOverGroup(torch.autograd.Function):
         return grad, None
 
 
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def sequence_parallel_loss(loss_sum: torch.Tensor, num_valid, group) -> torch.Tensor:
     """The mean loss of the whole sequence, on every rank of ``group``, from each rank's sum of
     per-token losses over its shard and its number of valid tokens. Its gradients, averaged over
@@ -63,7 +67,7 @@ def sequence_parallel_loss(loss_sum: torch.Tensor, num_valid, group) -> torch.Te
     dist.all_reduce(count, group=group)
     # sum over the group scales each rank's gradient by the group size, which the engine's
     # average over the group divides out
-    total = _SumOverGroup.apply(loss_sum.float(), group)
+    total = _SumOverGroup.apply(_at_least_fp32(loss_sum), group)
     return total / count.clamp(min=1).to(total.dtype)
 
 
@@ -72,7 +76,7 @@ def sequence_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, 
     """Cross-entropy over a sequence-sharded batch (``labels`` already shifted and sharded):
     the mean over every valid token of every shard, ``ignore_index`` excluded."""
     flat = labels.reshape(-1)
-    loss_sum = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), flat,
+    loss_sum = F.cross_entropy(_at_least_fp32(logits).reshape(-1, logits.size(-1)), flat,
                                ignore_index=ignore_index, reduction="sum")
     return sequence_parallel_loss(loss_sum, (flat != ignore_index).sum(), group)
 
