@@ -23,6 +23,7 @@ def test_matches_full_attention_fp64(tmp_path):
             assert r[f"loss_sp{sp}"] <= 1e-12 and r[f"loss_grad_sp{sp}"] <= 1e-12
         assert r["adapter"] == r["adapter_expected"]
         assert r["groups"] == r["groups_expected"]
+        assert r["tp_sp"] == r["tp_sp_expected"]
 
 
 def test_signature_is_deepspeeds():

@@ -139,6 +139,14 @@ res["groups"] = [ugroups._get_sequence_parallel_world_size(), ugroups._get_seque
                  dist.get_process_group_ranks(ugroups._get_sequence_parallel_group())]
 res["groups_expected"] = [2, rank % 2, 2, rank // 2, 4, [rank - rank % 2, rank - rank % 2 + 1]]
 
+# tensor x sequence parallelism (model 2 x sequence 2): the groups of the grid and its mpu
+tp_sp = build_grid(model=2, sequence=2)
+res["tp_sp"] = [tp_sp.group_ranks["model"], tp_sp.group_ranks["sequence"],
+                tp_sp.sequence_data_ranks, tp_sp.get_data_parallel_world_size(),
+                tp_sp.get_sequence_data_parallel_world_size()]
+res["tp_sp_expected"] = [[rank - rank % 2, rank - rank % 2 + 1], [rank % 2, rank % 2 + 2],
+                         [rank % 2, rank % 2 + 2], 1, 2]
+
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 (out / f"rank_{rank}.json").write_text(json.dumps(res))
