@@ -53,6 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=1, help="rounds (runtimes alternate first)")
     p.add_argument("--no-peer", action="store_true", help="skip DeepSpeed")
+    p.add_argument("--no-dp", action="store_true", help="skip the plain data-parallel runs")
     p.add_argument("--smoke", action="store_true", help="seq 256, 2 ranks, 1 step, no peer")
     p.add_argument("--timeout", type=int, default=900, help="seconds per job")
     p.add_argument("--results-dir", default=str(bu.RESULTS))
@@ -109,7 +110,9 @@ def part_throughput(args) -> dict:
     runs, summary = {}, {}
     for seq in args.seq_list:
         for nproc in args.rank_list:
-            keys = {"dslaunch_sp": ("dslaunch", nproc), "dslaunch_dp": ("dslaunch", 1)}
+            keys = {"dslaunch_sp": ("dslaunch", nproc)}
+            if not args.no_dp:
+                keys["dslaunch_dp"] = ("dslaunch", 1)
             if not args.no_peer:
                 keys["deepspeed_sp"] = ("deepspeed", nproc)
             for rep in range(args.repeats):
@@ -120,7 +123,8 @@ def part_throughput(args) -> dict:
                         run_job(args, runtime, nproc, sp, seq))
             row = {key: bu.median([r.get("tokens_per_s") for r in
                                    runs[f"{key}_seq{seq}_ranks{nproc}"]]) for key in keys}
-            row["sp_over_dp"] = bu.ratio(row["dslaunch_sp"], row["dslaunch_dp"])
+            if not args.no_dp:
+                row["sp_over_dp"] = bu.ratio(row["dslaunch_sp"], row["dslaunch_dp"])
             if not args.no_peer:
                 row["ratio_vs_deepspeed"] = bu.ratio(row["dslaunch_sp"], row["deepspeed_sp"])
                 same = [r.get("losses") for k in ("dslaunch_sp", "deepspeed_sp")
@@ -150,6 +154,7 @@ def main(argv=None) -> int:
                            "model": {"n_layer": args.n_layer, "d_model": args.d_model,
                                      "n_head": args.n_head, "vocab": 256},
                            "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+                           "no_dp": args.no_dp,
                            "optimizer": "torch.optim.AdamW lr 1e-4 (both runtimes)",
                            "zero_stage": 1, "backend": "gloo", "omp_threads": 1}}
     for part in args.part_list:
