@@ -276,10 +276,11 @@ NAMES: list[Name] = [
     *_groups("model_parallel"),
     *_groups("tensor_model_parallel"),
     *_groups("pipe_parallel"),
-    *_groups("sequence_parallel", "no sequence parallelism before issue 21: world size 1, rank "
-             "0, a group of this rank alone (unless the mpu provides one)"),
-    *_groups("sequence_data_parallel", "the data-parallel group's while there is no sequence "
-             "parallelism (issue 21)"),
+    *_groups("sequence_parallel", "the layout's sequence axis (sequence_parallel_size, or an mpu "
+             "with one); without sequence parallelism: world size 1, rank 0, a group of this "
+             "rank alone"),
+    *_groups("sequence_data_parallel", "the sequence x data ranks (those holding the same "
+             "weights); the data-parallel group's without sequence parallelism"),
     *[_missing(f"deepspeed.utils.groups._get_expert_{kind}_{what}", MOE)
       for kind in ("parallel", "data_parallel") for what in ("group", "world_size", "rank")],
     # -- deepspeed.utils.zero_to_fp32 -------------------------------------------------------------
@@ -400,11 +401,26 @@ NAMES: list[Name] = [
              "cur_scale / loss_scale attributes); isinstance is true for an optimizer an engine "
              "trains with"),
     _missing("deepspeed.runtime.activation_checkpointing", SEQ),
-    _missing("deepspeed.runtime.sequence_parallel", SEQ),
+    _present("deepspeed.runtime.sequence_parallel", "dslaunch.runtime.sequence_parallel"),
+    _present("deepspeed.runtime.sequence_parallel.ulysses_sp",
+             "dslaunch.runtime.sequence_parallel.ulysses_sp"),
+    _present("deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF",
+             "dslaunch.engine.sequence.hf:UlyssesSPAttentionHF",
+             "register_with_transformers returns dslaunch's sequence x data grid as the mpu; "
+             "attention masks are dropped, flex attention's BlockMask is not rebuilt"),
+    _present("deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPDataLoaderAdapter",
+             "dslaunch.engine.sequence.sharding:UlyssesSPDataLoaderAdapter"),
+    _missing("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP", SEQ),
+    _missing("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss", SEQ),
     _missing("deepspeed.runtime.data_pipeline", DATA_EFFICIENCY),
     # -- subsystems of other issues -----------------------------------------------------------------
     _missing("deepspeed.checkpointing", SEQ),
-    _missing("deepspeed.sequence", SEQ),
+    _present("deepspeed.sequence", "dslaunch.sequence"),
+    _present("deepspeed.sequence.layer", "dslaunch.sequence.layer"),
+    _present("deepspeed.sequence.layer.DistributedAttention",
+             "dslaunch.engine.sequence.ulysses:DistributedAttention",
+             "sp_stream (overlap on a side CUDA stream) is accepted and not used; head counts "
+             "the sequence-parallel size does not divide are refused (DeepSpeed splits unevenly)"),
     _missing("deepspeed.moe", MOE),
     _missing("deepspeed.profiling", PROFILING),
     _missing("deepspeed.module_inject", AUTOTP),

@@ -27,6 +27,23 @@ class GPTConfig:
     dropout: float = 0.0
 
 
+class LocalCausalAttention(nn.Module):
+    """Causal attention over q, k, v in ``[batch, seq, heads, head_dim]``; Ulysses sequence
+    parallelism wraps it (``DistributedAttention(attn.core, group)``: the whole sequence, some
+    heads)."""
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, q, k, v):
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        return y.transpose(1, 2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -34,15 +51,13 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
+        self.core = LocalCausalAttention(cfg.dropout)
 
     def forward(self, x):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head) for z in (q, k, v))
+        return self.proj(self.core(q, k, v).reshape(b, t, c))
 
 
 class MLP(nn.Module):
@@ -75,6 +90,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
+        self.sp_rank = 0  # sequence parallel: tokens are this block of the sequence (positions)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
@@ -91,7 +107,7 @@ class GPT(nn.Module):
 
     def forward(self, tokens, targets=None):
         t = tokens.shape[1]
-        pos = torch.arange(t, device=tokens.device)
+        pos = torch.arange(self.sp_rank * t, (self.sp_rank + 1) * t, device=tokens.device)
         x = self.tok_emb(tokens) + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x)

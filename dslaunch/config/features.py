@@ -47,8 +47,6 @@ NOT_SUPPORTED_YET = [
             lambda get: (get("tensor_parallel.autotp_size") or 1) > 1),
     Feature("activation_checkpointing", "activation checkpointing", "issue 7",
             lambda get: any(get(f"activation_checkpointing.{k}") for k in _ACT_CKPT)),
-    Feature("sequence_parallel_size", "sequence parallelism", "",
-            lambda get: (get("sequence_parallel_size") or 1) > 1),
     Feature("amp.enabled", "NVIDIA apex AMP (use fp16 or bf16)", "", _enabled("amp")),
     Feature("flops_profiler.enabled", "the FLOPs profiler", "", _enabled("flops_profiler")),
     Feature("comms_logger.enabled", "the communication logger (engine.comm_stats() is there)", "",

@@ -90,10 +90,12 @@ class ResolvedConfig:
 
 
 def _data_parallel_size(values: dict, world_size: int) -> int:
-    """The data-parallel size once pipeline stages and tensor-parallel ranks take their share."""
+    """The data-parallel size once pipeline stages, tensor-parallel and sequence-parallel ranks
+    take their share."""
     model_parallel = 1
     for size in ((values.get("pipeline") or {}).get("stages"),
-                 (values.get("tensor_parallel") or {}).get("autotp_size")):
+                 (values.get("tensor_parallel") or {}).get("autotp_size"),
+                 values.get("sequence_parallel_size")):
         if isinstance(size, int) and not isinstance(size, bool) and size > 1:
             model_parallel *= size
     return world_size // model_parallel if world_size % model_parallel == 0 else world_size

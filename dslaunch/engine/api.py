@@ -76,8 +76,9 @@ def _layout(model, mpu):
     if isinstance(model, PipelineModule):
         grid = model.grid
         return grid.dp_world_size, model.num_stages, grid.tp_world_size
-    if mpu is not None:
-        return mpu.get_data_parallel_world_size(), None, mpu.get_model_parallel_world_size()
+    if mpu is not None:  # (DeepSpeed's sequence-parallel mpu has no tensor-parallel accessors)
+        tp = getattr(mpu, "get_model_parallel_world_size", None)
+        return mpu.get_data_parallel_world_size(), None, tp() if tp is not None else None
     return dist.get_world_size(), None, None
 
 
@@ -123,6 +124,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("dslaunch.initialize: model= is required")
     source, label = _config_source(args, config, config_params)
     init_distributed(dist_init_required=dist_init_required)
+    from .sequence.layout import sequence_parallel_mpu
+
+    mpu = sequence_parallel_mpu(source, model, mpu)  # sequence_parallel_size: its grid
     cfg = resolve_engine_config(source, model, mpu, _config_origin(label))
     from .pipe.module import PipelineModule
 
@@ -133,7 +137,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         from .pipe.engine import PipelineEngine
 
         engine = PipelineEngine(**common)
-    elif mpu is not None:  # tensor parallel: gradients reduced over the mpu's data group
+    elif mpu is not None:  # tensor / sequence parallel: gradients reduced over the mpu's group
         from .pipe.engine import tensor_parallel_engine
 
         engine = tensor_parallel_engine(mpu=mpu, **common)

@@ -35,7 +35,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     that ``set_gradient_accumulation_boundary`` marks (Accelerate's)."""
 
     def __init__(self, args, model, optimizer, model_parameters, training_data, lr_scheduler,
-                 collate_fn, cfg, comm):
+                 collate_fn, cfg, comm, data_parallel=None):
         super().__init__()
         self.args = args
         self.module = model
@@ -45,7 +45,9 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         record_comm(comm)  # the script's dslaunch.comm calls on this group book here too
         self.global_rank = comm.rank
         self.world_size = comm.world_size
-        self.dp_world_size = comm.world_size
+        # (size, rank) of the data-parallel axis when the gradient group is wider (sequence
+        # parallelism: comm is the sequence x data plane; the batch counts data ranks only)
+        self.dp_world_size, self._dp_rank = data_parallel or (comm.world_size, None)
         from .comm import local_rank
 
         self.local_rank = local_rank()
@@ -128,8 +130,9 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         from torch.utils.data import DataLoader
         from torch.utils.data.distributed import DistributedSampler
 
-        sampler = DistributedSampler(dataset, num_replicas=self.dp_world_size,
-                                     rank=self.global_rank, shuffle=shuffle)
+        rank = self.global_rank if self._dp_rank is None else self._dp_rank
+        sampler = DistributedSampler(dataset, num_replicas=self.dp_world_size, rank=rank,
+                                     shuffle=shuffle)
         return DataLoader(dataset, batch_size=batch_size or self._micro_batch, sampler=sampler,
                           collate_fn=collate_fn)
 
@@ -249,7 +252,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         if self.global_steps % self.steps_per_print == 0:
             now = time.perf_counter()
             t0, tok0 = self._last_print
-            rate = (self._tokens - tok0) * self.dp_world_size / max(now - t0, 1e-9)
+            # every rank of the gradient group counts its own tokens (a sequence shard with SP)
+            rate = (self._tokens - tok0) * self.comm.world_size / max(now - t0, 1e-9)
             self._last_print = (now, self._tokens)
             if self.global_rank == 0:
                 msg = (f"[dslaunch] step {self.global_steps}"

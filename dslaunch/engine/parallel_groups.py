@@ -6,9 +6,10 @@ The layout is the one the last ``dslaunch.initialize`` was given: a PipelineModu
 ``mpu`` (a ``topology.ProcessGrid`` or a Megatron-style object), recorded by ``set_layout``.
 Without one (plain data parallel) the data-parallel group is the world, and each axis the job
 does not have (model / tensor, pipe, sequence) is a group of this rank alone: size 1, rank 0.
-Sequence parallelism is not in dslaunch yet (issue 21 brings Ulysses): its group is that one-rank
-group unless the mpu answers ``get_sequence_parallel_group``. Expert parallelism comes with
-issue 22. Every accessor needs torch.distributed initialised, as DeepSpeed's do.
+Sequence parallelism (Ulysses): the grid ``initialize`` builds for ``sequence_parallel_size``, or
+the mpu's ``get_sequence_parallel_group``; the sequence x data group is the ranks that hold the
+same weights. Expert parallelism comes with issue 22. Every accessor needs torch.distributed
+initialised, as DeepSpeed's do.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _get_pipe_parallel_rank() -> int:
     return _or(_ask("get_pipe_parallel_rank", "get_pipeline_model_parallel_rank"), lambda: 0)
 
 
-# -- sequence parallel (issue 21) -----------------------------------------------------------------
+# -- sequence parallel (Ulysses) -------------------------------------------------------------------
 
 def _get_sequence_parallel_group():
     return _or(_ask("get_sequence_parallel_group"), _self_group)
@@ -122,7 +123,7 @@ def _get_sequence_parallel_rank() -> int:
 
 def _get_sequence_data_parallel_group():
     """Ranks that share the model's weights across sequence and data parallelism: the
-    data-parallel group while there is no sequence parallelism."""
+    data-parallel group when there is no sequence parallelism."""
     return _or(_ask("get_sequence_data_parallel_group"), _get_data_parallel_group)
 
 

@@ -1,6 +1,9 @@
-"""The 3D process grid: ranks laid out on ``pipe x data x model`` axes (DeepSpeed's
+"""The process grid: ranks laid out on ``pipe x data x model`` axes (DeepSpeed's
 ``PipeModelDataParallelTopology`` order: the model (tensor-parallel) axis varies fastest, then
-data, then pipe), the process groups of each axis, and the coordinates of any rank.
+data, then pipe), the process groups of each axis, and the coordinates of any rank. With Ulysses
+sequence parallelism a ``sequence`` axis sits between data and model (``pipe x data x sequence x
+model``): a sequence group is neighbouring ranks (DeepSpeed's ``parallel_state_sp`` order), and
+the ranks that hold the same weights are the sequence x data plane (``sequence_data`` group).
 
 ``ProcessTopology`` is pure arithmetic (no torch.distributed): rank <-> coordinates, the lists of
 ranks that differ only along one axis. ``ProcessGrid`` creates the torch.distributed groups of a
@@ -90,21 +93,37 @@ class PipeDataParallelTopology(ProcessTopology):
         super().__init__(axes=["pipe", "data"], dims=[num_pp, num_dp])
 
 
-def make_topology(world_size: int, pipe: int = 1, model: int = 1) -> PipeModelDataParallelTopology:
-    """The 3D topology for ``world_size`` ranks with ``pipe`` stages and ``model``-way tensor
-    parallelism; the data-parallel size is what is left. A world size that does not factor is a
-    ``TopologyError`` that says so."""
+class PipeDataSequenceModelTopology(ProcessTopology):
+    """The 3D order with a sequence-parallel axis between data and model."""
+
+    def __init__(self, num_pp: int, num_dp: int, num_sp: int, num_mp: int):
+        super().__init__(axes=["pipe", "data", "sequence", "model"],
+                         dims=[num_pp, num_dp, num_sp, num_mp])
+
+
+def make_topology(world_size: int, pipe: int = 1, model: int = 1,
+                  sequence: int = 1) -> ProcessTopology:
+    """The topology for ``world_size`` ranks with ``pipe`` stages, ``model``-way tensor
+    parallelism and ``sequence``-way sequence parallelism; the data-parallel size is what is
+    left. A world size that does not factor is a ``TopologyError`` that says so. Without
+    sequence parallelism: the 3D ``PipeModelDataParallelTopology``."""
     pipe, model, world_size = int(pipe or 1), int(model or 1), int(world_size)
-    if pipe < 1 or model < 1:
-        raise TopologyError(f"topology: pipeline stages ({pipe}) and tensor-parallel size "
-                            f"({model}) must be >= 1")
-    if world_size % (pipe * model):
+    sequence = int(sequence or 1)
+    if pipe < 1 or model < 1 or sequence < 1:
+        raise TopologyError(f"topology: pipeline stages ({pipe}), tensor-parallel size "
+                            f"({model}) and sequence-parallel size ({sequence}) must be >= 1")
+    split = pipe * model * sequence
+    if world_size % split:
+        seq = f" x sequence parallel {sequence}" if sequence > 1 else ""
         raise TopologyError(
             f"topology: world size {world_size} does not factor into pipeline stages {pipe} x "
-            f"tensor parallel {model} x data parallel: {world_size} is not divisible by "
-            f"{pipe * model}")
-    return PipeModelDataParallelTopology(num_pp=pipe, num_mp=model,
-                                         num_dp=world_size // (pipe * model))
+            f"tensor parallel {model}{seq} x data parallel: {world_size} is not divisible by "
+            f"{split}")
+    if sequence == 1:
+        return PipeModelDataParallelTopology(num_pp=pipe, num_mp=model,
+                                             num_dp=world_size // (pipe * model))
+    return PipeDataSequenceModelTopology(num_pp=pipe, num_dp=world_size // split,
+                                         num_sp=sequence, num_mp=model)
 
 
 class GroupComm(Comm):
@@ -148,6 +167,33 @@ class ProcessGrid:
         self.data_group = self.groups["data"]
         self.model_group = self.groups["model"]
         self._dp_comm = None
+        self._make_sequence_groups(world)
+
+    def _make_sequence_groups(self, world: int) -> None:
+        """The sequence axis and the sequence x data plane (the ranks that hold the same
+        weights, over which their gradients are reduced). Without a sequence axis: no new
+        groups (the sequence group is this rank alone, the plane is the data group)."""
+        self.sp_rank, self.sp_world_size = self._c("sequence"), self.topology.get_dim("sequence")
+        self.sequence_group = self.sequence_data_group = self._sdp_comm = None
+        self.sequence_data_ranks = self.group_ranks["data"]
+        if "sequence" not in self.topology.axes:
+            self.sequence_data_group = self.data_group
+            return
+        for ranks in self.topology.get_axis_comm_lists("sequence"):
+            group = dist.new_group(ranks)
+            if self.global_rank in ranks:
+                self.sequence_group, self.group_ranks["sequence"] = group, ranks
+        planes: dict = {}
+        for rank in range(world):  # the ranks sharing this rank's pipe and model coordinates
+            c = self.topology.get_coord(rank)
+            planes.setdefault((self._of(c, "pipe"), self._of(c, "model")), []).append(rank)
+        for ranks in planes.values():
+            group = dist.new_group(ranks)
+            if self.global_rank in ranks:
+                self.sequence_data_group, self.sequence_data_ranks = group, ranks
+
+    def _of(self, coord, axis):
+        return getattr(coord, axis) if axis in self.topology.axes else 0
 
     def _c(self, axis):
         return getattr(self.coord, axis) if axis in self.topology.axes else 0
@@ -178,6 +224,15 @@ class ProcessGrid:
         if self._dp_comm is None:
             self._dp_comm = GroupComm(self.data_group)
         return self._dp_comm
+
+    def sequence_data_parallel_comm(self) -> GroupComm:
+        """The ``Comm`` of the sequence x data plane: with sequence parallelism the weights'
+        gradients are averaged (and ZeRO partitions) over it; without, the data-parallel one."""
+        if self.sp_world_size == 1:
+            return self.data_parallel_comm()
+        if self._sdp_comm is None:
+            self._sdp_comm = GroupComm(self.sequence_data_group)
+        return self._sdp_comm
 
     # -- Megatron's mpu interface --------------------------------------------------------------
     def get_data_parallel_group(self):
@@ -215,6 +270,28 @@ class ProcessGrid:
     get_pipeline_model_parallel_rank = get_pipe_parallel_rank
     get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
 
+    def get_sequence_parallel_group(self):
+        if self.sequence_group is None:  # no sequence axis: this rank alone
+            from .parallel_groups import _self_group
+
+            return _self_group()
+        return self.sequence_group
+
+    def get_sequence_parallel_rank(self) -> int:
+        return self.sp_rank
+
+    def get_sequence_parallel_world_size(self) -> int:
+        return self.sp_world_size
+
+    def get_sequence_data_parallel_group(self):
+        return self.sequence_data_group
+
+    def get_sequence_data_parallel_rank(self) -> int:
+        return self.sequence_data_ranks.index(self.global_rank)
+
+    def get_sequence_data_parallel_world_size(self) -> int:
+        return len(self.sequence_data_ranks)
+
 
 _GRIDS: dict = {}
 
@@ -228,9 +305,10 @@ def get_grid(topology: ProcessTopology) -> ProcessGrid:
     return _GRIDS[key]
 
 
-def build_grid(pipe: int = 1, model: int = 1) -> ProcessGrid:
+def build_grid(pipe: int = 1, model: int = 1, sequence: int = 1) -> ProcessGrid:
     """Initialise torch.distributed if needed and return the grid for this job's world size."""
     from .comm import init_distributed
 
     init_distributed()
-    return get_grid(make_topology(dist.get_world_size(), pipe=pipe, model=model))
+    return get_grid(make_topology(dist.get_world_size(), pipe=pipe, model=model,
+                                  sequence=sequence))

@@ -1,11 +1,12 @@
 """``dslaunch.runtime``, as ``deepspeed.runtime``: faces for the runtime modules that scripts
 import by their runtime path (``runtime.engine``, ``runtime.pipe``, ``runtime.lr_schedules``,
 ``runtime.base_optimizer``,
-``runtime.zero``, ``runtime.utils``, ``runtime.dataloader``), not a mirror of DeepSpeed's
+``runtime.zero``, ``runtime.utils``, ``runtime.dataloader``, ``runtime.sequence_parallel``), not a mirror of DeepSpeed's
 package. Which names answer, and from where, is ``dslaunch/deepspeed_names.py``.
 """
 
-_SUBMODULES = ("base_optimizer", "dataloader", "engine", "lr_schedules", "pipe", "utils", "zero")
+_SUBMODULES = ("base_optimizer", "dataloader", "engine", "lr_schedules", "pipe",
+               "sequence_parallel", "utils", "zero")
 
 
 def __getattr__(name):  # deepspeed.runtime.engine.X after `import deepspeed` works too

@@ -1,8 +1,8 @@
 """``dslaunch.utils.groups``, as ``deepspeed.utils.groups``: DeepSpeed's private accessors of the
 data / model (tensor) / pipeline / sequence parallel groups, answered from the layout of the last
 ``dslaunch.initialize`` (its PipelineModule's grid or mpu; the world group for plain data
-parallelism, a one-rank group for an axis the job does not have). Sequence parallelism comes with
-issue 21, expert parallelism with issue 22.
+parallelism, a one-rank group for an axis the job does not have; the sequence axis of
+``sequence_parallel_size``). Expert parallelism comes with issue 22.
 
 A face: the implementation is ``dslaunch/engine/parallel_groups.py``.
 """

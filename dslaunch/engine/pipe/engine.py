@@ -370,17 +370,25 @@ def _detach(out):
 
 
 def tensor_parallel_engine(*, mpu, cfg, **engine_args) -> DSLaunchEngine:
-    """``dslaunch.initialize`` for a model with an ``mpu`` (tensor parallel, no pipeline): a
-    ``DSLaunchEngine`` reducing gradients over the mpu's data group, its gradient norm taken
-    over the whole model."""
+    """``dslaunch.initialize`` for a model with an ``mpu`` (tensor and/or sequence parallel, no
+    pipeline): a ``DSLaunchEngine`` reducing gradients over the mpu's data group (with sequence
+    parallelism: its sequence x data group, the ranks holding the same weights; the batch triad
+    still counts data-parallel ranks only), its gradient norm taken over the whole model."""
+    from ..sequence.layout import mpu_sequence_parallel_size
     from ..topology import GroupComm
 
-    engine = DSLaunchEngine(cfg=cfg, comm=GroupComm(mpu.get_data_parallel_group()),
+    data_parallel = None
+    group = mpu.get_data_parallel_group()
+    if mpu_sequence_parallel_size(mpu) > 1:
+        group = mpu.get_sequence_data_parallel_group()
+        data_parallel = (mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank())
+    engine = DSLaunchEngine(cfg=cfg, comm=GroupComm(group), data_parallel=data_parallel,
                             **engine_args)
     engine.mpu = mpu
     engine.global_rank, engine.world_size = dist.get_rank(), dist.get_world_size()
-    _install_norm(engine, mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size(),
-                  mpu.get_data_parallel_rank(), mpu.get_model_parallel_world_size())
+    tp = getattr(mpu, "get_model_parallel_world_size", lambda: 1)()
+    if tp > 1:
+        _install_norm(engine, mpu.get_model_parallel_rank(), tp, mpu.get_data_parallel_rank(), tp)
     return engine
 
 

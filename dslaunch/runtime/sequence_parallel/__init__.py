@@ -1,0 +1,1 @@
+"""``dslaunch.runtime.sequence_parallel``, as ``deepspeed.runtime.sequence_parallel``."""

@@ -1,0 +1,18 @@
+"""``dslaunch.runtime.sequence_parallel.ulysses_sp``, as
+``deepspeed.runtime.sequence_parallel.ulysses_sp``: the names Transformers, Accelerate and
+Axolotl import for Ulysses sequence parallelism (Arctic Long Sequence Training).
+
+A face: the implementations are ``dslaunch/engine/sequence/hf.py`` (``UlyssesSPAttentionHF``)
+and ``dslaunch/engine/sequence/sharding.py`` (``UlyssesSPDataLoaderAdapter``).
+"""
+
+from dslaunch.engine.sequence.hf import UlyssesSPAttentionHF  # noqa: F401
+from dslaunch.engine.sequence.sharding import UlyssesSPDataLoaderAdapter  # noqa: F401
+
+# TODO(issue 21): TiledMLP, TiledFusedLogitsLoss from dslaunch.sequence.tiled (activation/tiling work)
+
+
+def __getattr__(name):  # a DeepSpeed name we do not provide (yet): say what brings it
+    from dslaunch.deepspeed_names import missing_attribute
+
+    raise missing_attribute(__name__, name)
