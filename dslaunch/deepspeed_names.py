@@ -399,11 +399,27 @@ NAMES: list[Name] = [
              "not a wrapper: initialize returns the torch optimizer itself (with overflow / "
              "cur_scale / loss_scale attributes); isinstance is true for an optimizer an engine "
              "trains with"),
-    _missing("deepspeed.runtime.activation_checkpointing", SEQ),
+    _present("deepspeed.runtime.activation_checkpointing",
+             "dslaunch.runtime.activation_checkpointing"),
+    _present("deepspeed.runtime.activation_checkpointing.checkpointing", "dslaunch.checkpointing",
+             "the same module as deepspeed.checkpointing"),
     _missing("deepspeed.runtime.sequence_parallel", SEQ),
     _missing("deepspeed.runtime.data_pipeline", DATA_EFFICIENCY),
     # -- subsystems of other issues -----------------------------------------------------------------
-    _missing("deepspeed.checkpointing", SEQ),
+    # -- deepspeed.checkpointing ----------------------------------------------------------------
+    _present("deepspeed.checkpointing", "dslaunch.checkpointing",
+             "saved inputs are autograd saved tensors (saved_tensors_hooks see them); "
+             "contiguous_checkpointing is accepted and keeps no buffers; cpu_checkpointing "
+             "changes nothing on a CPU-only host"),
+    *[_present(f"deepspeed.checkpointing.{name}", f"dslaunch.engine.activation_checkpoint:{name}",
+               why) for name, why in (
+        ("configure", "deepspeed_config= is a dict or a file path"),
+        ("checkpoint", "reentrant, as DeepSpeed's; random and autocast state replayed"),
+        ("is_configured", ""), ("reset", ""),
+        ("get_cuda_rng_tracker", "the accelerator's generator (the CPU's on a CPU host)"),
+        ("model_parallel_cuda_manual_seed", "tensor-parallel rank from the configured mpu, "
+         "else dslaunch.utils.groups"),
+        ("model_parallel_reconfigure_tp_seed", ""))],
     _missing("deepspeed.sequence", SEQ),
     _missing("deepspeed.moe", MOE),
     _missing("deepspeed.profiling", PROFILING),
