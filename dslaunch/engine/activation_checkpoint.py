@@ -21,10 +21,11 @@ What is saved of each floating-point input (``configure``, or the config's
 - ``synchronize``: the accelerator is synchronised at the start and end of each checkpointed
   forward and backward; ``profile``: rank 0 logs each one's time.
 
-Random state: the CPU generator, the accelerator's (when it is not the CPU) and the states of the
+Random state: the CPU generator, the accelerator's (when it is not the CPU), the states of the
 model-parallel tracker (``get_cuda_rng_tracker``, seeded per tensor-parallel rank by
-``model_parallel_cuda_manual_seed``, as Megatron does) are recorded before the forward and put
-back for the recomputation. The autocast state the forward ran under is recomputed under too.
+``model_parallel_cuda_manual_seed``, as Megatron does) and those of dslaunch's tensor-parallel
+layers' tracker are recorded before the forward and put back for the recomputation, which also
+runs under the autocast state the forward ran under.
 """
 
 from __future__ import annotations
@@ -140,16 +141,24 @@ def model_parallel_reconfigure_tp_seed(seed: int) -> None:
 
 
 def _rng_snapshot():
+    """Every random state a block may draw from: the CPU's, the accelerator's, this module's
+    tracker and the one of dslaunch's tensor-parallel layers (``tensor_parallel.get_rng_tracker``)."""
+    from .tensor_parallel import get_rng_tracker
+
     device = get_accelerator().get_rng_state() if _device_rng_used() else None
-    return torch.get_rng_state(), device, _CUDA_RNG_STATE_TRACKER.get_states()
+    return (torch.get_rng_state(), device, _CUDA_RNG_STATE_TRACKER.get_states(),
+            dict(get_rng_tracker().states))
 
 
 def _rng_restore(snapshot) -> None:
-    cpu, device, tracked = snapshot
+    from .tensor_parallel import get_rng_tracker
+
+    cpu, device, tracked, tp_layers = snapshot
     torch.set_rng_state(cpu)
     if device is not None:
         get_accelerator().set_rng_state(device)
     _CUDA_RNG_STATE_TRACKER.set_states(tracked)
+    get_rng_tracker().states = tp_layers
 
 
 # -- what is saved of an input --------------------------------------------------------------------

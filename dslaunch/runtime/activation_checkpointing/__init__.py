@@ -7,7 +7,7 @@ def __getattr__(name):
     import importlib
 
     if name == "checkpointing":
-        return importlib.import_module("dslaunch.checkpointing")
+        return importlib.import_module(f"{__name__}.checkpointing")
     from dslaunch.deepspeed_names import missing_attribute
 
     raise missing_attribute(__name__, name)
