@@ -420,7 +420,12 @@ NAMES: list[Name] = [
         ("model_parallel_cuda_manual_seed", "tensor-parallel rank from the configured mpu, "
          "else dslaunch.utils.groups"),
         ("model_parallel_reconfigure_tp_seed", ""))],
-    _missing("deepspeed.sequence", SEQ),
+    _present("deepspeed.sequence", "dslaunch.sequence"),
+    _present("deepspeed.sequence.layer", "dslaunch.sequence.layer"),
+    _present("deepspeed.sequence.layer.DistributedAttention",
+             "dslaunch.engine.sequence.ulysses:DistributedAttention",
+             "sp_stream (overlap on a side CUDA stream) is accepted and not used; head counts "
+             "the sequence-parallel size does not divide are refused (DeepSpeed splits unevenly)"),
     _missing("deepspeed.moe", MOE),
     _missing("deepspeed.profiling", PROFILING),
     _missing("deepspeed.module_inject", AUTOTP),

@@ -1,0 +1,1 @@
+"""``dslaunch.sequence``, as ``deepspeed.sequence``: long-sequence layers (``layer``: Ulysses)."""
