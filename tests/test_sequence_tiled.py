@@ -116,6 +116,7 @@ def test_tiled_logits_loss_equals_untiled(dtype):
 def test_tiled_logits_loss_mean_mask_and_no_grad():
     torch.manual_seed(1)
     model = Head(8, 20).double()
+    model.unused = nn.Linear(2, 2)  # a weight of self that fn does not read: no gradient
     x = torch.randn(2, 12, 8, dtype=torch.float64, requires_grad=True)  # 24 rows, 3 even tiles
     y = torch.randint(0, 20, (2, 12))
     mask = torch.ones(2, 12, dtype=torch.bool)
@@ -125,14 +126,14 @@ def test_tiled_logits_loss_mean_mask_and_no_grad():
         seen.append((mask_tile.shape, torch.is_grad_enabled()))
         return F.cross_entropy(self.lm_head(x_tile), y_tile)
 
-    loss = TiledFusedLogitsLoss.apply(loss_fn, model, x, y, mask, 3, [model.lm_head.weight], "mean")
+    loss = TiledFusedLogitsLoss.apply(loss_fn, model, x, y, mask, 3, None, "mean")
     loss.backward()
     ref_x = x.detach().clone().requires_grad_(True)
     weight = model.lm_head.weight.grad.clone()
     model.lm_head.weight.grad = None
     ref = F.cross_entropy(model.lm_head(ref_x).view(-1, 20), y.view(-1))
     ref.backward()
-    assert seen == [(torch.Size([8]), True)] * 3
+    assert seen == [(torch.Size([8]), True)] * 3 and model.unused.weight.grad is None
     assert close(loss, ref, torch.float64) and close(x.grad, ref_x.grad, torch.float64)
     assert close(weight, model.lm_head.weight.grad, torch.float64)
     with torch.no_grad():  # evaluation: the loss only

@@ -124,10 +124,11 @@ class _TiledLogitsLoss(torch.autograd.Function):
         loss = stacked.mean() if output_reduction == "mean" else stacked.sum()
         ctx.x_shape = (*batch_seq, *x.shape[1:])
         ctx.has_x_grad = x_grad is not None
-        ctx.w_slots = list(needs[8:])
+        # per weight input: whether a gradient is kept for it (a weight fn did not read has none)
+        got = iter(w_grads)
+        ctx.w_slots = [need and next(got) is not None for need in needs[8:]]
         ctx.save_for_backward(*([x_grad] if x_grad is not None else []),
-                              *[g if g is not None else torch.zeros_like(w)
-                                for g, w in zip(w_grads, wanted)])
+                              *[g for g in w_grads if g is not None])
         return loss
 
     @staticmethod
