@@ -145,3 +145,34 @@ def test_tiled_logits_loss_mean_mask_and_no_grad():
         TiledFusedLogitsLoss.apply(loss_fn, model, x, y, mask, 3, [], "max")
     with pytest.raises(ValueError, match="batch/seq dims must match"):
         TiledFusedLogitsLoss.apply(loss_fn, model, x, y[:, :5], None, 3, [], "mean")
+
+
+def test_example_gpt_with_checkpointing_and_tiling_equals_plain():
+    """examples/gpt.py's use_long_sequence with dslaunch's functions: checkpointing alone is
+    bit-identical (dropout on); with tiled MLP and tiled logits + loss too, fp32 1e-5."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import dslaunch
+    from gpt import GPT, GPTConfig
+
+    def loss_and_grads(model, tok, tgt):
+        torch.manual_seed(3)
+        model.zero_grad()
+        loss = model(tok, tgt)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, seq_len=24, n_layer=2, n_head=2, d_model=16, dropout=0.1))
+    tok, tgt = torch.randint(0, 64, (2, 24)), torch.randint(0, 64, (2, 24))
+    plain = loss_and_grads(model, tok, tgt)
+    model.use_long_sequence(checkpoint=dslaunch.checkpointing.checkpoint)
+    ckpt = loss_and_grads(model, tok, tgt)
+    assert torch.equal(plain[0], ckpt[0]) and all(torch.equal(a, b) for a, b in zip(plain[1], ckpt[1]))
+    model.use_long_sequence(checkpoint=dslaunch.checkpointing.checkpoint, tiled_mlp=TiledMLP,
+                            mlp_tiles=5, tiled_loss=TiledFusedLogitsLoss, loss_tiles=7)
+    tiled = loss_and_grads(model, tok, tgt)
+    assert close(tiled[0], plain[0], torch.float32)
+    assert all(close(a, b, torch.float32) for a, b in zip(tiled[1], plain[1]))
