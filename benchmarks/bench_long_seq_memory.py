@@ -120,8 +120,9 @@ def main():
     peer = None if args.no_peer else bu.peer_python(create=True)
     if peer:
         impls["deepspeed"] = peer
+    shown_args = dict(vars(args), results=os.path.relpath(args.results, bu.REPO))  # no host path
     result = {"bench": "long_seq_memory", "when": bu.now_iso(), "machine": bu.machine(),
-              "loadavg_start": bu.loadavg(), "git": bu.git_rev(), "args": vars(args),
+              "loadavg_start": bu.loadavg(), "git": bu.git_rev(), "args": shown_args,
               "model": {"vocab": args.vocab, "d_model": args.d_model, "n_layer": args.n_layer,
                         "n_head": args.n_head, "batch": 1},
               "versions": {"torch": bu.pkg_version("torch"),
