@@ -53,7 +53,6 @@ def _missing(deepspeed: str, why: str) -> Name:
 DEEPSPEED_VERSION = "0.19.8"
 
 MOE = "comes with issue 22 (mixture of experts)"
-SEQ = "comes with issue 21 (long sequences: Ulysses, activation checkpointing)"
 PROFILING = "comes with issue 23 (FLOPs profiler, comms logger)"
 AUTOTP = ("not planned yet: DeepSpeed's AutoTP rewrites HF models; use dslaunch's tensor-parallel "
           "layers with an mpu (docs/interfaces.md, 'Parallel layouts')")
@@ -400,7 +399,10 @@ NAMES: list[Name] = [
              "not a wrapper: initialize returns the torch optimizer itself (with overflow / "
              "cur_scale / loss_scale attributes); isinstance is true for an optimizer an engine "
              "trains with"),
-    _missing("deepspeed.runtime.activation_checkpointing", SEQ),
+    _present("deepspeed.runtime.activation_checkpointing",
+             "dslaunch.runtime.activation_checkpointing"),
+    _present("deepspeed.runtime.activation_checkpointing.checkpointing", "dslaunch.checkpointing",
+             "the same module as deepspeed.checkpointing"),
     _present("deepspeed.runtime.sequence_parallel", "dslaunch.runtime.sequence_parallel"),
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp",
              "dslaunch.runtime.sequence_parallel.ulysses_sp"),
@@ -410,11 +412,26 @@ NAMES: list[Name] = [
              "attention masks are dropped, flex attention's BlockMask is not rebuilt"),
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPDataLoaderAdapter",
              "dslaunch.engine.sequence.sharding:UlyssesSPDataLoaderAdapter"),
-    _missing("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP", SEQ),
-    _missing("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss", SEQ),
+    _present("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP",
+             "dslaunch.engine.sequence.tiled:TiledMLP"),
+    _present("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss",
+             "dslaunch.engine.sequence.tiled:TiledFusedLogitsLoss"),
     _missing("deepspeed.runtime.data_pipeline", DATA_EFFICIENCY),
     # -- subsystems of other issues -----------------------------------------------------------------
-    _missing("deepspeed.checkpointing", SEQ),
+    # -- deepspeed.checkpointing ----------------------------------------------------------------
+    _present("deepspeed.checkpointing", "dslaunch.checkpointing",
+             "saved inputs are autograd saved tensors (saved_tensors_hooks see them); "
+             "contiguous_checkpointing is accepted and keeps no buffers; cpu_checkpointing "
+             "changes nothing on a CPU-only host"),
+    *[_present(f"deepspeed.checkpointing.{name}", f"dslaunch.engine.activation_checkpoint:{name}",
+               why) for name, why in (
+        ("configure", "deepspeed_config= is a dict or a file path"),
+        ("checkpoint", "reentrant, as DeepSpeed's; random and autocast state replayed"),
+        ("is_configured", ""), ("reset", ""),
+        ("get_cuda_rng_tracker", "the accelerator's generator (the CPU's on a CPU host)"),
+        ("model_parallel_cuda_manual_seed", "tensor-parallel rank from the configured mpu, "
+         "else dslaunch.utils.groups"),
+        ("model_parallel_reconfigure_tp_seed", ""))],
     _present("deepspeed.sequence", "dslaunch.sequence"),
     _present("deepspeed.sequence.layer", "dslaunch.sequence.layer"),
     _present("deepspeed.sequence.layer.DistributedAttention",

@@ -61,13 +61,22 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    tiled = None  # (TiledMLP, tiles): run a few rows of the sequence at a time (use_long_sequence)
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
         self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
 
     def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
+        if self.tiled is not None:
+            tiled_mlp, tiles = self.tiled
+            return tiled_mlp.apply(_mlp, self, x, tiles, list(self.parameters()))
+        return _mlp(self, x)
+
+
+def _mlp(mlp, x):
+    return mlp.proj(F.gelu(mlp.fc(x)))
 
 
 class Block(nn.Module):
@@ -110,11 +119,32 @@ class GPT(nn.Module):
         pos = torch.arange(self.sp_rank * t, (self.sp_rank + 1) * t, device=tokens.device)
         x = self.tok_emb(tokens) + self.pos_emb(pos)
         for block in self.blocks:
-            x = block(x)
+            x = self.checkpoint(block, x) if self.checkpoint is not None else block(x)
+        if targets is not None and self.tiled_loss is not None:
+            tiled_loss, tiles = self.tiled_loss
+            n = targets.numel()  # each tile adds its share of the mean: exact with uneven tiles
+            return tiled_loss.apply(lambda head, x, y: F.cross_entropy(
+                head(x).float(), y.reshape(-1), reduction="sum") / n, self.head, self.ln_f(x),
+                targets, None, tiles, [self.head.weight], "sum")
         logits = self.head(self.ln_f(x))
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+    checkpoint = None  # a checkpoint(function, *args) run around each block (use_long_sequence)
+    tiled_loss = None  # (TiledFusedLogitsLoss, tiles)
+
+    def use_long_sequence(self, checkpoint=None, tiled_mlp=None, mlp_tiles=4, tiled_loss=None,
+                          loss_tiles=8):
+        """Long-sequence memory savers, from dslaunch or DeepSpeed (the same signatures):
+        ``checkpoint`` (``dslaunch.checkpointing.checkpoint``) around each block, the MLPs run in
+        ``mlp_tiles`` tiles by ``tiled_mlp`` (``TiledMLP``), the logits + loss in ``loss_tiles``
+        by ``tiled_loss`` (``TiledFusedLogitsLoss``): the ``[seq, vocab]`` logits never exist."""
+        self.checkpoint = checkpoint
+        for block in self.blocks:
+            block.mlp.tiled = (tiled_mlp, mlp_tiles) if tiled_mlp is not None else None
+        self.tiled_loss = (tiled_loss, loss_tiles) if tiled_loss is not None else None
+        return self
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -57,6 +57,14 @@ def parse_args():
                    help="sequence-parallel size (Ulysses); must match the config's "
                         "sequence_parallel_size when it writes one")
     p.add_argument("--losses-out", default=None, help="rank 0 writes every step's loss (JSON)")
+    p.add_argument("--checkpoint-blocks", action="store_true",
+                   help="activation checkpointing around each block (dslaunch.checkpointing; "
+                        "the config's activation_checkpointing section configures it)")
+    p.add_argument("--tiled-mlp", type=int, default=0, metavar="TILES",
+                   help="run each MLP in TILES tiles of the sequence (TiledMLP)")
+    p.add_argument("--tiled-loss", type=int, default=0, metavar="TILES",
+                   help="logits + loss in TILES tiles: [seq, vocab] never exists "
+                        "(TiledFusedLogitsLoss)")
     dslaunch.add_config_arguments(p)
     return p.parse_args()
 
@@ -109,6 +117,14 @@ def main():
     cfg = GPTConfig(seq_len=args.seq_len, n_layer=args.n_layer, n_head=args.n_head,
                     d_model=args.d_model)
     model = GPT(cfg)
+    if args.checkpoint_blocks or args.tiled_mlp or args.tiled_loss:  # long-sequence memory savers
+        from dslaunch.sequence.tiled import TiledFusedLogitsLoss, TiledMLP
+
+        model.use_long_sequence(
+            checkpoint=dslaunch.checkpointing.checkpoint if args.checkpoint_blocks else None,
+            tiled_mlp=TiledMLP if args.tiled_mlp else None, mlp_tiles=args.tiled_mlp,
+            tiled_loss=TiledFusedLogitsLoss if args.tiled_loss else None,
+            loss_tiles=args.tiled_loss)
     sp = SequenceParallel(model, args.sp)  # before initialize: ZeRO-3 hooks the final modules
     engine, _, _, _ = dslaunch.initialize(args=args, model=model, mpu=sp.mpu,
                                           model_parameters=model.parameters())

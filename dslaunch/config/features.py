@@ -19,10 +19,6 @@ class Feature:
     used: Callable[[Callable[[str], object]], bool]  # takes get("dotted.path") -> value
 
 
-_ACT_CKPT = ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
-             "synchronize_checkpoint_boundary", "profile")
-
-
 def _enabled(section: str) -> Callable:
     return lambda get: bool(get(section + ".enabled"))
 
@@ -45,8 +41,6 @@ NOT_SUPPORTED_YET = [
             lambda get: (get("zero_optimization.mics_shard_size") or -1) > 0),
     Feature("tensor_parallel.autotp_size", "tensor parallelism (size > 1)", "issue 7",
             lambda get: (get("tensor_parallel.autotp_size") or 1) > 1),
-    Feature("activation_checkpointing", "activation checkpointing", "issue 7",
-            lambda get: any(get(f"activation_checkpointing.{k}") for k in _ACT_CKPT)),
     Feature("amp.enabled", "NVIDIA apex AMP (use fp16 or bf16)", "", _enabled("amp")),
     Feature("flops_profiler.enabled", "the FLOPs profiler", "", _enabled("flops_profiler")),
     Feature("comms_logger.enabled", "the communication logger (engine.comm_stats() is there)", "",

@@ -86,6 +86,10 @@ def resolve_engine_config(source, model, mpu=None, origin=None):
     """The typed config of this rank (``dslaunch.config.sections``), resolved once with the
     job's real data-parallel size and parallel layout: a written batch size that does not fit
     it, or a ZeRO stage the layout cannot run, is a ``ConfigError`` naming the key."""
+    return _resolve(source, model, mpu, origin).typed
+
+
+def _resolve(source, model, mpu=None, origin=None):
     import torch.distributed as dist
 
     from dslaunch.config import resolve_config
@@ -94,7 +98,24 @@ def resolve_engine_config(source, model, mpu=None, origin=None):
     return resolve_config(source, world_size=dist.get_world_size(), dp_world_size=dp,
                           model_num_params=sum(p.numel() for p in model.parameters()),
                           pipeline_stages=stages, tensor_parallel_size=tp, origin=origin,
-                          fills={"hidden_size": model_hidden_size(model)}).typed
+                          fills={"hidden_size": model_hidden_size(model)})
+
+
+def _configure_activation_checkpointing(resolved, layout) -> None:
+    """A config that writes a key of ``activation_checkpointing`` configures
+    ``dslaunch.checkpointing`` for this job (its tensor-parallel group from the job's layout);
+    without one the module is left as the script configured it."""
+    if not any(source == "file" for path, source in resolved.sources.items()
+               if path.startswith("activation_checkpointing.")):
+        return
+    from .activation_checkpoint import configure
+
+    section = resolved.typed.activation_checkpointing
+    configure(layout, partition_activations=section.partition_activations,
+              contiguous_checkpointing=section.contiguous_memory_optimization,
+              num_checkpoints=section.number_checkpoints,
+              checkpoint_in_cpu=section.cpu_checkpointing,
+              synchronize=section.synchronize_checkpoint_boundary, profile=section.profile)
 
 
 def model_hidden_size(model):
@@ -127,7 +148,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     from .sequence.layout import sequence_parallel_mpu
 
     mpu = sequence_parallel_mpu(source, model, mpu)  # sequence_parallel_size: its grid
-    cfg = resolve_engine_config(source, model, mpu, _config_origin(label))
+    resolved = _resolve(source, model, mpu, _config_origin(label))
+    cfg = resolved.typed
     from .pipe.module import PipelineModule
 
     common = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
@@ -149,5 +171,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     from .parallel_groups import set_layout
 
     # dslaunch.utils.groups answers for the layout of the last engine built
-    set_layout(model.grid if isinstance(model, PipelineModule) else mpu)
+    layout = model.grid if isinstance(model, PipelineModule) else mpu
+    set_layout(layout)
+    _configure_activation_checkpointing(resolved, layout)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

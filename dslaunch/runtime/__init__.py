@@ -5,8 +5,8 @@ import by their runtime path (``runtime.engine``, ``runtime.pipe``, ``runtime.lr
 package. Which names answer, and from where, is ``dslaunch/deepspeed_names.py``.
 """
 
-_SUBMODULES = ("base_optimizer", "dataloader", "engine", "lr_schedules", "pipe",
-               "sequence_parallel", "utils", "zero")
+_SUBMODULES = ("activation_checkpointing", "base_optimizer", "dataloader", "engine", "lr_schedules",
+               "pipe", "sequence_parallel", "utils", "zero")
 
 
 def __getattr__(name):  # deepspeed.runtime.engine.X after `import deepspeed` works too

@@ -1,1 +1,2 @@
-"""``dslaunch.sequence``, as ``deepspeed.sequence``: long-sequence layers (``layer``: Ulysses)."""
+"""``dslaunch.sequence``, as ``deepspeed.sequence``: long-sequence layers (``layer``: Ulysses;
+``tiled``: tiled MLP and logits + loss)."""

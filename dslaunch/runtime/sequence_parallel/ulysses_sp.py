@@ -3,13 +3,13 @@
 Axolotl import for Ulysses sequence parallelism (Arctic Long Sequence Training).
 
 A face: the implementations are ``dslaunch/engine/sequence/hf.py`` (``UlyssesSPAttentionHF``)
-and ``dslaunch/engine/sequence/sharding.py`` (``UlyssesSPDataLoaderAdapter``).
+``dslaunch/engine/sequence/sharding.py`` (``UlyssesSPDataLoaderAdapter``) and
+``dslaunch/engine/sequence/tiled.py`` (``TiledMLP``, ``TiledFusedLogitsLoss``).
 """
 
 from dslaunch.engine.sequence.hf import UlyssesSPAttentionHF  # noqa: F401
 from dslaunch.engine.sequence.sharding import UlyssesSPDataLoaderAdapter  # noqa: F401
-
-# TODO(issue 21): TiledMLP, TiledFusedLogitsLoss from dslaunch.sequence.tiled (activation/tiling work)
+from dslaunch.engine.sequence.tiled import TiledFusedLogitsLoss, TiledMLP  # noqa: F401
 
 
 def __getattr__(name):  # a DeepSpeed name we do not provide (yet): say what brings it
