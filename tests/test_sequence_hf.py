@@ -37,5 +37,7 @@ def test_names_and_signatures_are_deepspeeds():
     assert list(adapter.parameters) == ["dl", "sp_rank", "sp_group", "sp_world_size", "device"]
     assert ulysses_sp.UlyssesSPAttentionHF.register_with_transformers(
         "unused", "sdpa", sequence_parallel_size=1, micro_batch_size=1) is None
-    with pytest.raises(AttributeError, match="issue 21"):
-        ulysses_sp.TiledMLP  # noqa: B018  (the tiled-compute work brings it)
+    from dslaunch.sequence import tiled
+
+    assert ulysses_sp.TiledMLP is tiled.TiledMLP
+    assert ulysses_sp.TiledFusedLogitsLoss is tiled.TiledFusedLogitsLoss
