@@ -44,6 +44,10 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.config = to_dict(cfg)  # DeepSpeed's engine.config: a dict (frameworks .get() it)
         self.comm = comm
         record_comm(comm)  # the script's dslaunch.comm calls on this group book here too
+        if cfg.comms_logger.enabled:  # DeepSpeed's engine switches its comms logger on here
+            from .comm_api import configure as configure_comms_logger
+
+            configure_comms_logger(cfg)
         self.global_rank = comm.rank
         self.world_size = comm.world_size
         self.dp_world_size = comm.world_size

@@ -14,6 +14,8 @@ for the element-wise work around them):
   elements x out_channels/groups x kernel); the bias one FLOP per output element.
 - fused attention (``_scaled_dot_product_*``): ``QK^T`` and ``AV``, ``B*H*Lq*Lk*(E+Ev)`` MACs,
   counted whole (a causal kernel skips about half; DeepSpeed counts it whole too).
+- ``nn.MultiheadAttention``'s inference fast path (one fused kernel): its projections and
+  attention by the same rules (its biases are not counted).
 - element-wise and normalisation operators: one FLOP per output element (layer/group/batch norm:
   five), no MACs. Views, copies, indexing and embeddings: nothing.
 """
@@ -59,7 +61,6 @@ def _baddbmm(args, out):
 def _convolution(args, out):
     x, w, bias = args[0], args[1], args[2]
     transposed = bool(args[6]) if len(args) > 6 else False
-    groups = int(args[8]) if len(args) > 8 else 1
     kernel = _prod(w.shape[2:])
     if transposed:  # weight [in, out/groups, *k]: every input element feeds out/groups x k outputs
         macs = x.numel() * int(w.shape[1]) * kernel
@@ -72,6 +73,19 @@ def _attention(args, out):
     q, k, v = args[0], args[1], args[2]
     lk = int(k.shape[-2])
     macs = _prod(q.shape) * lk + _prod(q.shape[:-1]) * lk * int(v.shape[-1])
+    return 2 * macs, macs
+
+
+def _native_mha(args, out):
+    """nn.MultiheadAttention's inference fast path (one kernel): the q/k/v and output
+    projections and the attention, batch-first [B, L, E]."""
+    q, k = args[0], args[1]
+    e = int(q.shape[-1])
+    lq, lk = _prod(q.shape[:-1]), _prod(k.shape[:-1])
+    batch = int(q.shape[0]) if q.dim() == 3 else 1
+    macs = lq * e * e + 2 * lk * e * e  # projections of q, k, v
+    macs += 2 * (lq // batch) * (lk // batch) * e * batch  # QK^T and AV over all heads
+    macs += lq * e * e  # output projection
     return 2 * macs, macs
 
 
@@ -108,6 +122,8 @@ for _op in _packets("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_
                     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
                     "_flash_attention_forward", "_efficient_attention_forward"):
     RULES[_op] = _attention
+for _op in _packets("_native_multi_head_attention"):
+    RULES[_op] = _native_mha
 for _op in _packets("add", "sub", "mul", "div", "relu", "relu_", "gelu", "silu", "silu_", "tanh",
                     "sigmoid", "elu", "leaky_relu", "hardtanh", "exp", "pow", "rsqrt", "sqrt",
                     "neg", "_softmax", "_log_softmax", "softmax", "mean", "sum", "add_", "mul_",
