@@ -425,11 +425,11 @@ NAMES: list[Name] = [
     _present("deepspeed.profiling.flops_profiler.profiler",
              "dslaunch.profiling.flops_profiler.profiler"),
     _present("deepspeed.profiling.flops_profiler.FlopsProfiler",
-             "dslaunch.profiling.flops_profiler.profiler:FlopsProfiler",
+             "dslaunch.engine.profiling.flops_profiler:FlopsProfiler",
              "forward counts only, as DeepSpeed; the engine's flops_profiler section times "
              "forward, backward and step of the profiled step"),
     _present("deepspeed.profiling.flops_profiler.get_model_profile",
-             "dslaunch.profiling.flops_profiler.profiler:get_model_profile"),
+             "dslaunch.engine.profiling.flops_profiler:get_model_profile"),
     _missing("deepspeed.module_inject", AUTOTP),
     _missing("deepspeed.inference", INFERENCE),
     _missing("deepspeed.compression", "not planned yet: DeepSpeed's compression library"),

@@ -382,7 +382,7 @@ TOP = Section({
         "module_depth": I(-1, -1), "top_modules": I(1, 1), "detailed": B(True), "output_file": S(None)}),
     # DeepSpeed's communication logger (dslaunch/engine/comms_logger.py); prof_ops: op names
     "comms_logger": Section({"enabled": B(), "verbose": B(), "prof_all": B(True),
-                             "prof_ops": Leaf("any", ()), "debug": B()}),
+                             "prof_ops": Leaf("any", None), "debug": B()}),
     "timers": Leaf("any", None),
     "activation_checkpointing": ACTIVATION_CHECKPOINTING,
     "aio": AIO,

@@ -2,14 +2,14 @@
 TFLOPS / MFU on every ``steps_per_print`` line.
 
 - Profiled step: at the forward where ``global_steps == profile_step`` (DeepSpeed's trigger),
-  global rank 0 profiles every module of that step's forwards (``dslaunch.profiling.
-  flops_profiler``), times forward, backward and step with the device synchronised, and prints
+  global rank 0 profiles every module of that step's forwards (``profiling/flops_profiler.py``),
+  times forward, backward and step with the device synchronised, and prints
   the summary and module tree to the log (or writes ``output_file``) when the step ends.
 - MFU: the first forward is counted (operators only, no per-module hooks, no synchronisation)
   to learn the forward FLOPs per token (per forward call when the input is not token ids). A
   training step does ``3 + recompute_fwd_factor`` times that (backward is twice the forward);
   the print line divides the FLOPs since the last print by the seconds, and by the device's peak
-  (``dslaunch.profiling.peak``) for MFU.
+  (``profiling/peak.py``) for MFU.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class EngineFlops:
         self._t0 = 0.0
         self._lat = {"fwd": 0.0, "bwd": 0.0, "step": 0.0}
         # MFU: the first forward's count, then per-token (or per-call) FLOPs
-        from dslaunch.profiling.flops_profiler.counting import ForwardCounter
+        from .profiling.counting import ForwardCounter
 
         self._counter = ForwardCounter().attach(engine.module)
         self._counted_tokens = 0
@@ -46,7 +46,7 @@ class EngineFlops:
             self._counted_tokens = tokens
         if (self.profile_enabled and self.profiler is None and e.global_rank == 0
                 and e.global_steps == self.cfg.profile_step and torch.is_grad_enabled()):
-            from dslaunch.profiling.flops_profiler import FlopsProfiler
+            from .profiling.flops_profiler import FlopsProfiler
 
             self.profiler = FlopsProfiler(e.module, e, self.recompute)
             self.profiler.start_profile()
@@ -111,7 +111,7 @@ class EngineFlops:
 
     def peak(self) -> tuple[float, str]:
         if self._peak is None:
-            from dslaunch.profiling.peak import device_peak
+            from .profiling.peak import device_peak
 
             self._peak = device_peak(self.engine.device, self.engine.precision.dtype)
         return self._peak

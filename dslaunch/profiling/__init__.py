@@ -1,2 +1,2 @@
-"""``dslaunch.profiling``, as ``deepspeed.profiling``: the FLOPs profiler (``flops_profiler/``)
-and the device peaks MFU is measured against (``peak.py``)."""
+"""``dslaunch.profiling``, as ``deepspeed.profiling``: the FLOPs profiler
+(``dslaunch.profiling.flops_profiler``). A face: the implementation is ``dslaunch/engine/profiling/``."""

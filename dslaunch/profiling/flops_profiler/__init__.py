@@ -1,8 +1,8 @@
 """``dslaunch.profiling.flops_profiler``, as ``deepspeed.profiling.flops_profiler``: per-module
-forward FLOPs, MACs, parameters and latency (``profiler.py``), counted at the ATen level
-(``counting.py``)."""
+forward FLOPs, MACs, parameters and latency. A face: the implementation is
+``dslaunch/engine/profiling/flops_profiler.py`` over ``counting.py`` (ATen-level counting)."""
 
-from .profiler import (
+from dslaunch.engine.profiling.flops_profiler import (
     FlopsProfiler,
     bytes_to_string,
     duration_to_string,
