@@ -5,10 +5,11 @@ TFLOPS / MFU on every ``steps_per_print`` line.
   global rank 0 profiles every module of that step's forwards (``profiling/flops_profiler.py``),
   times forward, backward and step with the device synchronised, and prints
   the summary and module tree to the log (or writes ``output_file``) when the step ends.
-- MFU: the first forward is counted (operators only, no per-module hooks, no synchronisation)
-  to learn the forward FLOPs per token (per forward call when the input is not token ids). A
-  training step does ``3 + recompute_fwd_factor`` times that (backward is twice the forward);
-  the print line divides the FLOPs since the last print by the seconds, and by the device's peak
+- MFU: the first forward is counted (operators only, no per-module hooks, no synchronisation;
+  not for a ``torch.compile``'d module, whose line then shows no MFU) to learn the forward
+  FLOPs per token (per forward call when the input is not token ids). A training step does
+  ``3 + recompute_fwd_factor`` times that (backward is twice the forward); the print line
+  divides the FLOPs since the last print by the seconds, and by the device's peak
   (``profiling/peak.py``) for MFU.
 """
 
@@ -31,7 +32,9 @@ class EngineFlops:
         # MFU: the first forward's count, then per-token (or per-call) FLOPs
         from .profiling.counting import ForwardCounter
 
-        self._counter = ForwardCounter().attach(engine.module)
+        # a torch.compile'd module runs a graph a dispatch mode must not trace into: no count
+        compiled = hasattr(engine.module, "_orig_mod")
+        self._counter = None if compiled else ForwardCounter().attach(engine.module)
         self._counted_tokens = 0
         self.fwd_flops_per_token = None
         self.fwd_flops_per_call = None
