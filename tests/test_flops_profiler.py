@@ -170,3 +170,17 @@ def test_as_deepspeed_resolves_ours():
         as_deepspeed.uninstall()
     assert Theirs is FlopsProfiler and theirs is get_model_profile
     assert callable(ds_comm.configure) and ds_comm.comms_logger.enabled in (True, False)
+
+
+def test_device_peaks(tmp_path):
+    from dslaunch.engine.profiling.peak import cpu_peak, gpu_peak
+
+    assert gpu_peak("NVIDIA H100 80GB HBM3", torch.bfloat16) == \
+        (989.4e12, "spec table: H100 bf16 dense 989.4 TFLOPS")
+    assert gpu_peak("NVIDIA H100 PCIe", torch.float16)[0] == 756.0e12
+    assert gpu_peak("NVIDIA A100-SXM4-80GB", torch.float32)[0] in (19.5e12, 156.0e12)  # TF32 on?
+    assert gpu_peak("Some Future GPU", torch.bfloat16) is None
+    first, how = cpu_peak(torch.float32, cache_dir=tmp_path)
+    again, how_again = cpu_peak(torch.float32, cache_dir=tmp_path)
+    assert first > 0 and again == first
+    assert how.endswith("(measured)") and how_again.endswith("(cached)")
