@@ -53,7 +53,6 @@ def _missing(deepspeed: str, why: str) -> Name:
 DEEPSPEED_VERSION = "0.19.8"
 
 MOE = "comes with issue 22 (mixture of experts)"
-PROFILING = "comes with issue 23 (FLOPs profiler, comms logger)"
 AUTOTP = ("not planned yet: DeepSpeed's AutoTP rewrites HF models; use dslaunch's tensor-parallel "
           "layers with an mpu (docs/interfaces.md, 'Parallel layouts')")
 INFERENCE = "not planned: dslaunch is a training runtime (no inference engine)"
@@ -113,8 +112,8 @@ NAMES: list[Name] = [
              "torch.distributed's semantics; every call is booked with the engine's collectives "
              "(engine.comm_stats(), log_summary())"),
     _present("deepspeed.comm.init_distributed", "dslaunch.engine.comm:init_distributed",
-             "the same function as deepspeed.init_distributed; config= is accepted and unused "
-             "(the accounting is always on); verbose defaults to False"),
+             "the same function as deepspeed.init_distributed; config= (a dict) switches the "
+             "comms logger from its comms_logger section; verbose defaults to False"),
     _present("deepspeed.comm.is_initialized", "dslaunch.engine.comm_api:is_initialized"),
     _present("deepspeed.comm.is_available", "dslaunch.engine.comm_api:is_available"),
     _present("deepspeed.comm.get_rank", "dslaunch.engine.comm_api:get_rank"),
@@ -162,8 +161,21 @@ NAMES: list[Name] = [
     _present("deepspeed.comm.has_reduce_scatter_tensor",
              "dslaunch.engine.comm_api:has_reduce_scatter_tensor"),
     _present("deepspeed.comm.log_summary", "dslaunch.engine.comm_api:log_summary",
-             "prints this rank's calls, bytes, bytes sent and seconds per group; "
-             "show_straggler=True is an error (not measured)"),
+             "prints the comms logger's table (per op and message size: count, latency, algbw, "
+             "busbw) and this rank's calls, bytes, bytes sent and seconds per group; the "
+             "return_dict adds 'booked' (those per group); show_straggler=True is an error "
+             "(not measured)"),
+    _present("deepspeed.comm.configure", "dslaunch.engine.comm_api:configure",
+             "deepspeed_config= takes a config dict, the engine's typed config or the "
+             "comms_logger section"),
+    _present("deepspeed.comm.reset_log", "dslaunch.engine.comm_api:reset_log"),
+    _present("deepspeed.comm.has_comm_data", "dslaunch.engine.comm_api:has_comm_data"),
+    _present("deepspeed.comm.get_comm_operation_count",
+             "dslaunch.engine.comm_api:get_comm_operation_count"),
+    _present("deepspeed.comm.get_logged_comm_ops", "dslaunch.engine.comm_api:get_logged_comm_ops"),
+    _present("deepspeed.comm.comms_logger", "dslaunch.engine.comms_logger:COMMS_LOGGER",
+             "the process's CommsLogger; ops are recorded under the names engine.comm_stats() "
+             "uses (all_gather, reduce_scatter, ...)"),
     _missing("deepspeed.comm.TorchBackend",
              "not provided: DeepSpeed's backend class; call the module's functions "
              "(dslaunch.comm.all_reduce, ...), which run torch.distributed"),
@@ -439,7 +451,18 @@ NAMES: list[Name] = [
              "sp_stream (overlap on a side CUDA stream) is accepted and not used; head counts "
              "the sequence-parallel size does not divide are refused (DeepSpeed splits unevenly)"),
     _missing("deepspeed.moe", MOE),
-    _missing("deepspeed.profiling", PROFILING),
+    _present("deepspeed.profiling", "dslaunch.profiling"),
+    _present("deepspeed.profiling.flops_profiler", "dslaunch.profiling.flops_profiler",
+             "counts at the ATen level: every functional, matmul, einsum and "
+             "scaled_dot_product_attention, not a list of patched functions"),
+    _present("deepspeed.profiling.flops_profiler.profiler",
+             "dslaunch.profiling.flops_profiler.profiler"),
+    _present("deepspeed.profiling.flops_profiler.FlopsProfiler",
+             "dslaunch.engine.profiling.flops_profiler:FlopsProfiler",
+             "forward counts only, as DeepSpeed; the engine's flops_profiler section times "
+             "forward, backward and step of the profiled step"),
+    _present("deepspeed.profiling.flops_profiler.get_model_profile",
+             "dslaunch.engine.profiling.flops_profiler:get_model_profile"),
     _missing("deepspeed.module_inject", AUTOTP),
     _missing("deepspeed.inference", INFERENCE),
     _missing("deepspeed.compression", "not planned yet: DeepSpeed's compression library"),

@@ -176,7 +176,7 @@ def _worker(rank, port, out):
     engine.step()
     summary_out = io.StringIO()
     with contextlib.redirect_stdout(summary_out):
-        summary = dist.log_summary(return_dict=True)
+        summary = dist.log_summary(return_dict=True)["booked"]
     rec["summary_is_engine_stats"] = summary["world"] == engine.comm_stats()
     rec["summary_printed"] = summary_out.getvalue()
 
@@ -184,7 +184,7 @@ def _worker(rank, port, out):
     both = dist.new_group([0, 1])
     rec["global_rank"] = [dist.get_global_rank(both, 1), dist.get_global_rank(None, 1)]
     engine_before = engine.comm_stats()
-    sub = _Checker(lambda: dist.log_summary(return_dict=True).get("ranks 0,1", {}))
+    sub = _Checker(lambda: dist.log_summary(return_dict=True)["booked"].get("ranks 0,1", {}))
     with contextlib.redirect_stdout(io.StringIO()):
         _collectives(sub, dist, td, rank, group=both)
     rec["sub"] = sub.out
@@ -195,7 +195,7 @@ def _worker(rank, port, out):
     t = torch.ones(N)
     dist.all_reduce(t, group=solo)
     with contextlib.redirect_stdout(io.StringIO()):
-        rec["solo"] = [t.tolist(), dist.log_summary(return_dict=True).get("ranks 1")]
+        rec["solo"] = [t.tolist(), dist.log_summary(return_dict=True)["booked"].get("ranks 1")]
 
     # a tensor-parallel engine reduces over its mpu's data group: the script's calls on that
     # group book into that engine's table, not the world engine's

@@ -380,7 +380,9 @@ TOP = Section({
     "flops_profiler": Section({
         "enabled": B(), "recompute_fwd_factor": F(0.0, 0.0), "profile_step": I(1, 1),
         "module_depth": I(-1, -1), "top_modules": I(1, 1), "detailed": B(True), "output_file": S(None)}),
-    "comms_logger": _enabled_open(),
+    # DeepSpeed's communication logger (dslaunch/engine/comms_logger.py); prof_ops: op names
+    "comms_logger": Section({"enabled": B(), "verbose": B(), "prof_all": B(True),
+                             "prof_ops": Leaf("any", None), "debug": B()}),
     "timers": Leaf("any", None),
     "activation_checkpointing": ACTIVATION_CHECKPOINTING,
     "aio": AIO,

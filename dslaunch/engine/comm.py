@@ -55,6 +55,7 @@ import torch.distributed as dist
 
 from dslaunch import progress_record
 from dslaunch.engine import comm_pairwise
+from dslaunch.engine.comms_logger import COMMS_LOGGER
 
 # torch 2.13 renamed the flat collectives (the old names warn, FutureWarning); older torch has only
 # the old names. Same signatures.
@@ -108,8 +109,12 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
                      init_method: str | None = None, dist_init_required: bool | None = None,
                      config=None, rank: int = -1, world_size: int = -1) -> None:
     """Initialise torch.distributed once (DeepSpeed's signature). Does nothing if already done.
-    ``config`` (where DeepSpeed reads its comms-logger switches) is accepted and unused: the
-    accounting below is always on."""
+    ``config`` (a config dict): its ``comms_logger`` section switches the comms logger, as
+    DeepSpeed's (the byte accounting below is always on)."""
+    if isinstance(config, dict) and config.get("comms_logger") is not None:
+        from dslaunch.engine.comm_api import configure
+
+        configure(config)
     if dist.is_initialized():
         return
     if dist_init_required is False:
@@ -229,8 +234,9 @@ class _TimedWork:
     """An async collective's handle that books the wait time when it completes (and, with a
     progress writer, shows the rank waiting in it from ``wait()`` until it returns)."""
 
-    def __init__(self, work, record, start, then=None, progress=None):
+    def __init__(self, work, record, start, then=None, progress=None, log=None):
         self._work, self._record, self._start = work, record, start
+        self._log = log  # (comm, name, nbytes) when the comms logger records this call
         self._then = then  # completes the result once the collective is done (a chunk copy)
         self._progress = progress  # (writer, op, group, seq, nbytes) or None
         self._done = False
@@ -244,6 +250,9 @@ class _TimedWork:
             if self._then is not None:
                 self._then()
                 self._then = None
+            if self._log is not None:
+                comm, name, nbytes = self._log
+                comm._log(name, nbytes, self._start)
             self._record["seconds"] += time.perf_counter() - self._start
             self._done = True
             if p is not None:
@@ -303,16 +312,27 @@ class Comm:
                 w.leave()
             raise
         if async_op:
+            log = (self, name, nbytes) if COMMS_LOGGER.enabled else None
             if w is None:
-                return _TimedWork(work, rec, start, then)
+                return _TimedWork(work, rec, start, then, log=log)
             w.leave()  # issued: the rank goes on until wait(), which shows it in the call again
-            return _TimedWork(work, rec, start, then, (w, name, label, seq, nbytes))
+            return _TimedWork(work, rec, start, then, (w, name, label, seq, nbytes), log)
         if then is not None:
             then()
+        if COMMS_LOGGER.enabled:
+            self._log(name, nbytes, start)
         rec["seconds"] += time.perf_counter() - start
         if w is not None:
             w.leave()
         return work  # what the call returns: None for a collective, the sender's rank for recv
+
+    def _log(self, name, nbytes, start) -> None:
+        """Hand a completed call to the comms logger, the device synchronised first (a queued
+        kernel has not finished when the call returns)."""
+        from dslaunch.accelerator import get_accelerator
+
+        get_accelerator().synchronize()
+        COMMS_LOGGER.record(name, nbytes, time.perf_counter() - start, self.world_size)
 
     def stats(self) -> dict:
         """{collective: {"calls", "bytes", "sent_bytes", "seconds"}} since start (or the last

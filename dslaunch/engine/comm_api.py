@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from .comm import Comm, all_gather_single, init_distributed, local_rank  # noqa: F401
+from .comms_logger import COMMS_LOGGER
 
 # torch's own objects: DeepSpeed's ReduceOp members have the same names (SUM, MAX, ...)
 ReduceOp = dist.ReduceOp
@@ -221,17 +222,64 @@ def _label(group) -> str:
 
 
 def log_summary(show_straggler=False, return_dict=False):
-    """Print, on rank 0, what every record booked on this rank: calls, payload bytes, bytes sent
-    to other ranks, seconds (see ``comm.py``). ``return_dict``: also return
-    ``{group label: {collective: record}}`` (every rank). ``show_straggler`` (DeepSpeed's
+    """Print, on rank 0, the comms logger's table (when it recorded anything: per op and message
+    size, count, total and average latency, algorithmic and bus bandwidth, DeepSpeed's) and what
+    every record booked on this rank: calls, payload bytes, bytes sent to other ranks, seconds
+    (see ``comm.py``). ``return_dict``: also return, on every rank, DeepSpeed's dict
+    (``summary``: the logger's table, ``straggler_analysis``: None, ``metadata``) plus
+    ``booked``: ``{group label: {collective: record}}``. ``show_straggler`` (DeepSpeed's
     cross-rank latency spread) is not measured."""
     if show_straggler:
         raise ValueError("log_summary(show_straggler=True): dslaunch does not measure the spread "
                          "of latencies across ranks; engine.comm_stats() holds this rank's")
     tables = {_label(g): comm.stats() for g, comm in list(_RECORDS.items())}
+    logged = COMMS_LOGGER.summary()
     if not dist.is_initialized() or dist.get_rank() == 0:
+        if logged:
+            print(COMMS_LOGGER.format_summary(logged), flush=True)
         print(format_summary(tables), flush=True)
-    return tables if return_dict else None
+    if not return_dict:
+        return None
+    return {"summary": logged, "straggler_analysis": None, "metadata": COMMS_LOGGER.metadata(),
+            "booked": tables}
+
+
+def configure(deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None,
+              debug=None):
+    """DeepSpeed's switches of the comms logger: from a config (its ``comms_logger`` section:
+    a config dict, the engine's typed config, or the section itself) and/or one by one."""
+    if deepspeed_config is not None:
+        section = (deepspeed_config.get("comms_logger") if isinstance(deepspeed_config, dict)
+                   else getattr(deepspeed_config, "comms_logger", deepspeed_config))
+        if section is not None:
+            COMMS_LOGGER.configure(section)
+    if enabled is not None:
+        COMMS_LOGGER.enabled = bool(enabled)
+    if prof_all is not None:
+        COMMS_LOGGER.prof_all = bool(prof_all)
+    if prof_ops is not None:
+        COMMS_LOGGER.prof_ops = list(prof_ops)
+    if verbose is not None:
+        COMMS_LOGGER.verbose = bool(verbose)
+    if debug is not None:
+        COMMS_LOGGER.debug = bool(debug)
+
+
+def reset_log() -> None:
+    """Forget what the comms logger recorded (the booked byte counts stay: ``reset_stats``)."""
+    COMMS_LOGGER.reset_data()
+
+
+def has_comm_data() -> bool:
+    return COMMS_LOGGER.has_data()
+
+
+def get_comm_operation_count() -> int:
+    return COMMS_LOGGER.get_total_operations()
+
+
+def get_logged_comm_ops() -> list:
+    return COMMS_LOGGER.get_operation_names()
 
 
 def format_summary(tables: dict) -> str:

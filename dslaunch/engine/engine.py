@@ -22,6 +22,7 @@ from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
 from .deepspeed_surface import DeepSpeedSurface
 from .direct_backward import DirectBackward
+from .flops import EngineFlops
 from .monitor import Monitors, WallClock
 from .optim import build_optimizer
 from .optim.schedules import build_scheduler
@@ -43,6 +44,10 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.config = to_dict(cfg)  # DeepSpeed's engine.config: a dict (frameworks .get() it)
         self.comm = comm
         record_comm(comm)  # the script's dslaunch.comm calls on this group book here too
+        if cfg.comms_logger.enabled:  # DeepSpeed's engine switches its comms logger on here
+            from .comm_api import configure as configure_comms_logger
+
+            configure_comms_logger(cfg)
         self.global_rank = comm.rank
         self.world_size = comm.world_size
         # (size, rank) of the data-parallel axis when the gradient group is wider (sequence
@@ -113,7 +118,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.timers = WallClock(cfg.wall_clock_breakdown)
         self._losses: list = []
         self._tokens = 0
-        self._last_print = (time.perf_counter(), 0)
+        self._last_print = (time.perf_counter(), 0, 0)  # (time, tokens, forwards) at the last print
+        self._flops = EngineFlops(self, cfg.flops_profiler)  # the profiled step; MFU
         self._allreduce_seconds = 0.0
         self._async_saver = None  # checkpoint/async_save.py, made by the first save
         self._direct_backward = DirectBackward(self)  # loss.backward() without engine.backward
@@ -143,10 +149,14 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.tput_timer.start()
         args = self.precision.cast_inputs(args)
         kwargs = self.precision.cast_inputs(kwargs)
+        tokens = 0
         if args and isinstance(args[0], torch.Tensor) and not args[0].is_floating_point():
-            self._tokens += args[0].numel()  # token ids: counted for tokens/s
+            tokens = args[0].numel()
+            self._tokens += tokens  # token ids: counted for tokens/s
+        self._flops.forward_begin(tokens)
         with self.autocast.region():
             out = self.module(*args, **kwargs)
+        self._flops.forward_end()
         if self._trains and torch.is_grad_enabled():
             self._direct_backward.attach(out)
         self.timers.stop("forward")
@@ -165,12 +175,14 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         scaled = loss.float() * scale if scale != 1.0 else loss
         self.strategy.prepare_backward(boundary)
         self._direct_backward.inside_engine_backward = True
+        self._flops.phase_begin()
         try:
             scaled.backward(retain_graph=retain_graph)
         finally:
             self._direct_backward.inside_engine_backward = False
         before = self._reduce_seconds()
         self.strategy.after_backward(boundary)
+        self._flops.phase_end("bwd")
         self.timers.stop("backward")
         self.timers.add("allreduce", (self._reduce_seconds() - before) * 1e3)
         return loss
@@ -206,8 +218,10 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self.timers.start("step")
+            self._flops.phase_begin()
             applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
             self.strategy.zero_grad()
+            self._flops.phase_end("step")
             self._record_step(applied)
             if applied:
                 if self.lr_scheduler is not None:
@@ -224,6 +238,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
                                         * self._unmanaged_backwards)
             self._unmanaged_backwards = 0
             self.timers.stop("step")
+            self._flops.step_done()
             self._after_step(applied)
             if self._faults is not None:
                 self._faults.at_step(self.global_steps)
@@ -251,10 +266,11 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             self.monitors.write_events(events)
         if self.global_steps % self.steps_per_print == 0:
             now = time.perf_counter()
-            t0, tok0 = self._last_print
+            t0, tok0, fwd0 = self._last_print
             # every rank of the gradient group counts its own tokens (a sequence shard with SP)
             rate = (self._tokens - tok0) * self.comm.world_size / max(now - t0, 1e-9)
-            self._last_print = (now, self._tokens)
+            forwards = self._flops.forwards
+            self._last_print = (now, self._tokens, forwards)
             if self.global_rank == 0:
                 msg = (f"[dslaunch] step {self.global_steps}"
                        + (f" loss {loss:.4f}" if loss is not None else "") + f" lr {lr:.4g}")
@@ -264,6 +280,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
                     msg += " (skipped: overflow)"
                 if rate > 0:
                     msg += f" tokens/s {rate:,.0f}"
+                msg += self._flops.mfu_text(self._tokens - tok0, forwards - fwd0, now - t0)
                 print(msg, flush=True)
                 if self.timers.enabled:
                     print(f"[dslaunch] {self.timers.report()}", flush=True)
