@@ -280,8 +280,18 @@ NAMES: list[Name] = [
              "0, a group of this rank alone (unless the mpu provides one)"),
     *_groups("sequence_data_parallel", "the data-parallel group's while there is no sequence "
              "parallelism (issue 21)"),
-    *[_missing(f"deepspeed.utils.groups._get_expert_{kind}_{what}", MOE)
-      for kind in ("parallel", "data_parallel") for what in ("group", "world_size", "rank")],
+    *[_present(f"deepspeed.utils.groups.{name}", f"dslaunch.engine.expert_groups:{name}",
+               "per ep size, by group name `ep_size_{N}`: DeepSpeed's rank layout (E + D)")
+      for name in [f"_get_expert_{kind}_{what}" for kind in ("parallel", "data_parallel")
+                   for what in ("group", "world_size", "rank", "group_ranks")]],
+    _present("deepspeed.utils.groups._create_expert_and_data_parallel",
+             "dslaunch.engine.expert_groups:_create_expert_and_data_parallel",
+             "makes the `ep_size_{N}` groups once (every rank calls it); no AutoEP+AutoTP "
+             "folding_spec"),
+    _present("deepspeed.utils.groups._get_max_expert_size",
+             "dslaunch.engine.expert_groups:_get_max_expert_size"),
+    _present("deepspeed.utils.groups._get_expert_model_parallel_world_size",
+             "dslaunch.engine.expert_groups:_get_expert_model_parallel_world_size"),
     # -- deepspeed.utils.zero_to_fp32 -------------------------------------------------------------
     _present("deepspeed.utils.zero_to_fp32", "dslaunch.utils.zero_to_fp32",
              "reads dslaunch's checkpoints, both formats; `save_checkpoint` also writes a "
@@ -405,7 +415,13 @@ NAMES: list[Name] = [
     # -- subsystems of other issues -----------------------------------------------------------------
     _missing("deepspeed.checkpointing", SEQ),
     _missing("deepspeed.sequence", SEQ),
-    _missing("deepspeed.moe", MOE),
+    _present("deepspeed.moe", "dslaunch.moe"),
+    _present("deepspeed.moe.utils", "dslaunch.moe.utils"),
+    *[_present(f"deepspeed.moe.utils.{name}", f"dslaunch.engine.moe.params:{name}")
+      for name in ("is_moe_param", "split_params_into_different_moe_groups_for_optimizer",
+                   "split_params_into_shared_and_expert_params",
+                   "split_params_grads_into_shared_and_expert_params", "is_moe_param_group",
+                   "configure_moe_param_groups")],
     _missing("deepspeed.profiling", PROFILING),
     _missing("deepspeed.module_inject", AUTOTP),
     _missing("deepspeed.inference", INFERENCE),
