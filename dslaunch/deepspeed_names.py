@@ -416,7 +416,17 @@ NAMES: list[Name] = [
     _missing("deepspeed.checkpointing", SEQ),
     _missing("deepspeed.sequence", SEQ),
     _present("deepspeed.moe", "dslaunch.moe"),
+    _present("deepspeed.moe.layer", "dslaunch.moe.layer"),
+    _present("deepspeed.moe.layer.MoE", "dslaunch.engine.moe.layer:MoE",
+             "DeepSpeed 0.19's signature and routing; use_tutel runs dslaunch's dispatch; no "
+             "expert tensor parallelism"),
+    _present("deepspeed.moe.experts", "dslaunch.moe.experts"),
+    _present("deepspeed.moe.experts.Experts", "dslaunch.engine.moe.experts:Experts"),
+    _present("deepspeed.moe.sharded_moe", "dslaunch.moe.sharded_moe"),
+    _present("deepspeed.moe.sharded_moe.TopKGate", "dslaunch.engine.moe.gating:TopKGate"),
+    _present("deepspeed.moe.sharded_moe.MOELayer", "dslaunch.engine.moe.layer:MOELayer"),
     _present("deepspeed.moe.utils", "dslaunch.moe.utils"),
+    _present("deepspeed.moe.utils.has_moe_layers", "dslaunch.engine.moe.layer:has_moe_layers"),
     *[_present(f"deepspeed.moe.utils.{name}", f"dslaunch.engine.moe.params:{name}")
       for name in ("is_moe_param", "split_params_into_different_moe_groups_for_optimizer",
                    "split_params_into_shared_and_expert_params",
