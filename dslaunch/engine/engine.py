@@ -84,6 +84,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             # expert and dense parameters are reduced (and partitioned) over different groups
             experts.split_optimizer_groups(optimizer)
         self.expert_groups = experts.ExpertGroups(model, comm)  # (checkpoint names of experts)
+        self.expert_groups.book_into(comm)  # the layers' all-to-alls in comm_stats()
         self.zero_stage = cfg.zero_optimization.stage
         self.strategy = build_optimizer_strategy(model, optimizer, cfg, comm, self.precision)
         self.optimizer = self.strategy.optimizer

@@ -22,13 +22,15 @@ import re
 
 import torch
 
+from dslaunch.engine.moe.params import is_moe_param
+
 # DeepSpeed's MoE layer keeps its experts in ``...deepspeed_experts.{local id}...``
 _LOCAL_ID = re.compile(r"^(?P<head>.*\.deepspeed_experts\.)(?P<id>\d+)(?P<tail>\..*)$")
 
 
 def is_expert(p: torch.Tensor) -> bool:
     """DeepSpeed's ``is_moe_param``: the parameter opted out of the data-parallel all-reduce."""
-    return hasattr(p, "allreduce") and not p.allreduce
+    return is_moe_param(p)
 
 
 def expert_group(p: torch.Tensor):
@@ -91,6 +93,18 @@ class ExpertGroups:
             self._edp[name] = c
             self.ep_rank[name] = groups._get_expert_parallel_rank(name)
             self.ep_size[name] = groups._get_expert_parallel_world_size(name)
+
+    def book_into(self, comm) -> None:
+        """The MoE layers' all-to-alls (``dslaunch.comm`` calls on the expert-parallel groups)
+        book into ``comm``'s table too, so ``engine.comm_stats()`` shows them."""
+        from dslaunch.engine.comm import Comm
+        from dslaunch.engine.comm_api import record_comm
+        from dslaunch.utils import groups
+
+        for name in self.names:
+            c = Comm(groups._get_expert_parallel_group(name))
+            c._stats = comm._stats
+            record_comm(c)
 
     def __bool__(self) -> bool:
         return bool(self.names)
