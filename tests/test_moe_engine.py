@@ -3,10 +3,11 @@ ZeRO 1/2 expert optimizer states partitioned within it, clipping counting each e
 checkpoints keeping experts per global id (resumed at another ep size, consolidated by
 ``dslaunch ckpt to-fp32``).
 
-Two real gloo launches of tests/scripts/moe_engine_train.py (a tiny two-MoE-layer model, 4 experts,
-top-1 deterministic routing, fp32, AdamW, gradient clipping that clips every step), each
-training several configurations in turn for 20 steps beside a plain single-process torch reference
-(all experts, the whole global batch, torch's AdamW and clip_grad_norm_):
+Two real gloo launches of tests/scripts/moe_engine_train.py (a tiny model with two dslaunch.moe
+MoE layers, 4 experts, top-1 dropless deterministic routing, fp32, AdamW, gradient clipping that
+clips every step), each training several configurations in turn for 20 steps beside a plain
+single-process torch reference (all experts, the whole global batch, torch's AdamW and
+clip_grad_norm_):
 
 - 2 ranks: EP 1 at ZeRO 1, EP 2 at ZeRO 0, 1 and 2;
 - 4 ranks: EP 1 at ZeRO 0, EP 4 at ZeRO 0 and 2, EP 2 at ZeRO 1 saving at step 10, then EP 4 at
@@ -30,12 +31,11 @@ import moe_engine_train as net
 
 TOL = 1e-5
 STEPS, SAVE_AT = 20, 10
-LAYER = "standin"  # the engine's contract only: the layer itself is tested with dslaunch.moe
 
 
 def _job(job_cache, nproc, runs, *extra):
     job = job_cache.run(f"moe_engine_{nproc}", "moe_engine_train.py", "--out", "{dir}/out.json",
-                        "--runs", runs, "--steps", STEPS, "--layer", LAYER, *extra, nproc=nproc,
+                        "--runs", runs, "--steps", STEPS, *extra, nproc=nproc,
                         timeout=400)
     return job
 
@@ -92,7 +92,7 @@ def test_optimizer_groups_split_and_stage3_refused():
     import dslaunch
     from dslaunch.engine.experts import split_optimizer_groups
 
-    model = net.Net(1, LAYER)
+    model = net.Net(1)
     opt = torch.optim.AdamW([{"params": list(model.parameters()), "lr": 0.1}])
     split_optimizer_groups(opt)
     assert len(opt.param_groups) == 2
@@ -102,4 +102,4 @@ def test_optimizer_groups_split_and_stage3_refused():
     assert all(not p.allreduce for p in experts["params"])
     cfg = net.config(3)
     with pytest.raises(ValueError, match="ZeRO stage 3 with MoE"):
-        dslaunch.initialize(model=net.Net(1, LAYER), config=cfg)
+        dslaunch.initialize(model=net.Net(1), config=cfg)

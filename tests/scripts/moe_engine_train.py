@@ -3,20 +3,17 @@
 
     dslaunch run --nproc-per-node 4 tests/scripts/moe_engine_train.py --out o.json
         --runs 1:0,2:1,4:2 [--steps 20] [--save-run 2:1 --save DIR --save-at 10]
-        [--load-run 4:1:resumed --load DIR] [--layer standin|moe]
+        [--load-run 4:1:resumed --load DIR]
 
 ``--runs``: ``ep:stage[:label]`` (the label tells apart two runs of one configuration). Rank 0
 also trains a plain single-process torch reference (all experts, the global batch, torch's AdamW
 and clip_grad_norm_) written as ``reference``; ``--ref-state FILE``: its weights after
 ``--save-at`` steps (what a checkpoint saved then consolidates to).
 
-The model: a linear embedding, two MoE layers (top-1, deterministic routing: argmax of a linear
-gate, no capacity, no noise) with residuals, a head; cross entropy per token. ``standin``: a small
-expert-parallel layer of this file that follows DeepSpeed's parameter contract (experts carry
-``allreduce = False`` and ``group_name = "ep_size_{N}"`` under ``deepspeed_experts.{i}``) and
-exchanges tokens with all_gather / all_reduce (exact, simple); ``moe``: dslaunch.moe.layer.MoE
-(dropless, top-1). Every expert starts from weights seeded by its global id, so any ep size holds
-the same experts.
+The model: a linear embedding, two dslaunch.moe.layer.MoE layers (4 experts, top-1, dropless,
+no random token selection: deterministic routing) with residuals, a head; cross entropy per
+token. Every tensor starts from weights seeded by its name, every expert by its global id, so
+any ep size holds the same model.
 """
 
 import argparse
@@ -38,91 +35,7 @@ GLOBAL_BATCH = 16  # sequences of TOKENS tokens per step, split over the ranks
 CLIP = 0.3  # below every step's gradient norm: clipping acts at each step
 
 
-class _Sum(torch.autograd.Function):
-    """all_reduce (sum) over a group; its backward sums the gradients the same way."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.clone()
-        dist.all_reduce(g, group=ctx.group)
-        return g, None
-
-
-class _GatherRows(torch.autograd.Function):
-    """The group's tensors stacked along dim 0 (in group rank order); backward: the sum over the
-    group of the gradients of this rank's rows."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group, ctx.n, ctx.rank = group, x.shape[0], dist.get_rank(group)
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.clone()
-        dist.all_reduce(g, group=ctx.group)
-        return g[ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n], None
-
-
-class StandInMoE(nn.Module):
-    """Top-1 expert parallel layer: every rank gathers its expert-parallel group's tokens, runs its
-    local experts on the tokens routed to them, and the partial outputs are summed back."""
-
-    def __init__(self, hidden, num_experts, ep_size):
-        super().__init__()
-        self.ep_size, self.num_local = ep_size, num_experts // ep_size
-        self.expert_group_name = f"ep_size_{ep_size}"
-        self.gate = nn.Linear(hidden, num_experts, bias=False)
-        self.deepspeed_moe = nn.Module()
-        self.deepspeed_moe.experts = nn.Module()
-        self.deepspeed_moe.experts.deepspeed_experts = nn.ModuleList(
-            nn.Linear(hidden, hidden) for _ in range(self.num_local))
-        for p in self.deepspeed_moe.experts.parameters():
-            p.allreduce = False
-            p.group_name = self.expert_group_name
-        self.ep_group, self.ep_rank = None, 0
-
-    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_=False):
-        from dslaunch.utils import groups
-
-        if self.expert_group_name not in groups._get_expert_parallel_group_dict():
-            groups._create_expert_and_data_parallel(self.ep_size)
-        self.ep_group = groups._get_expert_parallel_group(self.expert_group_name)
-        self.ep_rank = groups._get_expert_parallel_rank(self.expert_group_name)
-
-    def forward(self, x):
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        probs = torch.softmax(self.gate(x), dim=-1)
-        w, idx = probs.max(dim=-1)
-        if self.ep_size > 1:
-            xs = _GatherRows.apply(x, self.ep_group)
-            parts = [torch.empty_like(idx) for _ in range(self.ep_size)]
-            dist.all_gather(parts, idx, group=self.ep_group)
-            idx_all = torch.cat(parts)
-        else:
-            xs, idx_all = x, idx
-        out = torch.zeros_like(xs)
-        for i, expert in enumerate(self.deepspeed_moe.experts.deepspeed_experts):
-            sel = (idx_all == self.ep_rank * self.num_local + i).nonzero().squeeze(1)
-            out = out.index_add(0, sel, expert(xs[sel]))
-        if self.ep_size > 1:
-            out = _Sum.apply(out, self.ep_group)
-            n = x.shape[0]
-            out = out[self.ep_rank * n:(self.ep_rank + 1) * n]
-        return (out * w.unsqueeze(-1)).reshape(shape)
-
-
-def real_moe(hidden, num_experts, ep_size):
+def moe_layer(hidden, num_experts, ep_size):
     from dslaunch.moe.layer import MoE
 
     expert = nn.Linear(hidden, hidden)
@@ -131,26 +44,24 @@ def real_moe(hidden, num_experts, ep_size):
 
 
 class Net(nn.Module):
-    def __init__(self, ep_size, layer):
+    def __init__(self, ep_size):
         super().__init__()
         self.embed = nn.Linear(8, HIDDEN)
-        make = StandInMoE if layer == "standin" else real_moe
-        self.moe = nn.ModuleList(make(HIDDEN, EXPERTS, ep_size) for _ in range(2))
+        self.moe = nn.ModuleList(moe_layer(HIDDEN, EXPERTS, ep_size) for _ in range(2))
         self.head = nn.Linear(HIDDEN, CLASSES)
 
     def forward(self, x, y):
         h = self.embed(x)
         for m in self.moe:
-            out = m(h)
-            h = h + torch.tanh(out[0] if isinstance(out, tuple) else out)
+            h = h + torch.tanh(m(h)[0])
         return nn.functional.cross_entropy(self.head(h).reshape(-1, CLASSES), y.reshape(-1))
 
 
-def build(ep_size, ep_rank, layer):
+def build(ep_size, ep_rank):
     """The same model for every ep size: each dense tensor seeded by its name, expert g of layer
     l from seed 1000 * (l + 1) + g."""
     torch.manual_seed(0)
-    net = Net(ep_size, layer)
+    net = Net(ep_size)
     with torch.no_grad():
         for name, p in net.named_parameters():
             if getattr(p, "allreduce", True):
@@ -179,9 +90,9 @@ def config(stage):
             "zero_optimization": {"stage": stage, "reduce_bucket_size": 500}}
 
 
-def train(ep, stage, steps, layer, save=None, save_at=-1, load=None):
+def train(ep, stage, steps, save=None, save_at=-1, load=None):
     rank, world = dist.get_rank(), dist.get_world_size()
-    engine, *_ = dslaunch.initialize(model=build(ep, rank % ep, layer), config=config(stage))
+    engine, *_ = dslaunch.initialize(model=build(ep, rank % ep), config=config(stage))
     start = 0
     if load:
         engine.load_checkpoint(load)
@@ -203,8 +114,8 @@ def train(ep, stage, steps, layer, save=None, save_at=-1, load=None):
     return {"losses": losses, "grad_norms": norms, "start": start}
 
 
-def reference(steps, layer, state_at=-1, state_file=None):
-    net = build(1, 0, layer)
+def reference(steps, state_at=-1, state_file=None):
+    net = build(1, 0)
     opt = torch.optim.AdamW(net.parameters(), lr=0.02, weight_decay=0.01)
     losses, norms = [], []
     for step in range(steps):
@@ -225,7 +136,6 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs", default="1:0")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--layer", default="standin", choices=("standin", "moe"))
     ap.add_argument("--save-run")
     ap.add_argument("--save")
     ap.add_argument("--save-at", type=int, default=-1)
@@ -237,11 +147,11 @@ def main():
     out = {"world": dist.get_world_size(), "runs": {}}
     for run in a.runs.split(","):
         ep, stage = map(int, run.split(":")[:2])
-        out["runs"][run] = train(ep, stage, a.steps, a.layer,
+        out["runs"][run] = train(ep, stage, a.steps,
                                  save=a.save if run == a.save_run else None, save_at=a.save_at,
                                  load=a.load if run == a.load_run else None)
     if dist.get_rank() == 0:
-        out["reference"] = reference(a.steps, a.layer, a.save_at, a.ref_state)
+        out["reference"] = reference(a.steps, a.save_at, a.ref_state)
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         with open(a.out, "w") as f:
             json.dump(out, f)
