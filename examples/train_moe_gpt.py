@@ -15,11 +15,14 @@ group, and ZeRO 1/2 partitions their optimizer states there (``dslaunch/engine/e
 Every ``--log-every`` steps rank 0 prints the loss, the auxiliary loss, the fraction of token
 assignments dropped (over capacity: ``capacity = max(ceil(k x tokens / experts x
 capacity_factor), min_capacity)`` per rank and layer, as the gate computes it; 0 with
-``--dropless``) and tokens/s. ``--json FILE``: those figures per step, and the run's tokens/s.
+``--dropless``) and tokens/s. ``--json FILE``: those figures per step, the run's tokens/s after
+``--warmup`` steps, the all-to-all payload bytes per step (``engine.comm_stats()``), every rank's
+peak RSS.
 """
 
 import argparse
 import json
+import resource
 import time
 
 import torch
@@ -28,6 +31,11 @@ from moe_gpt import MoEGPT
 import dslaunch
 from dslaunch.moe.layer import MoE
 from gpt import GPTConfig, TextBatches, stdlib_bytes  # examples/ is the script's directory
+
+
+def all_to_all_bytes(engine) -> int:
+    """Payload bytes this rank handed to the MoE layers' all-to-alls so far (engine.comm_stats)."""
+    return engine.comm_stats().get("all_to_all", {}).get("bytes", 0)
 
 
 def parse_args(argv=None):
@@ -71,10 +79,10 @@ def main(argv=None):
         print(f"model {model.num_params() / 1e6:.2f}M params ({args.experts} experts in "
               f"{len(model.moe_layers)} layers, ep {args.ep}, top-{args.top_k}) | world {world} | "
               f"batch {batch} x seq {args.seq_len}", flush=True)
-    steps, t0 = [], None
+    steps, t0, a2a_at_warmup = [], None, 0
     for step in range(args.steps):
         if step == args.warmup:
-            t0 = time.perf_counter()
+            t0, a2a_at_warmup = time.perf_counter(), all_to_all_bytes(engine)
         tokens, targets = data.batch_at(step, rank, world)
         tokens, targets = tokens.to(engine.device), targets.to(engine.device)
         loss_sum = aux_sum = drop_sum = 0.0
@@ -99,13 +107,18 @@ def main(argv=None):
     elapsed = time.perf_counter() - t0 if t0 else 0.0
     timed = args.steps - args.warmup
     rate = timed * batch * args.seq_len / elapsed if elapsed > 0 else 0.0
+    a2a = (all_to_all_bytes(engine) - a2a_at_warmup) / max(timed, 1)
+    rss = [None] * world
+    torch.distributed.all_gather_object(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                        * 1024)  # Linux: KiB
     if rank == 0:
         print(f"done: {args.steps} steps, {rate:,.0f} tokens/s (after {args.warmup} warm-up "
               "steps)", flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"steps": steps, "tokens_per_s": rate, "world": world,
-                           "comm": engine.comm_stats(), "comm_steps": args.steps}, f)
+                json.dump({"runtime": "dslaunch", "world": world, "steps": steps,
+                           "tokens_per_s": rate, "all_to_all_bytes_per_step": a2a,
+                           "peak_rss_bytes": rss, "comm": engine.comm_stats()}, f)
     return steps
 
 
