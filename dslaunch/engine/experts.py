@@ -85,7 +85,7 @@ class ExpertGroups:
         if not self.names:
             return
         from dslaunch.engine.comm import Comm
-        from dslaunch.utils import groups
+        from dslaunch.engine import expert_groups as groups
 
         for name in self.names:
             c = Comm(groups._get_expert_data_parallel_group(name))
@@ -99,7 +99,7 @@ class ExpertGroups:
         book into ``comm``'s table too, so ``engine.comm_stats()`` shows them."""
         from dslaunch.engine.comm import Comm
         from dslaunch.engine.comm_api import record_comm
-        from dslaunch.utils import groups
+        from dslaunch.engine import expert_groups as groups
 
         for name in self.names:
             c = Comm(groups._get_expert_parallel_group(name))
