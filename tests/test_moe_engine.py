@@ -24,7 +24,7 @@ import sys
 import pytest
 import torch
 
-from helpers import SCRIPTS, dslaunch
+from helpers import ROOT, SCRIPTS, dslaunch
 
 sys.path.insert(0, str(SCRIPTS))
 import moe_engine_train as net
@@ -103,3 +103,22 @@ def test_optimizer_groups_split_and_stage3_refused():
     cfg = net.config(3)
     with pytest.raises(ValueError, match="ZeRO stage 3 with MoE"):
         dslaunch.initialize(model=net.Net(1), config=cfg)
+
+
+def test_example_logs_aux_loss_and_dropped_tokens(job_cache):
+    """examples/train_moe_gpt.py with configs/moe_gpt_zero1.json, EP 2 on 2 ranks: every logged
+    step shows the aux loss and the fraction of tokens dropped; the JSON counts the all-to-alls."""
+    import json
+
+    config = json.loads((ROOT / "configs" / "moe_gpt_zero1.json").read_text())
+    job = job_cache.run("moe_example", ROOT / "examples" / "train_moe_gpt.py", "--experts", 4,
+                        "--ep", 2, "--steps", 4, "--log-every", 1, "--warmup", 1, "--n-layer", 2,
+                        "--d-model", 32, "--n-head", 2, "--seq-len", 16, "--json",
+                        "{dir}/out.json", config=config, nproc=2)
+    lines = [ln for ln in job.log.splitlines() if "| aux " in ln]
+    assert len(lines) == 4, job.log[-3000:]
+    assert all("| dropped " in ln and "tokens/s" in ln for ln in lines)
+    out = job.json()
+    assert [s["step"] for s in out["steps"]] == [1, 2, 3, 4]
+    assert all(0.0 <= s["dropped"] < 1.0 and s["aux_loss"] > 0 for s in out["steps"])
+    assert out["all_to_all_bytes_per_step"] > 0  # booked in engine.comm_stats()
