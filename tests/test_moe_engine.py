@@ -9,7 +9,8 @@ clips every step), each training several configurations in turn for 20 steps bes
 single-process torch reference (all experts, the whole global batch, torch's AdamW and
 clip_grad_norm_):
 
-- 2 ranks: EP 1 at ZeRO 1, EP 2 at ZeRO 0, 1 and 2;
+- 2 ranks: EP 1 at ZeRO 1, EP 2 at ZeRO 0, 1 and 2, EP 2 at ZeRO 0 resuming the EP 2 ZeRO 0
+  run's step-10 checkpoint (stage 0 keeps optimizer states per rank: same ep size and world);
 - 4 ranks: EP 1 at ZeRO 0, EP 4 at ZeRO 0 and 2, EP 2 at ZeRO 1 saving at step 10, then EP 4 at
   ZeRO 1 resuming that checkpoint (experts and their Adam states resharded by global id).
 
@@ -41,7 +42,9 @@ def _job(job_cache, nproc, runs, *extra):
 
 
 def _two(job_cache):
-    return _job(job_cache, 2, "1:1,2:0,2:1,2:2")
+    return _job(job_cache, 2, "1:1,2:0,2:1,2:2,2:0:resumed", "--save-run", "2:0", "--save",
+                "{dir}/ck", "--save-at", SAVE_AT, "--load-run", "2:0:resumed", "--load",
+                "{dir}/ck")
 
 
 def _four(job_cache):
@@ -66,8 +69,8 @@ def test_every_ep_size_and_stage_trains_like_one_process(job_cache, ranks):
         start = res["start"]
         _close(res["losses"], ref["losses"][start:], run)
         _close(res["grad_norms"], ref["grad_norms"][start:], run)
-    if ranks == 4:
-        assert out["runs"]["4:1:resumed"]["start"] == SAVE_AT
+    resumed = "4:1:resumed" if ranks == 4 else "2:0:resumed"
+    assert out["runs"][resumed]["start"] == SAVE_AT
 
 
 def test_checkpoint_keeps_experts_by_global_id_and_consolidates(job_cache, tmp_path):
