@@ -107,6 +107,18 @@ def one_run(runtime, ranks, ep, args, work: Path, tag: str, peer_py, extra=()) -
     return run
 
 
+def portable(result: dict, peer_py, tmp: str) -> dict:
+    """The result without this machine's paths: the repository's own relative, the peer venv as
+    ``<peer-venv>``, this interpreter's venv as ``<venv>``, the scratch directory as ``<tmp>``."""
+    text = json.dumps(result)
+    subs = [(str(bu.REPO) + "/", ""), (tmp, "<tmp>"), (str(Path(sys.executable).parent), "<venv>/bin")]
+    if peer_py:
+        subs.append((str(Path(peer_py).parent.parent), "<peer-venv>"))
+    for old, new in subs:
+        text = text.replace(old, new)
+    return json.loads(text)
+
+
 def rel_diff(a, b):
     n = min(len(a), len(b))
     return max(abs(x - y) / abs(y) for x, y in zip(a[:n], b[:n])) if n else None
@@ -186,6 +198,7 @@ def main(argv=None):
     dd["ratio_dropless_over_capacity"] = bu.ratio(dd["dropless_tokens_per_s"],
                                                   dd["capacity_1.25_tokens_per_s"])
     result["loadavg_after"] = bu.loadavg()
+    result = portable(result, peer_py, tmp)
     out = Path(args.out) if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
