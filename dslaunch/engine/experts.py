@@ -84,8 +84,8 @@ class ExpertGroups:
         self._edp, self.ep_rank, self.ep_size = {}, {}, {}
         if not self.names:
             return
-        from dslaunch.engine.comm import Comm
         from dslaunch.engine import expert_groups as groups
+        from dslaunch.engine.comm import Comm
 
         for name in self.names:
             c = Comm(groups._get_expert_data_parallel_group(name))
@@ -97,9 +97,9 @@ class ExpertGroups:
     def book_into(self, comm) -> None:
         """The MoE layers' all-to-alls (``dslaunch.comm`` calls on the expert-parallel groups)
         book into ``comm``'s table too, so ``engine.comm_stats()`` shows them."""
+        from dslaunch.engine import expert_groups as groups
         from dslaunch.engine.comm import Comm
         from dslaunch.engine.comm_api import record_comm
-        from dslaunch.engine import expert_groups as groups
 
         for name in self.names:
             c = Comm(groups._get_expert_parallel_group(name))
