@@ -1,0 +1,25 @@
+"""AutoEP (dslaunch/engine/moe/auto_ep.py) on tiny Mixtral-, Qwen2-MoE- and DeepSeek-V3-style
+transformers models built from configs: one 2-rank launch (tests/scripts/moe_autoep_ranks.py)
+trains each model 3 SGD steps as it is, with AutoEP at autoep_size 1 and at 2: the same losses
+(1e-6 relative; measured equal to the printed digits) and the same final expert weights (1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import launch, results
+
+pytest.importorskip("transformers")
+
+
+def test_autoep_same_losses_at_sizes_1_and_2(tmp_path):
+    launch(tmp_path, None, "moe_autoep_ranks.py", ["--out", tmp_path / "o"], nproc=2,
+           timeout=300)
+    for res in results(tmp_path / "o", 2):
+        for name, blocks in (("mixtral", 2), ("qwen2_moe", 2), ("deepseek_v3", 1)):
+            ref = res[f"{name}_ref"]
+            assert ref[-1] < ref[0]  # it trains
+            for size in (1, 2):
+                assert res[f"{name}_replaced_{size}"] == blocks
+                assert res[f"{name}_ep{size}"] == pytest.approx(ref, rel=1e-6), (name, size)
+                assert res[f"{name}_ep{size}_experts"] <= 1e-5, (name, size)
