@@ -131,3 +131,38 @@ def apply_autoep(model: nn.Module, autoep_size: int = 1,
     for block, attr, experts in found:
         setattr(block, attr, ExpertParallelExperts(experts, autoep_size))
     return len(found)
+
+
+def _swap(params, swapped: dict):
+    """``params`` (parameters, or optimizer param-group dicts) with each replaced parameter
+    dropped and the replacing ones added once, where the first replaced one stood."""
+    if params is None:
+        return None
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return [{**g, "params": _swap(g["params"], swapped)} for g in params]
+    out, added = [], set()
+    for p in params:
+        new = swapped.get(id(p))
+        if new is None:
+            out.append(p)
+        else:
+            for q in new:
+                if id(q) not in added:
+                    added.add(id(q))
+                    out.append(q)
+    return out
+
+
+def autoep_from_config(model: nn.Module, section, model_parameters=None):
+    """``dslaunch.initialize``'s AutoEP step: apply the ``expert_parallel`` section (typed, with
+    ``enabled``, ``autoep_size``, ``preset_model``) to ``model`` and return ``model_parameters``
+    with the replaced expert weights swapped for the new ones (None stays None)."""
+    if not section.enabled:
+        return model_parameters
+    before = {name: p for name, p in model.named_parameters()}
+    apply_autoep(model, section.autoep_size, section.preset_model)
+    after = dict(model.named_parameters())
+    swapped = {id(p): [after[name]] for name, p in before.items()
+               if name in after and after[name] is not p}
+    return _swap(model_parameters, swapped)
