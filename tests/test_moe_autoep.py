@@ -12,6 +12,13 @@ from helpers import launch, results
 pytest.importorskip("transformers")
 
 
+def test_presets_are_the_configs_choices():
+    from dslaunch.config.schema import EXPERT_PARALLEL
+    from dslaunch.engine.moe.auto_ep import PRESETS
+
+    assert set(EXPERT_PARALLEL.fields["preset_model"].choices) == {None, *PRESETS}
+
+
 def test_autoep_same_losses_at_sizes_1_and_2(tmp_path):
     launch(tmp_path, None, "moe_autoep_ranks.py", ["--out", tmp_path / "o"], nproc=2,
            timeout=300)

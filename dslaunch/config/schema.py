@@ -344,8 +344,8 @@ TENSOR_PARALLEL = Section({
 EXPERT_PARALLEL = Section({
     "enabled": B(),
     "autoep_size": I(1, 1),
-    "preset_model": S(None, (None, "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2",
-                             "deepseek_v3")),
+    "preset_model": S(None, (None, "mixtral", "qwen2_moe", "qwen3_moe", "qwen3_5_moe",
+                             "deepseek_v2", "deepseek_v3")),  # = engine/moe/auto_ep.py PRESETS
 }, open=True)
 
 TOP = Section({

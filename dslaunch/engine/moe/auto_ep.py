@@ -30,7 +30,7 @@ from .params import mark_expert_params
 
 # preset_model -> the class-name prefix of its blocks' experts modules (None: any that fits)
 PRESETS = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
-           "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3"}
+           "qwen3_5_moe": "Qwen3_5Moe", "deepseek_v2": "DeepseekV2", "deepseek_v3": "DeepseekV3"}
 
 
 def _is_fused_experts(module: nn.Module) -> bool:
