@@ -124,6 +124,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     source, label = _config_source(args, config, config_params)
     init_distributed(dist_init_required=dist_init_required)
     cfg = resolve_engine_config(source, model, mpu, _config_origin(label))
+    if cfg.expert_parallel.enabled:  # AutoEP: the model's experts become expert-parallel ones
+        from .moe.auto_ep import autoep_from_config
+
+        model_parameters = autoep_from_config(model, cfg.expert_parallel, model_parameters)
     from .pipe.module import PipelineModule
 
     common = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
