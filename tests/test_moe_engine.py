@@ -92,6 +92,8 @@ def test_checkpoint_keeps_experts_by_global_id_and_consolidates(job_cache, tmp_p
 
 
 def test_optimizer_groups_split_and_stage3_refused():
+    import torch.distributed as dist
+
     import dslaunch
     from dslaunch.engine import expert_groups
     from dslaunch.engine.experts import split_optimizer_groups
@@ -105,11 +107,14 @@ def test_optimizer_groups_split_and_stage3_refused():
     assert experts["moe"] and experts["name"] == "ep_size_1"
     assert all(not p.allreduce for p in experts["params"])
     cfg = net.config(3)
+    was_initialized = dist.is_initialized()
     try:
         with pytest.raises(ValueError, match="ZeRO stage 3 with MoE"):
             dslaunch.initialize(model=net.Net(1), config=cfg)
-    finally:
-        expert_groups.reset()  # the layers made ep_size_1: leave no groups to later tests
+    finally:  # leave later tests no expert groups and no process group of ours
+        expert_groups.reset()
+        if not was_initialized and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def test_example_logs_aux_loss_and_dropped_tokens(job_cache):
