@@ -52,7 +52,6 @@ def _missing(deepspeed: str, why: str) -> Name:
 # alias reports it as the `deepspeed` version, so frameworks' version gates take its code paths.
 DEEPSPEED_VERSION = "0.19.8"
 
-MOE = "comes with issue 22 (mixture of experts)"
 AUTOTP = ("not planned yet: DeepSpeed's AutoTP rewrites HF models; use dslaunch's tensor-parallel "
           "layers with an mpu (docs/interfaces.md, 'Parallel layouts')")
 INFERENCE = "not planned: dslaunch is a training runtime (no inference engine)"
@@ -292,8 +291,18 @@ NAMES: list[Name] = [
              "rank alone"),
     *_groups("sequence_data_parallel", "the sequence x data ranks (those holding the same "
              "weights); the data-parallel group's without sequence parallelism"),
-    *[_missing(f"deepspeed.utils.groups._get_expert_{kind}_{what}", MOE)
-      for kind in ("parallel", "data_parallel") for what in ("group", "world_size", "rank")],
+    *[_present(f"deepspeed.utils.groups.{name}", f"dslaunch.engine.expert_groups:{name}",
+               "per ep size, by group name `ep_size_{N}`: DeepSpeed's rank layout (E + D)")
+      for name in [f"_get_expert_{kind}_{what}" for kind in ("parallel", "data_parallel")
+                   for what in ("group", "world_size", "rank", "group_ranks")]],
+    _present("deepspeed.utils.groups._create_expert_and_data_parallel",
+             "dslaunch.engine.expert_groups:_create_expert_and_data_parallel",
+             "makes the `ep_size_{N}` groups once (every rank calls it); no AutoEP+AutoTP "
+             "folding_spec"),
+    _present("deepspeed.utils.groups._get_max_expert_size",
+             "dslaunch.engine.expert_groups:_get_max_expert_size"),
+    _present("deepspeed.utils.groups._get_expert_model_parallel_world_size",
+             "dslaunch.engine.expert_groups:_get_expert_model_parallel_world_size"),
     # -- deepspeed.utils.zero_to_fp32 -------------------------------------------------------------
     _present("deepspeed.utils.zero_to_fp32", "dslaunch.utils.zero_to_fp32",
              "reads dslaunch's checkpoints, both formats; `save_checkpoint` also writes a "
@@ -450,7 +459,6 @@ NAMES: list[Name] = [
              "dslaunch.engine.sequence.ulysses:DistributedAttention",
              "sp_stream (overlap on a side CUDA stream) is accepted and not used; head counts "
              "the sequence-parallel size does not divide are refused (DeepSpeed splits unevenly)"),
-    _missing("deepspeed.moe", MOE),
     _present("deepspeed.profiling", "dslaunch.profiling"),
     _present("deepspeed.profiling.flops_profiler", "dslaunch.profiling.flops_profiler",
              "counts at the ATen level: every functional, matmul, einsum and "
@@ -463,6 +471,23 @@ NAMES: list[Name] = [
              "forward, backward and step of the profiled step"),
     _present("deepspeed.profiling.flops_profiler.get_model_profile",
              "dslaunch.engine.profiling.flops_profiler:get_model_profile"),
+    _present("deepspeed.moe", "dslaunch.moe"),
+    _present("deepspeed.moe.layer", "dslaunch.moe.layer"),
+    _present("deepspeed.moe.layer.MoE", "dslaunch.engine.moe.layer:MoE",
+             "DeepSpeed 0.19's signature and routing; use_tutel runs dslaunch's dispatch; no "
+             "expert tensor parallelism"),
+    _present("deepspeed.moe.experts", "dslaunch.moe.experts"),
+    _present("deepspeed.moe.experts.Experts", "dslaunch.engine.moe.experts:Experts"),
+    _present("deepspeed.moe.sharded_moe", "dslaunch.moe.sharded_moe"),
+    _present("deepspeed.moe.sharded_moe.TopKGate", "dslaunch.engine.moe.gating:TopKGate"),
+    _present("deepspeed.moe.sharded_moe.MOELayer", "dslaunch.engine.moe.layer:MOELayer"),
+    _present("deepspeed.moe.utils", "dslaunch.moe.utils"),
+    _present("deepspeed.moe.utils.has_moe_layers", "dslaunch.engine.moe.layer:has_moe_layers"),
+    *[_present(f"deepspeed.moe.utils.{name}", f"dslaunch.engine.moe.params:{name}")
+      for name in ("is_moe_param", "split_params_into_different_moe_groups_for_optimizer",
+                   "split_params_into_shared_and_expert_params",
+                   "split_params_grads_into_shared_and_expert_params", "is_moe_param_group",
+                   "configure_moe_param_groups")],
     _missing("deepspeed.module_inject", AUTOTP),
     _missing("deepspeed.inference", INFERENCE),
     _missing("deepspeed.compression", "not planned yet: DeepSpeed's compression library"),

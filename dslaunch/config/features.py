@@ -53,7 +53,6 @@ NOT_SUPPORTED_YET = [
     Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine", "", _enabled("hybrid_engine")),
     Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),
     Feature("compile.deepcompile", "DeepCompile", "", lambda get: bool(get("compile.deepcompile"))),
-    Feature("expert_parallel.enabled", "expert parallelism (AutoEP)", "", _enabled("expert_parallel")),
     Feature("autotuning.enabled", "autotuning", "", _enabled("autotuning")),
 ]
 

@@ -339,6 +339,15 @@ TENSOR_PARALLEL = Section({
     "partition_config": Leaf("any", None),
 }, open=True, aliases={"tp_size": "autotp_size"})
 
+# AutoEP (DeepSpeed 2026): the experts of a Hugging Face MoE model spread over autoep_size ranks.
+# Open: DeepSpeed's kernel and routing-override keys are kept as given, and unused.
+EXPERT_PARALLEL = Section({
+    "enabled": B(),
+    "autoep_size": I(1, 1),
+    "preset_model": S(None, (None, "mixtral", "qwen2_moe", "qwen3_moe", "qwen3_5_moe",
+                             "deepseek_v2", "deepseek_v3")),  # = engine/moe/auto_ep.py PRESETS
+}, open=True)
+
 TOP = Section({
     "train_batch_size": I(None, 1),
     "train_micro_batch_size_per_gpu": I(None, 1),
@@ -399,7 +408,7 @@ TOP = Section({
     "hybrid_engine": _enabled_open(),
     "nebula": _enabled_open(),
     "compile": Section({"deepcompile": B()}, open=True),
-    "expert_parallel": _enabled_open(),
+    "expert_parallel": EXPERT_PARALLEL,
     # dslaunch's own (DeepSpeed has no such key): read by `dslaunch run`, ignored by the engine
     "fault_tolerance": Section({
         "hang_timeout": F(300.0, 0.0),  # seconds without progress before the job stops; 0: off

@@ -150,6 +150,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     mpu = sequence_parallel_mpu(source, model, mpu)  # sequence_parallel_size: its grid
     resolved = _resolve(source, model, mpu, _config_origin(label))
     cfg = resolved.typed
+    if cfg.expert_parallel.enabled:  # AutoEP: the model's experts become expert-parallel ones
+        from .moe.auto_ep import autoep_from_config
+
+        model_parameters = autoep_from_config(model, cfg.expert_parallel, model_parameters)
     from .pipe.module import PipelineModule
 
     common = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,

@@ -16,7 +16,7 @@ import torch
 from dslaunch import progress_record
 from dslaunch.config import to_dict
 
-from . import fault_injection
+from . import experts, fault_injection
 from .autocast import Autocast
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
@@ -72,6 +72,12 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.autocast = Autocast(cfg.torch_autocast, self.device.type)
         self.autocast.mark(model)
 
+        # MoE: the layers make their expert groups first (DeepSpeed's engine does the same)
+        experts.set_up_parallelism(model)
+        self.has_moe_layers = experts.has_experts(model)
+        if self.has_moe_layers:
+            experts.refuse_stage3(model, cfg.zero_optimization.stage)
+
         # optimizer: user object, user factory, the config's, or none (forward only)
         client_optimizer = optimizer is not None
         if optimizer is None and cfg.optimizer is not None:
@@ -81,6 +87,11 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             optimizer = optimizer(model_parameters if model_parameters is not None
                                   else model.parameters())
         client_optimizer_name = type(optimizer).__name__ if client_optimizer else None
+        if self.has_moe_layers and optimizer is not None:
+            # expert and dense parameters are reduced (and partitioned) over different groups
+            experts.split_optimizer_groups(optimizer)
+        self.expert_groups = experts.ExpertGroups(model, comm)  # (checkpoint names of experts)
+        self.expert_groups.book_into(comm)  # the layers' all-to-alls in comm_stats()
         self.zero_stage = cfg.zero_optimization.stage
         self.strategy = build_optimizer_strategy(model, optimizer, cfg, comm, self.precision)
         self.optimizer = self.strategy.optimizer

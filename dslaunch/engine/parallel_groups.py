@@ -8,7 +8,7 @@ Without one (plain data parallel) the data-parallel group is the world, and each
 does not have (model / tensor, pipe, sequence) is a group of this rank alone: size 1, rank 0.
 Sequence parallelism (Ulysses): the grid ``initialize`` builds for ``sequence_parallel_size``, or
 the mpu's ``get_sequence_parallel_group``; the sequence x data group is the ranks that hold the
-same weights. Expert parallelism comes with issue 22. Every accessor needs torch.distributed
+same weights. Expert-parallel groups (MoE) are in expert_groups.py. Every accessor needs torch.distributed
 initialised, as DeepSpeed's do.
 """
 

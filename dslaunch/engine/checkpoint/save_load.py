@@ -6,8 +6,11 @@ Layout of ``<dir>/<tag>/`` (default tag ``global_step{N}``):
   client_state.
 - ``rank_{r}_optim_states.pt`` (every rank): that rank's strategy state (optimizer, fp32 masters,
   a ZeRO shard) and its RNG states (torch, CUDA, python ``random``, numpy when imported).
+- ``layer_{l}_expert_{e}_mp_rank_00_model_states.pt`` (MoE): one expert's weights by global id,
+  written by one of its replicas (``expert_files.py``); ``model_states.pt`` then holds the dense
+  weights only.
 - ``metadata.json`` (rank 0): world size, ZeRO stage, dtype, dslaunch version, file list, the
-  frozen parameters' names.
+  frozen parameters' names (MoE: ``expert_parallel``, the ep size of each expert group).
 ``<dir>/latest`` holds the newest tag; ``<dir>/zero_to_fp32.py`` consolidates with torch alone.
 
 Crash safety: every rank writes into ``<dir>/.<tag>.tmp/`` (each file written under a temporary
@@ -36,6 +39,7 @@ from dslaunch import progress_record
 
 from .async_save import AsyncSaver, live_storages, snapshot, write_files
 from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
+from .expert_files import EXPERT_FILE, split_module_state, with_local_experts
 from .files import (
     CheckpointError,
     atomic_text,
@@ -128,7 +132,9 @@ def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> di
     module_sd = strategy.module_state_dict()
     if exclude_frozen_parameters:
         module_sd = without_frozen(module_sd, engine.module)
-    files = {}
+    # MoE: each expert in a file of its own (expert_files.py), written by one of its replicas
+    module_sd, expert_sds = split_module_state(engine, module_sd)
+    files = {os.path.join(tmp, name): sd for name, sd in expert_sds.items()}
     if rank == 0:
         sched = engine.lr_scheduler
         client = dict(client_state or {})
@@ -171,10 +177,23 @@ def _metadata(engine, tag: str, tmp: str) -> dict:
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
             "dslaunch_version": dslaunch_version(),
             "files": ["model_states.pt"] + [os.path.basename(rank_file(tmp, r))
-                                            for r in range(engine.world_size)],
+                                            for r in range(engine.world_size)]
+            + [EXPERT_FILE.format(*e) for e in _all_experts(engine)],
+            **_expert_parallel(engine),
             # for zero_to_fp32's exclude_frozen_parameters
             "frozen_params": [n for n, p in engine.module.named_parameters()
                               if not p.requires_grad]}
+
+
+def _all_experts(engine) -> list:
+    groups = getattr(engine, "expert_groups", None)
+    return groups.all_experts(engine.module) if groups else []
+
+
+def _expert_parallel(engine) -> dict:
+    """MoE: {"expert_parallel": {group name: ep size}} (nothing without experts)."""
+    groups = getattr(engine, "expert_groups", None)
+    return {"expert_parallel": dict(groups.ep_size)} if groups else {}
 
 
 def _publish(save_dir, tag, tmp, final, meta, save_latest, keep_last) -> None:
@@ -259,8 +278,9 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     states = load_file(mpath, mmap=True)  # only copied into the model: no second copy of it
     if not isinstance(states, dict) or "module" not in states:
         raise CheckpointError(f"{mpath}: not a dslaunch model checkpoint (no 'module')")
-    check_module(states["module"], engine.module, mpath, strict)
-    engine.strategy.load_module_state_dict(states["module"], strict=strict)
+    module_sd = with_local_experts(engine, states["module"], path)  # MoE: this rank's experts
+    check_module(module_sd, engine.module, mpath, strict)
+    engine.strategy.load_module_state_dict(module_sd, strict=strict)
     engine.strategy.sync_from_model()
     if load_module_only:
         return path, states.get("client_state", {})
@@ -315,11 +335,14 @@ ZERO_STAGES = (1, 2, 3)  # one shard format (zero_shards.py): any of them reads 
 
 def _same_shard_layout(rstate, strategy) -> bool:
     """Whether a rank file's shards are laid out exactly as ``strategy`` lays out its own."""
+    from .zero_shards import global_names, saved_meta
+
     try:
         saved = [g["layout"] for g in rstate["strategy"]["zero"]["groups"]]
     except (KeyError, TypeError):
         return True  # not a shard file: load_state_dict says what is wrong with it
-    return saved == [g.layout.meta() for g in strategy.groups]
+    names = global_names(strategy)
+    return saved == [saved_meta(g, names) for g in strategy.groups]
 
 
 def _load_optimizer_states(engine, path: str, meta: dict) -> None:
@@ -345,6 +368,13 @@ def _load_optimizer_states(engine, path: str, meta: dict) -> None:
             if rstate is not None:
                 set_rng_state(rstate["rng"])
             return
+    elif (saved_stage == engine.zero_stage == 0 and getattr(engine, "expert_groups", None)
+          and (not same_world or meta.get("expert_parallel") != _expert_parallel(engine).get(
+              "expert_parallel"))):
+        raise CheckpointError(
+            f"{path}: ZeRO stage 0 optimizer states of MoE experts are kept per rank and do not "
+            "carry to another world size or ep_size; save with ZeRO stage 1 or 2 (its states "
+            "reshard by expert), or load with load_optimizer_states=False")
     elif saved_stage == engine.zero_stage == 0 and _plain_stage0(strategy) and not same_world:
         rstate = load_file(rank_file(path, rank % int(saved_world)))
         _strategy_load(strategy, rstate, rank_file(path, rank % int(saved_world)))

@@ -8,6 +8,11 @@ Per rank, under ``strategy`` in ``rank_{r}_optim_states.pt``::
               "groups": [{"layout": Layout.meta(), "master": fp32 shard,
                           "state": {"exp_avg": shard, ...}, "scalars": {"step": tensor}}]},
      "param_groups": [{hyperparameters of each optimizer group}]}
+
+MoE (``engine/experts.py``): an expert group is partitioned over its expert-data-parallel group,
+not the data-parallel one; its layout names experts by global id, and the group also records
+``rank`` (within that group) and ``ranks`` (the group's global ranks, in order), so a load at
+another ``ep_size`` finds each expert in the files of whichever ranks held it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 from dslaunch.engine.zero import partition as P
 
 from .files import RankFiles
-from .shard_index import ParamIndex, reshard
+from .shard_index import ParamIndex
 
 # An async save (async_save.py) hands its reusable host buffers here: ``alloc(numel, dtype)``
 STAGING: contextvars.ContextVar = contextvars.ContextVar("dslaunch_ckpt_staging", default=None)
@@ -45,8 +50,36 @@ def _shard_values(strategy, g) -> torch.Tensor:
     return _flat([c.detach().float() for c in g.chunks])
 
 
+def global_names(strategy) -> dict:
+    """{local name: checkpoint name} of the MoE expert parameters (empty without experts)."""
+    experts = getattr(strategy, "experts", None)
+    if not experts:
+        return {}
+    return {local: name for local, (name, _, _) in experts.global_names(strategy.model).items()}
+
+
+def saved_meta(g, names: dict) -> dict:
+    """The group's layout metadata as a checkpoint holds it (experts under their global names)."""
+    meta = g.layout.meta()
+    if names:
+        for b in meta["buckets"]:
+            for p in b["params"]:
+                p[0] = names.get(p[0], p[0])
+    return meta
+
+
+def _group_ranks(g) -> list:
+    import torch.distributed as dist
+
+    group = getattr(g.comm, "group", None)
+    if group is None or not dist.is_initialized():
+        return list(range(g.world))
+    return list(dist.get_process_group_ranks(group))
+
+
 def shard_state_dict(strategy) -> dict:
     groups = []
+    names = global_names(strategy)
     for g in strategy.groups:
         state: dict = {}
         scalars: dict = {}
@@ -60,8 +93,10 @@ def shard_state_dict(strategy) -> dict:
             else:
                 v = next(v for v in vals if v is not None)
                 scalars[k] = v.detach().clone().cpu() if torch.is_tensor(v) else torch.tensor(v)
-        groups.append({"layout": g.layout.meta(), "master": _shard_values(strategy, g),
+        groups.append({"layout": saved_meta(g, names), "master": _shard_values(strategy, g),
                        "state": state, "scalars": scalars})
+        if names:
+            groups[-1].update(rank=g.rank, ranks=_group_ranks(g))
     hyper = [{k: v for k, v in pg.items() if k != "params"}
              for pg in strategy.optimizer.param_groups]
     return {"zero": {"stage": strategy.stage, "world_size": strategy.world, "rank": strategy.rank,
@@ -69,8 +104,8 @@ def shard_state_dict(strategy) -> dict:
             "param_groups": hyper}
 
 
-def _check_layout(saved: dict, g, gi: int) -> None:
-    mine = g.layout.meta()
+def _check_layout(saved: dict, g, gi: int, names: dict) -> None:
+    mine = saved_meta(g, names)
     if saved == mine:
         return
     a = [p for b in saved["buckets"] for p in b["params"]]
@@ -94,11 +129,18 @@ def load_shard_state_dict(strategy, sd: dict) -> None:
         raise ValueError("not a ZeRO 1-3 shard (saved by stage 0?)")
     if len(z["groups"]) != len(strategy.groups):
         raise ValueError(f"{len(z['groups'])} optimizer groups saved, {len(strategy.groups)} now")
+    names = global_names(strategy)
     for gi, (saved, g) in enumerate(zip(z["groups"], strategy.groups)):
-        _check_layout(saved["layout"], g, gi)
+        _check_layout(saved["layout"], g, gi, names)
         load_group(strategy, g, saved["master"], saved["state"], saved["scalars"])
-    for pg, hyper in zip(strategy.optimizer.param_groups, sd.get("param_groups", [])):
-        pg.update(hyper)
+    _load_hyper(strategy, sd.get("param_groups", []))
+
+
+def _load_hyper(strategy, saved: list) -> None:
+    """The saved optimizer hyperparameters (an MoE group keeps its own group name: the ep size
+    may have changed)."""
+    for pg, hyper in zip(strategy.optimizer.param_groups, saved):
+        pg.update({k: v for k, v in hyper.items() if k not in ("moe", "name")})
     strategy._all_gather_params()
 
 
@@ -143,35 +185,67 @@ def _scalar_state(optimizer, key: str, v: torch.Tensor, device: torch.device):
     return int(v) if not v.is_floating_point() and v.dim() == 0 else v.clone()
 
 
+def _old_index(files: RankFiles, gi: int, world: int) -> dict:
+    """name -> (ParamIndex, global rank holding each shard) for the checkpoint's optimizer group
+    ``gi``: one layout for a group partitioned over the data-parallel ranks, one per
+    expert-data-parallel group for MoE experts (each of those ranks' files holds its own)."""
+    where, seen = {}, set()
+    for r in range(world):
+        saved = files.zero(r)["groups"][gi]
+        ranks = tuple(saved.get("ranks", range(world)))
+        if ranks not in seen:
+            seen.add(ranks)
+            index = ParamIndex(P.Layout.from_meta(saved["layout"]))
+            for name in index.names():
+                where[name] = (index, ranks)
+        if len(ranks) == world:  # every rank's layout is this one
+            break
+    return where
+
+
+def _reshard(g, where: dict, names: dict, shard_of, dtype=torch.float32) -> torch.Tensor:
+    """This rank's shard of group ``g``, filled by parameter from the checkpoint's shards
+    (``shard_of(global rank)``: that rank's tensor of this group)."""
+    out = torch.zeros(g.layout.shard_numel, dtype=dtype)
+    for _, s, lo, hi, pos in g.layout.shard_pieces(g.rank):
+        name = names.get(s.name, s.name)
+        index, ranks = where[name]
+        out[pos: pos + hi - lo].copy_(
+            index.gather(lambda k, ranks=ranks: shard_of(ranks[k]), name, lo, hi))
+    return out
+
+
 def load_resharded(strategy, ckpt_path: str) -> None:
-    """Load a ZeRO 1-3 checkpoint laid out otherwise (another world size, stage or bucket size;
-    shards are matched by parameter name): every rank reads the pieces of the old shards that
-    fall in its new shard (files opened with mmap): memory of the order of its own shard."""
+    """Load a ZeRO 1-3 checkpoint laid out otherwise (another world size, stage, bucket size or
+    MoE ``ep_size``; shards are matched by parameter name, experts by global id): every rank
+    reads the pieces of the old shards that fall in its new shard (files opened with mmap):
+    memory of the order of its own shard."""
     with open(os.path.join(ckpt_path, "metadata.json")) as f:
         meta = json.load(f)
-    files = RankFiles(ckpt_path, int(meta["world_size"]))
+    world = int(meta["world_size"])
+    files = RankFiles(ckpt_path, world)
     z0 = files.zero(0)
     if z0 is None:
         raise ValueError("the checkpoint holds no ZeRO 1-3 shards (saved by stage 0?)")
     if len(z0["groups"]) != len(strategy.groups):
         raise ValueError(f"{len(z0['groups'])} optimizer groups saved, {len(strategy.groups)} now")
+    names = global_names(strategy)
     for gi, (saved, g) in enumerate(zip(z0["groups"], strategy.groups)):
-        old = ParamIndex(P.Layout.from_meta(saved["layout"]))
-        for _, s, *_ in g.layout.shard_pieces(strategy.rank):
-            if s.name not in old.where:
-                raise ValueError(f"model tensor {s.name!r} is not in the checkpoint")
-            if tuple(old.where[s.name][1].shape) != tuple(s.shape):
-                raise ValueError(f"tensor {s.name!r} is {list(old.where[s.name][1].shape)} in the "
-                                 f"checkpoint but {list(s.shape)} in the model")
+        where = _old_index(files, gi, world)
+        for _, s, *_ in g.layout.shard_pieces(g.rank):
+            name = names.get(s.name, s.name)
+            if name not in where:
+                raise ValueError(f"model tensor {name!r} is not in the checkpoint")
+            old_shape = tuple(where[name][0].where[name][1].shape)
+            if old_shape != tuple(s.shape):
+                raise ValueError(f"tensor {name!r} is {list(old_shape)} in the checkpoint but "
+                                 f"{list(s.shape)} in the model")
 
         def src(key, gi=gi):
             return lambda rank: (files.zero(rank)["groups"][gi]["master"] if key is None
                                  else files.zero(rank)["groups"][gi]["state"][key])
-        master = reshard(g.layout, strategy.rank, old, src(None))
-        state = {k: reshard(g.layout, strategy.rank, old, src(k), v.dtype)
-                 for k, v in saved["state"].items()}
+        master = _reshard(g, where, names, src(None))
+        state = {k: _reshard(g, where, names, src(k), v.dtype) for k, v in saved["state"].items()}
         load_group(strategy, g, master, state, saved["scalars"], own=True)
-    for pg, hyper in zip(strategy.optimizer.param_groups,
-                         files.raw(0)["strategy"].get("param_groups", [])):
-        pg.update(hyper)
+    _load_hyper(strategy, files.raw(0)["strategy"].get("param_groups", []))
     strategy._all_gather_params()

@@ -20,7 +20,9 @@ dslaunch's ``engine/checkpoint/zero_to_fp32_script.py``; dslaunch's own consolid
 its output writer and page release from there.
 
 Formats: ZeRO 0-3 (``model_states.pt``; for ZeRO 1-3 the fp32 masters are put back together from
-the ranks' shards in ``rank_{r}_optim_states.pt``) and pipeline / tensor parallel
+the ranks' shards in ``rank_{r}_optim_states.pt``; MoE experts from their
+``layer_{l}_expert_{e}_mp_rank_00_model_states.pt`` files and shards, under their global expert
+ids) and pipeline / tensor parallel
 (``layer_stage{S}_tp{T}_model_states.pt``; tensor-parallel slices merged, fp32 masters in
 bf16/fp16).
 
@@ -161,35 +163,58 @@ def shard_pieces(layout, rank):
         pos += c
 
 
-def zero_checkpoint(path, meta, exclude=(), alloc=None):
-    """Stream a ZeRO 0-3 checkpoint: buffers and unsharded weights from ``model_states.pt``, then
-    each rank's fp32 master shard copied into place, one rank file mapped at a time. ``alloc``:
-    specs {name: (shape, dtype)} -> (output tensors, the Mapped file they live in or None);
-    default: new tensors in memory. Names in ``exclude`` are left out."""
-    model = Mapped(os.path.join(path, "model_states.pt"))
-    module = model.obj["module"]
+EXPERT_FILES = re.compile(r"^layer_\d+_expert_\d+_mp_rank_\d+_model_states\.pt$")
+
+
+def _sharded_names(path, meta):
+    """{name: numel} of every tensor the ZeRO 1-3 shards hold: rank 0's groups, and with MoE the
+    expert groups of every rank (each expert-data-parallel group holds its own experts)."""
     sharded = {}
-    if meta.get("zero_stage") in (1, 2, 3):
-        first = Mapped(rank_path(path, 0))
-        for group in first.obj["strategy"]["zero"]["groups"]:
+    world = int(meta.get("world_size", 1))
+    for rank in range(world):
+        f = Mapped(rank_path(path, rank))
+        groups = f.obj["strategy"]["zero"]["groups"]
+        for group in groups:
+            if rank and len(group.get("ranks", range(world))) == world:
+                continue
             for bucket in group["layout"]["buckets"]:
                 for name, _shape, _start, numel in bucket["params"]:
                     sharded[name] = numel
-        del first
+        del f
+        if all(len(g.get("ranks", range(world))) == world for g in groups):
+            break  # no experts: every rank's layout is rank 0's
+    return sharded
+
+
+def zero_checkpoint(path, meta, exclude=(), alloc=None):
+    """Stream a ZeRO 0-3 checkpoint: buffers and unsharded weights from ``model_states.pt`` (and
+    MoE experts from their files), then each rank's fp32 master shard copied into place, one rank
+    file mapped at a time. ``alloc``: specs {name: (shape, dtype)} -> (output tensors, the Mapped
+    file they live in or None); default: new tensors in memory. Names in ``exclude`` are left
+    out."""
+    model = Mapped(os.path.join(path, "model_states.pt"))
+    sources = [(model, model.obj["module"])]
+    for fname in sorted(os.listdir(path)):
+        if EXPERT_FILES.match(fname):
+            expert = Mapped(os.path.join(path, fname))
+            sources.append((expert, expert.obj))
+    sharded = _sharded_names(path, meta) if meta.get("zero_stage") in (1, 2, 3) else {}
     specs = {name: (tuple(t.shape), torch.float32 if t.is_floating_point() else t.dtype)
-             for name, t in module.items() if name not in exclude}
+             for _, module in sources for name, t in module.items() if name not in exclude}
     out, dst = alloc(specs) if alloc else (
         {n: torch.empty(shape, dtype=dtype) for n, (shape, dtype) in specs.items()}, None)
     filled = {}
-    for name, saved in module.items():
-        if name in out and name not in sharded:
-            copy_released(out[name].view(-1), saved.reshape(-1), model, dst)
-    del model, module
+    for mapped, module in sources:
+        for name, saved in module.items():
+            if name in out and name not in sharded:
+                copy_released(out[name].view(-1), saved.reshape(-1), mapped, dst)
+    del model, sources, module
     for rank in range(int(meta.get("world_size", 1)) if sharded else 0):
         f = Mapped(rank_path(path, rank))
         for group in f.obj["strategy"]["zero"]["groups"]:
             master = group["master"]
-            for name, lo, hi, pos in shard_pieces(group["layout"], rank):
+            # (an MoE expert group: the rank within its expert-data-parallel group)
+            for name, lo, hi, pos in shard_pieces(group["layout"], group.get("rank", rank)):
                 if name not in specs and name not in exclude:
                     raise ValueError(f"{f.path}: shard tensor {name!r} is not in model_states.pt")
                 if name in out:

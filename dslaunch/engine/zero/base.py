@@ -120,9 +120,17 @@ class OptimizerStrategy:
 
 
 def broadcast_model(model: torch.nn.Module, comm, src: int = 0) -> None:
-    """Make every rank start from rank ``src``'s weights and buffers (what DDP does)."""
+    """Make every rank start from rank ``src``'s weights and buffers (what DDP does); MoE experts
+    (different on the ranks of an expert-parallel group) from their replica on expert-data-parallel
+    rank 0 (``engine/experts.py``)."""
     if comm.world_size == 1:
         return
+    from ..experts import ExpertGroups, is_expert
+
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
-            comm.broadcast(t.data, src)
+            if not is_expert(t):
+                comm.broadcast(t.data, src)
+    experts = ExpertGroups(model, comm)
+    if experts:
+        experts.broadcast(model)

@@ -22,10 +22,13 @@ at all, predivide included, as in DeepSpeed).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..experts import ExpertGroups, expert_group
 from ..memory import breakdown, optimizer_state_tensors
-from ..step_policy import REPLICATED, GradNorm, loss_scale_of
+from ..step_policy import REPLICATED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
 from .base import OptimizerStrategy, broadcast_model
 from .zero_init import register_strategy
 
@@ -37,10 +40,12 @@ OVERLAP_FIRST_BUCKET_CAP = 2**20 // 4
 
 
 class _Bucket:
-    __slots__ = ("start", "end", "params", "pending", "handle")
+    __slots__ = ("start", "end", "params", "pending", "handle", "expert_group", "comm")
 
-    def __init__(self, start):
+    def __init__(self, start, expert_group=None, comm=None):
         self.start, self.end, self.params, self.pending, self.handle = start, start, [], 0, None
+        self.expert_group = expert_group  # MoE: the experts' group name (None: dense)
+        self.comm = comm  # where the bucket is all-reduced
 
 
 class Stage0Strategy(OptimizerStrategy):
@@ -58,6 +63,9 @@ class Stage0Strategy(OptimizerStrategy):
         self.prescale = prescale_gradients
         self.predivide = gradient_predivide_factor or 1.0
 
+        # MoE (engine/experts.py): expert gradients are all-reduced over their expert-data-parallel
+        # group, in buckets of their own, and scaled as the dense ones
+        self.experts = ExpertGroups(model, comm)
         broadcast_model(model, comm)
         seen, params = set(), []
         for p in model.parameters():
@@ -79,8 +87,10 @@ class Stage0Strategy(OptimizerStrategy):
             n = p.numel()
             limit = min(cap, OVERLAP_FIRST_BUCKET_CAP) if (self.overlap and
                                                            len(self.buckets) == 1) else cap
-            if bucket is None or (bucket.end - bucket.start + n > limit and bucket.params):
-                bucket = _Bucket(offset)
+            kind = expert_group(p)
+            if bucket is None or (bucket.end - bucket.start + n > limit and bucket.params) or \
+                    kind != bucket.expert_group:
+                bucket = _Bucket(offset, kind, self.experts.comm(kind, comm))
                 self.buckets.append(bucket)
             self.views[p] = self.flat[offset:offset + n].view_as(p)
             bucket.params.append(p)
@@ -153,7 +163,7 @@ class Stage0Strategy(OptimizerStrategy):
         chunk = self.flat[bucket.start:bucket.end]
         if self.prescale and self.predivide != 1.0 and self.average_gradients:
             chunk.mul_(1.0 / self.predivide)
-        bucket.handle = self.comm.all_reduce(chunk, async_op=async_op)
+        bucket.handle = bucket.comm.all_reduce(chunk, async_op=async_op)
 
     def after_backward(self, is_boundary: bool) -> None:
         if self.masters is not None:
@@ -192,7 +202,20 @@ class Stage0Strategy(OptimizerStrategy):
     def _boundary_grad_norm(self, clip_norm, loss_scaler, fp16: bool) -> GradNorm:
         if not self.step_policy.needs_norm(clip_norm, fp16):
             return GradNorm()
-        scaled = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
+        if not self.experts:
+            scaled = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
+            return GradNorm.from_scaled(scaled, loss_scale_of(loss_scaler))
+        # dense gradients are the same on every rank; an expert's on its replicas only: sum each
+        # rank's share of them over the ranks, so every expert counts once
+        dense, shared = 0.0, 0.0
+        for b in self.buckets:
+            sq = sum_of_squares([self.flat[b.start:b.end]])
+            if b.expert_group is None:
+                dense += sq
+            else:
+                shared += sq * self.experts.norm_weight(b.expert_group)
+        shared, overflow = all_reduce_sq_norm(shared, self.comm.all_reduce)
+        scaled = math.sqrt(dense + shared) if math.isfinite(dense) and not overflow else math.inf
         return GradNorm.from_scaled(scaled, loss_scale_of(loss_scaler))
 
     def _scale_grads_and_step(self, coef: float) -> None:

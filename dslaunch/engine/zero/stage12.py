@@ -36,6 +36,7 @@ import weakref
 import torch
 
 from dslaunch.engine.autocast import comm_dtype
+from dslaunch.engine.experts import ExpertGroups, expert_group
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.step_policy import SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
 from dslaunch.engine.zero import partition as P
@@ -54,11 +55,14 @@ COMM_BUCKET_CAP = 1 << 21
 class _Group:
     """One optimizer param group: its layout, flat buffers and shard tensors."""
 
-    def __init__(self, named, world, rank, bucket_numel):
+    def __init__(self, named, comm, bucket_numel, expert_group=None):
         self.names = [n for n, _ in named]
         self.params = {n: p for n, p in named}
-        self.layout = P.build_layout(named, world, bucket_numel, kind=comm_dtype)
-        self.rank = rank
+        # the ranks this group is partitioned over: the data-parallel group, or for MoE experts
+        # their expert-data-parallel group (engine/experts.py)
+        self.comm, self.world, self.rank = comm, comm.world_size, comm.rank
+        self.expert_group = expert_group
+        self.layout = P.build_layout(named, self.world, bucket_numel, kind=comm_dtype)
         # which bucket each parameter lives in
         self.bucket_of = {s.name: bi for bi, b in enumerate(self.layout.buckets) for s in b.slots}
         self.slot_of = {s.name: s for b in self.layout.buckets for s in b.slots}
@@ -103,9 +107,19 @@ class ZeroStage12Strategy(OptimizerStrategy):
 
         named = self._trainable_groups(model, optimizer, precision)
 
+        self.experts = ExpertGroups(model, comm)
         broadcast_model(model, comm)  # every rank starts from rank 0's weights
         bucket = min(zero.reduce_bucket_size, COMM_BUCKET_CAP)
-        self.groups = [_Group(g, self.world, self.rank, bucket) for g in named]
+        self.groups = []
+        for g in named:
+            kinds = {expert_group(p) for _, p in g}
+            if len(kinds) > 1:
+                raise ValueError("an optimizer param group mixes MoE expert parameters with "
+                                 "others (or experts of several ep sizes); split it with "
+                                 "dslaunch.moe.utils.split_params_into_different_moe_groups_"
+                                 "for_optimizer")
+            kind = kinds.pop() if kinds else None
+            self.groups.append(_Group(g, self.experts.comm(kind, comm), bucket, kind))
         pin = zero.offload_optimizer.pin_memory and torch.cuda.is_available() and \
             self.opt_device.type == "cpu"
         if self.need_master:
@@ -261,11 +275,11 @@ class ZeroStage12Strategy(OptimizerStrategy):
         gi, bi = key
         g = self.groups[gi]
         staging = self._open.pop(key)
-        chunk = g.layout.buckets[bi].chunk(self.world)
+        chunk = g.layout.buckets[bi].chunk(g.world)
         send, cd = self._comm_input(key, staging)
         out = torch.empty(chunk, dtype=cd, device=self.device)
         if self.overlap_comm:
-            work = self.comm.reduce_scatter_tensor(out, send, async_op=True,
+            work = g.comm.reduce_scatter_tensor(out, send, async_op=True,
                                                      input_is_scratch=True)
             self._in_flight.append((g, bi, work, out, staging))
             # No wait here: waiting on (or polling) async gloo work from inside the autograd
@@ -273,7 +287,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             # without an active exception"). All waits happen in after_backward; the price is
             # that in-flight buckets keep their staging buffers until backward ends.
         else:
-            self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
+            g.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
             self._finish(g, bi, None, out, staging)
 
     def _finish(self, g, bi, work, out, staging):
@@ -312,10 +326,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
             for bi, (b, bview) in enumerate(zip(g.layout.buckets,
                                                 P.bucket_views(g.grad_flat, g.layout))):
                 send, cd = self._comm_input((gi, bi), bview)
-                out = torch.empty(b.chunk(self.world), dtype=cd, device=self.device)
+                out = torch.empty(b.chunk(g.world), dtype=cd, device=self.device)
                 # the flat gradient buffer is reduced in place where the collective runs as an
                 # all_reduce (gloo): it is zeroed before the next accumulation anyway
-                self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
+                g.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
                 outs.append(out if cd == self.dtype else out.to(self.dtype))
             if g.grad_shard is not None:  # offload: fp32 shard on the CPU
                 for dst, out in zip(P.shard_chunks(g.grad_shard, g.layout), outs):
@@ -357,7 +371,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
     def _grad_chunks(self):
         if self.stage == 1:
             return getattr(self, "_stage1_grad_chunks", None) or [
-                [torch.zeros(b.chunk(self.world), dtype=self.dtype, device=self.device)
+                [torch.zeros(b.chunk(g.world), dtype=self.dtype, device=self.device)
                  for b in g.layout.buckets] for g in self.groups]
         return [P.shard_chunks(g.grad_shard, g.layout) for g in self.groups]
 
@@ -365,7 +379,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
     step_policy = SHARDED  # a non-finite norm skips in any precision; coef = clip * (1 / scale)
 
     def _boundary_grad_norm(self, clip_norm, loss_scaler, fp16: bool) -> GradNorm:
-        """Squared shard norms, unscaled, summed over the data-parallel group (fp64)."""
+        """Squared shard norms, unscaled, summed over the data-parallel group (fp64). An expert
+        group's shards partition its experts within their expert-data-parallel group, so over
+        all ranks every expert element is counted once too."""
         inv = 1.0 / loss_scale_of(loss_scaler)
         sq = sum_of_squares(c for group_chunks in self._grad_chunks() for c in group_chunks)
         sq, overflow = all_reduce_sq_norm(sq * (inv * inv), self.comm.all_reduce)
@@ -396,13 +412,14 @@ class ZeroStage12Strategy(OptimizerStrategy):
         sources = self._master_chunks() if self.need_master else (
             (gi, bi, c) for gi, g in enumerate(self.groups) for bi, c in enumerate(g.chunks))
         for gi, bi, src in sources:
-            bview = self.groups[gi].buckets[bi]
+            g = self.groups[gi]
+            bview = g.buckets[bi]
             inp = src.to(device=self.device, dtype=self.dtype)
             lo = bview.data_ptr()
             if lo <= inp.data_ptr() < lo + bview.numel() * bview.element_size() and \
-                    getattr(self.comm, "paths", {}).get("all_gather", "native") == "native":
+                    getattr(g.comm, "paths", {}).get("all_gather", "native") == "native":
                 inp = inp.clone()  # gloo's own all-gather: the input must not alias the output
-            self.comm.all_gather_into_tensor(bview, inp)
+            g.comm.all_gather_into_tensor(bview, inp)
 
     def _master_chunks(self):
         """(group index, bucket index, fp32 master chunk), in group and bucket order. When the

@@ -1,0 +1,3 @@
+"""``dslaunch.moe``, as ``deepspeed.moe``: mixture of experts with expert parallelism
+(``moe.layer.MoE``, ``moe.sharded_moe``'s gates, ``moe.experts.Experts``, ``moe.utils``'s
+parameter groups). A face: the implementation is ``dslaunch/engine/moe/``."""
