@@ -36,3 +36,18 @@ def pytest_terminal_summary(terminalreporter):
     for cache in _CACHES:
         if cache.jobs:
             terminalreporter.write_line(cache.summary())
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    """A one-rank gloo world for in-process tests; MoE expert groups made in it are forgotten
+    before and after (they belong to the process group that is destroyed)."""
+    import torch.distributed as dist
+
+    from dslaunch.engine import expert_groups
+
+    expert_groups.reset()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    expert_groups.reset()

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from dslaunch.engine.moe import gating
 from dslaunch.moe import layer as moe_layer
@@ -76,13 +75,6 @@ def test_topk_drops_the_lowest_gates():
     # expert 0's highest gate goes to a token of rows 0-1, expert 1's to rows 2-3
     kept = {(int(e), s) for j in range(2) for s, e in enumerate(r.indices[j]) if e >= 0}
     assert {e for e, _ in kept} >= {0, 1} and all(s < 4 for e, s in kept if e in (0, 1))
-
-
-@pytest.fixture
-def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_layer_against_a_per_token_reference(world_of_one):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from dslaunch.engine import expert_groups
 from dslaunch.engine.expert_groups import expert_rank_lists
@@ -38,13 +37,6 @@ def test_tensor_parallel_layouts():
     assert ep == [[0, 2], [4, 6], [1, 3], [5, 7]] and edp[0] == [0, 4, 1, 5]
     ep, _ = expert_rank_lists(8, 2, mp=2, mp_mode="sp")
     assert ep == [[0, 1], [2, 3], [4, 5], [6, 7]]
-
-
-@pytest.fixture
-def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_groups_by_name_in_a_world_of_one(world_of_one):
