@@ -65,7 +65,6 @@ NOT_SUPPORTED_YET = [
     Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),
     Feature("compile.deepcompile", "DeepCompile", "", lambda get: bool(get("compile.deepcompile"))),
     Feature("expert_parallel.enabled", "expert parallelism (AutoEP)", "", _enabled("expert_parallel")),
-    Feature("autotuning.enabled", "autotuning", "", _enabled("autotuning")),
 ]
 
 
