@@ -3,8 +3,9 @@
 The tuned dimensions are written in the config itself, DeepSpeed's way: a list (or ``"all"``)
 where a single value would be.
 - ``zero_optimization.stage``: an int, a list of ints, or ``"all"`` (absent: all of 0-3);
-- ``train_micro_batch_size_per_gpu``: an int (only that), a list, or absent / ``"auto"`` (powers
-  of two between the ``autotuning`` section's bounds, ``num_tuning_micro_batch_sizes`` of them);
+- ``train_micro_batch_size_per_gpu``: a list (those sizes); an int, absent or ``"auto"``: powers
+  of two between the ``autotuning`` section's bounds, ``num_tuning_micro_batch_sizes`` of them
+  (as DeepSpeed's tuner, which only takes a list as the sizes to try);
 - ``zero_optimization.offload_optimizer.device`` / ``offload_param.device``: a device or a list
   of devices (dslaunch's extension; absent: no offload).
 Every other key is copied into each trial's config unchanged. The config with each list replaced
@@ -77,11 +78,11 @@ def read_tuning_input(path: str, world_size: int) -> TuningInput:
     stages = [0, 1, 2, 3] if stage in (None, "all") else _as_list(
         stage, "zero_optimization.stage", (0, 1, 2, 3))
     micro = None
-    if mbs not in (None, "auto"):
-        micro = list(mbs) if isinstance(mbs, (list, tuple)) else [mbs]
+    if isinstance(mbs, (list, tuple)):
+        micro = list(mbs)
         if not micro or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in micro):
-            raise ConfigError([f"train_micro_batch_size_per_gpu: {mbs!r}: expected an integer "
-                               ">= 1, a list of them, or \"auto\""])
+            raise ConfigError([f"train_micro_batch_size_per_gpu: {mbs!r}: expected a list of "
+                               "integers >= 1 to tune"])
     devices = ("none", "cpu", "nvme")
     offload_opt = ["none"] if oo is None else _as_list(
         oo, "zero_optimization.offload_optimizer.device", devices)
@@ -95,7 +96,8 @@ def read_tuning_input(path: str, world_size: int) -> TuningInput:
     # validate the rest as a run would, with one value in place of each list
     probe = copy.deepcopy(base)
     _put(probe, "zero_optimization.stage", max(stages))
-    _put(probe, "train_micro_batch_size_per_gpu", (micro or [1])[0])
+    _put(probe, "train_micro_batch_size_per_gpu", micro[0] if micro else
+         (mbs if isinstance(mbs, int) and not isinstance(mbs, bool) else 1))
     try:
         resolved = resolve_config(probe, world_size=world_size, origin=path)
     except ConfigError as exc:
