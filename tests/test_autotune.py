@@ -155,6 +155,8 @@ def test_script_args_point_at_the_trial_config():
     ("import sys; print('RuntimeError: bad'); sys.exit(3)", "failed"),
     ("import time; time.sleep(60)", "timeout"),
     ("import json, sys; json.dump({'throughput': 2.0}, open(sys.argv[1], 'w'))", "ok"),
+    # rank 0 on another host: no file here, its metrics line came back in the job's output
+    ("print('[rank 0] [dslaunch] autotuning metrics: {\"throughput\": 2.0}')", "ok"),
 ])
 def test_trial_outcomes(tmp_path, code, status):
     metric = str(tmp_path / "metric.json")

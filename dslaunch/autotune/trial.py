@@ -4,7 +4,8 @@ The trial's config is the user's with the experiment's stage, offload and micro-
 and ``autotuning.metric_path`` set: the engine (``engine/autotuning_meter.py``) then times the
 profiled steps, writes the metrics there and exits, so a trial costs ``end_profile_step`` steps
 plus the start. The job's output goes to ``<exps_dir>/<name>/job.log``. Its outcome:
-- ``ok``: the metric file is there;
+- ``ok``: the metric file is there (or, rank 0 being on a host whose disk the tuner does not
+  see, the metrics line rank 0 printed came back in the job's output);
 - ``oom``: the log says the accelerator or the host ran out of memory;
 - ``timeout``: still running after ``--trial-timeout`` seconds (the job is stopped);
 - ``failed``: anything else (exit status and the last error line are kept).
@@ -29,6 +30,7 @@ import time
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|"
                   r"std::bad_alloc|DefaultCPUAllocator: can't allocate", re.IGNORECASE)
+_METRICS_PREFIX = "[dslaunch] autotuning metrics: "  # engine/autotuning_meter.py's LOG_PREFIX
 _CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed-config", "--deepscale_config")
 
 
@@ -123,6 +125,8 @@ def run_trial(command: list, log_path: str, metric_path: str, timeout: float,
             metrics = json.load(f)
     with open(log_path, errors="replace") as f:
         text = f.read()
+    if metrics is None:  # rank 0 on another host: its metrics line came back in the output
+        metrics = _metrics_from_log(text)
     if metrics is not None:
         status, error = "ok", None
     elif timed_out:
@@ -133,6 +137,17 @@ def run_trial(command: list, log_path: str, metric_path: str, timeout: float,
         status, error = "failed", _last_error(text, rc)
     return {"status": status, "seconds": round(seconds, 3), "returncode": rc, "error": error,
             "metrics": metrics}
+
+
+def _metrics_from_log(text: str):
+    for line in reversed(text.splitlines()):
+        at = line.find(_METRICS_PREFIX)
+        if at >= 0:
+            try:
+                return json.loads(line[at + len(_METRICS_PREFIX):])
+            except ValueError:
+                return None
+    return None
 
 
 def _stop(proc, grace: float) -> None:

@@ -4,7 +4,8 @@ A trial's config has ``autotuning.enabled`` and ``autotuning.metric_path`` (the 
 both). The engine then times the optimizer steps after ``start_profile_step`` up to
 ``end_profile_step`` (synchronising the device at both ends, so queued kernels are counted),
 rank 0 writes the metrics as JSON to ``metric_path`` and every rank exits with status 0, as
-DeepSpeed's engine does. A config with ``autotuning.enabled`` but no ``metric_path`` (the file a
+DeepSpeed's engine does. The same JSON goes to stdout on one line (``LOG_PREFIX``), so a tuner on another host reads it
+from the job's output. A config with ``autotuning.enabled`` but no ``metric_path`` (the file a
 user hands to ``dslaunch autotune``) trains normally: the section only steers the tuner.
 
 Metrics (all from the measured window of ``end - start`` steps):
@@ -23,6 +24,8 @@ import sys
 import time
 
 import torch
+
+LOG_PREFIX = "[dslaunch] autotuning metrics: "
 
 
 class TrialMeter:
@@ -80,7 +83,9 @@ class TrialMeter:
                 with open(tmp, "w") as f:
                     json.dump(metrics, f, indent=2)
                 os.replace(tmp, self.path)  # the tuner never reads half a file
-                print(f"[dslaunch] autotuning trial: wrote {self.path}; exiting", flush=True)
+                # also on stdout, which the launcher brings back from any host: the tuner reads
+                # it from the job's log when metric_path is on a disk it does not see
+                print(f"{LOG_PREFIX}{json.dumps(metrics)}", flush=True)
             if engine._async_saver is not None:  # a background save finishes first
                 engine.wait_checkpoint()
             sys.stdout.flush()
