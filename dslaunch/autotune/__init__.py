@@ -12,5 +12,7 @@ The pieces, one idea each:
 - ``results.py``: the results directory (every trial, resumable; the best config; the table);
 - ``search.py``: the loop, with a rich progress display.
 
-Nothing here imports torch at module level: the tuner process only starts jobs.
+The tuner process only starts jobs: it never builds a model. ``cli/autotune.py`` imports this
+package inside the command (the memory estimator's package, ``engine.zero``, brings torch), so
+``dslaunch`` itself still starts without torch.
 """
