@@ -11,6 +11,7 @@ import it inside their functions.
 import click
 
 from dslaunch import __version__
+from dslaunch.cli.autotune import autotune
 from dslaunch.cli.ckpt import ckpt
 from dslaunch.cli.config import config
 from dslaunch.cli.estimate_memory import estimate_memory
@@ -41,5 +42,6 @@ def main():
     """
 
 
-for _command in (run, config, hosts, report, ckpt, sbatch, nvme_tune, estimate_memory, top):
+for _command in (run, config, hosts, report, ckpt, sbatch, nvme_tune, estimate_memory, top,
+                 autotune):
     main.add_command(_command)

@@ -53,7 +53,6 @@ NOT_SUPPORTED_YET = [
     Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine", "", _enabled("hybrid_engine")),
     Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),
     Feature("compile.deepcompile", "DeepCompile", "", lambda get: bool(get("compile.deepcompile"))),
-    Feature("autotuning.enabled", "autotuning", "", _enabled("autotuning")),
 ]
 
 

@@ -348,6 +348,32 @@ EXPERT_PARALLEL = Section({
                              "deepseek_v2", "deepseek_v3")),  # = engine/moe/auto_ep.py PRESETS
 }, open=True)
 
+# read by `dslaunch autotune` (dslaunch/autotune/); a trial's config (enabled + metric_path) makes the
+# engine measure steps start_profile_step..end_profile_step, write the metric file and exit
+AUTOTUNING = Section({
+    "enabled": B(),
+    "fast": B(True),
+    "results_dir": S("autotuning_results"),
+    "exps_dir": S("autotuning_exps"),
+    "overwrite": B(True),
+    "start_profile_step": I(3, 1),
+    "end_profile_step": I(5, 1),
+    "metric_path": S(None),
+    "metric": S("throughput", ("throughput", "latency", "flops")),
+    "tuner_type": S("gridsearch", ("gridsearch", "random", "model_based")),
+    "tuner_early_stopping": I(5, 1),
+    "tuner_num_trials": I(50, 1),
+    "arg_mappings": Leaf("any", None),  # {"config key": "--script-flag"}
+    "model_info": Leaf("any", None),
+    "model_info_path": S(None),
+    "mp_size": I(1, 1),
+    "max_train_batch_size": I(None, 1),
+    "min_train_batch_size": I(1, 1),
+    "max_train_micro_batch_size_per_gpu": I(1024, 1),
+    "min_train_micro_batch_size_per_gpu": I(1, 1),
+    "num_tuning_micro_batch_sizes": I(3, 1),
+}, aliases={"start_step": "start_profile_step", "end_step": "end_profile_step"})
+
 TOP = Section({
     "train_batch_size": I(None, 1),
     "train_micro_batch_size_per_gpu": I(None, 1),
@@ -404,7 +430,7 @@ TOP = Section({
     "curriculum_learning": _enabled_open(),
     "progressive_layer_drop": _enabled_open(),
     "eigenvalue": _enabled_open(),
-    "autotuning": _enabled_open(),
+    "autotuning": AUTOTUNING,
     "hybrid_engine": _enabled_open(),
     "nebula": _enabled_open(),
     "compile": Section({"deepcompile": B()}, open=True),

@@ -18,6 +18,7 @@ from dslaunch.config import to_dict
 
 from . import experts, fault_injection
 from .autocast import Autocast
+from .autotuning_meter import TrialMeter
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
 from .deepspeed_surface import DeepSpeedSurface
@@ -93,6 +94,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self.expert_groups = experts.ExpertGroups(model, comm)  # (checkpoint names of experts)
         self.expert_groups.book_into(comm)  # the layers' all-to-alls in comm_stats()
         self.zero_stage = cfg.zero_optimization.stage
+        # an autotuning trial's config: measure, write the metric, exit (None otherwise)
+        self._autotune = TrialMeter.from_config(cfg, model, self.device)
         self.strategy = build_optimizer_strategy(model, optimizer, cfg, comm, self.precision)
         self.optimizer = self.strategy.optimizer
         self._trains = self.optimizer is not None  # False: forward only
@@ -253,6 +256,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             self._after_step(applied)
             if self._faults is not None:
                 self._faults.at_step(self.global_steps)
+            if self._autotune is not None:
+                self._autotune.after_step(self)
         self.tput_timer.stop(global_step=boundary)
         self.micro_steps += 1
 

@@ -112,6 +112,8 @@ class PipelineEngine(DSLaunchEngine):
         self._losses = [loss.detach()]
         self._after_step(self._applied)
         self.tput_timer.stop(global_step=True)
+        if self._autotune is not None:  # an autotuning trial: measure, write the metric, exit
+            self._autotune.after_step(self)
         return loss
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg"):
