@@ -5,8 +5,9 @@ TFLOPS / MFU on every ``steps_per_print`` line.
   global rank 0 profiles every module of that step's forwards (``profiling/flops_profiler.py``),
   times forward, backward and step with the device synchronised, and prints
   the summary and module tree to the log (or writes ``output_file``) when the step ends.
-- MFU: the first forward is counted (operators only, no per-module hooks, no synchronisation;
-  not for a ``torch.compile``'d module, whose line then shows no MFU) to learn the forward
+- MFU: the engine's first forward is counted (operators only, hooks on the root module for that
+  call only, no synchronisation; not for a ``torch.compile``'d module, whose line then shows no
+  MFU) to learn the forward
   FLOPs per token (per forward call when the input is not token ids). A training step does
   ``3 + recompute_fwd_factor`` times that (backward is twice the forward); the print line
   divides the FLOPs since the last print by the seconds, and by the device's peak
@@ -34,7 +35,7 @@ class EngineFlops:
 
         # a torch.compile'd module runs a graph a dispatch mode must not trace into: no count
         compiled = hasattr(engine.module, "_orig_mod")
-        self._counter = None if compiled else ForwardCounter().attach(engine.module)
+        self._counter = None if compiled else ForwardCounter()
         self._counted_tokens = 0
         self.fwd_flops_per_token = None
         self.fwd_flops_per_call = None
@@ -45,8 +46,11 @@ class EngineFlops:
     def forward_begin(self, tokens: int) -> None:
         e = self.engine
         self.forwards += 1
-        if self._counter is not None:
+        if self._counter is not None and not self._counter.done:
             self._counted_tokens = tokens
+            # hooked for this call only: code that strips and re-adds the module's hooks (TRL's
+            # ZeRO-3 generation) or calls the module outside the engine never meets the counter
+            self._counter.attach(e.module)
         if (self.profile_enabled and self.profiler is None and e.global_rank == 0
                 and e.global_steps == self.cfg.profile_step and torch.is_grad_enabled()):
             from .profiling.flops_profiler import FlopsProfiler
