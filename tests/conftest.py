@@ -40,14 +40,19 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture
 def world_of_one(tmp_path):
-    """A one-rank gloo world for in-process tests; MoE expert groups made in it are forgotten
-    before and after (they belong to the process group that is destroyed)."""
+    """A one-rank gloo world for in-process tests (the one an earlier in-process test left, else
+    a new one, destroyed after); MoE expert groups made in it are forgotten before and after."""
     import torch.distributed as dist
 
     from dslaunch.engine import expert_groups
 
     expert_groups.reset()
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    if dist.is_initialized():  # an earlier in-process engine test's world of one: reuse it
+        assert dist.get_world_size() == 1
+        yield
+    else:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                                world_size=1)
+        yield
+        dist.destroy_process_group()
     expert_groups.reset()
