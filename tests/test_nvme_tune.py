@@ -152,7 +152,10 @@ def test_interrupted_sweep_removes_its_files(tmp_path, sig, code):
                                  "single_submit": [True, False], "overlap_events": [True, False]}))
     proc = subprocess.Popen([*DSLAUNCH, "nvme-tune", "--nvme-dir", str(target), "--io-size", "32M",
                              "--sweep-config", str(sweep), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal: a suite started in the background (nohup, &)
+                            # hands its children SIGINT ignored, and Python keeps it ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         data = None
