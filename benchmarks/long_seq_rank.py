@@ -37,15 +37,6 @@ def parse_args():
     return p.parse_args()
 
 
-class BatchFirst(torch.nn.Module):
-    """A ``DistributedAttention`` called as gpt.py calls its attention core: ``(q, k, v)``."""
-
-    def __init__(self, attention):
-        super().__init__()
-        self.attention = attention
-
-    def forward(self, q, k, v):
-        return self.attention(q, k, v, 0)
 
 
 def sequence_layout(runtime, sp):
@@ -80,9 +71,7 @@ def main():
     model = GPT(GPTConfig(seq_len=args.seq, n_layer=args.n_layer, n_head=args.n_head,
                           d_model=args.d_model))
     if args.sp > 1:
-        model.sp_rank = sp_rank
-        for block in model.blocks:
-            block.attn.core = BatchFirst(DistributedAttention(block.attn.core, group))
+        model.use_sequence_parallel(DistributedAttention, group, sp_rank)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": 1}, "steps_per_print": 10 ** 6}

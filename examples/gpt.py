@@ -92,6 +92,18 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class BatchFirst(nn.Module):
+    """A ``DistributedAttention`` (dslaunch's or DeepSpeed's) called as ``Block`` calls its
+    attention core: ``(q, k, v)`` in ``[batch, seq, heads, head_dim]``."""
+
+    def __init__(self, attention):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, q, k, v):
+        return self.attention(q, k, v, 0)  # batch_dim_idx 0: [b, s, h, d]
+
+
 class GPT(nn.Module):
     """Decoder-only transformer. ``forward(tokens, targets=None)`` returns logits, or the mean
     cross-entropy loss when targets are given."""
@@ -133,6 +145,13 @@ class GPT(nn.Module):
 
     checkpoint = None  # a checkpoint(function, *args) run around each block (use_long_sequence)
     tiled_loss = None  # (TiledFusedLogitsLoss, tiles)
+
+    def use_sequence_parallel(self, distributed_attention, group, rank: int) -> None:
+        """Ulysses: every block's attention core becomes ``distributed_attention(core, group)``
+        (the class of the library in use), and positions start at this rank's sequence block."""
+        self.sp_rank = rank
+        for block in self.blocks:
+            block.attn.core = BatchFirst(distributed_attention(block.attn.core, group))
 
     def use_long_sequence(self, checkpoint=None, tiled_mlp=None, mlp_tiles=4, tiled_loss=None,
                           loss_tiles=8):

@@ -69,15 +69,6 @@ def parse_args():
     return p.parse_args()
 
 
-class BatchFirst(torch.nn.Module):
-    """``DistributedAttention`` called as gpt.py calls its attention core: ``(q, k, v)``."""
-
-    def __init__(self, attention):
-        super().__init__()
-        self.attention = attention
-
-    def forward(self, q, k, v):
-        return self.attention(q, k, v, 0)  # batch_dim_idx 0: [b, s, h, d]
 
 
 class SequenceParallel:
@@ -93,9 +84,7 @@ class SequenceParallel:
 
         self.mpu = build_grid(sequence=size)
         self.rank, self.group = self.mpu.get_sequence_parallel_rank(), self.mpu.sequence_group
-        model.sp_rank = self.rank  # position ids of this rank's block
-        for block in model.blocks:  # gpt.py's q, k, v are [batch, seq, heads, head_dim]
-            block.attn.core = BatchFirst(DistributedAttention(block.attn.core, self.group))
+        model.use_sequence_parallel(DistributedAttention, self.group, self.rank)
 
     def check(self):
         have = groups._get_sequence_parallel_world_size()

@@ -154,19 +154,7 @@ def sequence_parallel(impl, sp, model):
 
         mpu.initialize_sequence_parallel(sequence_parallel_size=sp)
         group, rank = mpu.get_sequence_parallel_group(), mpu.get_sequence_parallel_rank()
-    import torch
-
-    class BatchFirst(torch.nn.Module):  # called as gpt.py calls its core: (q, k, v), [b, s, h, d]
-        def __init__(self, attention):
-            super().__init__()
-            self.attention = attention
-
-        def forward(self, q, k, v):
-            return self.attention(q, k, v, 0)
-
-    model.sp_rank = rank  # positions of this rank's block
-    for block in model.blocks:
-        block.attn.core = BatchFirst(DistributedAttention(block.attn.core, group))
+    model.use_sequence_parallel(DistributedAttention, group, rank)
     return mpu, group, rank
 
 
