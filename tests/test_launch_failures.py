@@ -110,6 +110,21 @@ def test_silent_agent_is_declared_lost(tmp_path):
     assert_no_leftovers(marker)
 
 
+def test_slow_starting_agent_is_not_lost(tmp_path):
+    """The heartbeat timeout counts from an agent's first word: a fan-out that takes longer than
+    it to start the agent (mpirun waiting for munge, a slow srun) is not a lost host."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import time\n"
+        "if b'dslaunch.launcher.agent' in open('/proc/self/cmdline', 'rb').read():\n"
+        "    time.sleep(4)\n")
+    (tmp_path / "hello.py").write_text("print('HELLO')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = dslaunch("run", "--nproc-per-node", 1, "--heartbeat-timeout", 1, tmp_path / "hello.py",
+                 env=env)
+    assert r.returncode == 0, r.stderr
+    assert "[rank 0] HELLO" in r.stdout
+
+
 def test_launcher_killed_outright_leaves_nothing(tmp_path):
     """SIGKILL to the launcher: its agent sees EOF on stdin and stops the ranks by itself."""
     marker, env = marker_env()

@@ -244,7 +244,9 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.option("--grace-period", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when ranks are stopped.")
 @click.option("--heartbeat-timeout", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
-              help="Declare a node lost after this many seconds without a heartbeat from its agent.")
+              help="Declare a node lost after this many seconds without a heartbeat from its agent "
+                   "(counted from its first word; an agent that never reports is lost 30 s after the "
+                   "launch).")
 @click.option("--hang-timeout", type=click.FloatRange(min=0), default=None,
               help="Stop the job (or restart it, per --max-restarts) when no rank has made progress "
                    "(a training step, a collective) for this many seconds, with a report of where "

@@ -34,6 +34,10 @@ from dslaunch.launcher.recovery import Recovery
 
 TAIL_LINES = 20
 HEARTBEAT_TIMEOUT = 5.0  # default: agents beat every second, so 5 missed beats; a loss seen in <= 6 s
+# Before a node's agent is first heard from, its fan-out may still be starting it: mpirun waits
+# for its security plugin (munge: seconds when munged is down), srun for the allocation, ssh for
+# a loaded host. The heartbeat timeout applies from the first sign of life; until then this one.
+START_TIMEOUT = 30.0
 SSH_DROPPED = 255  # ssh's exit code when the connection failed or dropped
 STALL = 0.5  # a write to our stdout this long means our output, not the agent, held its events
 POLL = 0.1  # main-loop tick: signal flags and heartbeat deadlines are checked this often
@@ -147,6 +151,7 @@ class JobController:
         agents = [AgentProcess(**spec) for spec in self.runner.agent_specs(attempt)]
         now = time.monotonic()
         last_seen = {n: now for a in agents for n in a.node_ranks}
+        heard: set = set()  # nodes whose agent has sent anything: the heartbeat timeout applies
         self.watch = watchdog.Watchdog(self.hang_timeout, {
             r: self.plan.node(n)["host"] for n in last_seen for r in self.plan.node(n)["ranks"]},
             now) if self.hang_timeout > 0 else None
@@ -182,10 +187,13 @@ class JobController:
             # host) must not call a node lost whose heartbeats are waiting in the queue.
             for n, seen in last_seen.items() if self.q.empty() else ():
                 silent = self._silent(owner[n], seen, now)
-                if n not in node_done and n not in lost and silent > self.heartbeat_timeout:
+                limit = (self.heartbeat_timeout if n in heard
+                         else max(self.heartbeat_timeout, START_TIMEOUT))
+                if n not in node_done and n not in lost and silent > limit:
                     lost.add(n)
                     host = self.plan.node(n)["host"]
-                    why = f"no heartbeat for {self.heartbeat_timeout:g} s"
+                    why = (f"no heartbeat for {limit:g} s" if n in heard
+                           else f"its agent never reported, {limit:g} s after the launch")
                     self.lost_hosts[host] = why
                     self._fail(Failure(time.time() - silent, "lost",
                                        f"host {host} (node {n}) lost: {why}", host=host), agents)
@@ -224,6 +232,7 @@ class JobController:
             n = ev.get("node_rank")
             if n in last_seen:
                 last_seen[n] = time.monotonic()
+                heard.add(n)
             name = ev.get("event")
             if self.watch is not None:
                 self.watch.event(ev, time.monotonic())
