@@ -1,11 +1,12 @@
 """Fake hosts for the multi-host tests: network namespaces with their own sshd (tests/infra/).
 
-Session fixtures:
+Fixtures (the hosts are brought up once, on first use, under a machine-wide lock, and torn down
+when the run leaves this directory):
 - ``cluster``: host1, host2 (healthy) and host3 (python present, dslaunch/torch hidden by a tmpfs
   over the venv's site-packages in host3's own mount namespace), and host4 (healthy: the third
-  host of elastic jobs, or their spare; the other tests leave it out of their hostfiles). Brought up once, torn down at
-  the end. Skips ONLY when not root or ``ip netns`` is unusable; missing packages are a failure
-  (run .ci/apt-install.sh), so CI cannot silently skip.
+  host of elastic jobs, or their spare; the other tests leave it out of their hostfiles). Skips
+  ONLY when not root or ``ip netns`` is unusable; missing packages are a failure (run
+  .ci/apt-install.sh), so CI cannot silently skip.
 - ``slurm``: slurmctld + one slurmd per fake host (munge), started on first use.
 
 All fake hosts share this filesystem, so the remote interpreter is this venv's python.
@@ -14,6 +15,7 @@ All fake hosts share this filesystem, so the remote interpreter is this venv's p
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import re
@@ -36,6 +38,9 @@ BARE = "host3"
 EXTRA = "host4"
 DOWN_ADDR = "198.51.100.99"  # in the fake subnet, owned by nobody: connect fails (no ARP answer)
 DSLAUNCH = [sys.executable, "-c", "from dslaunch.cli import main; main()"]
+# One owner of the fake hosts per machine: other pytest runs and benchmarks take the same lock.
+LOCK_PATH = "/run/dslaunch-netns.lock"
+LOCK_WAIT = 3600.0
 _PLAN_RE = re.compile(r"--plan[ =]([A-Za-z0-9_=-]+)")
 
 
@@ -153,7 +158,88 @@ def _namespaces_usable() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+class _FakeHosts:
+    """The fake hosts (and SLURM on them), brought up on first use and torn down when the run
+    leaves this directory (not at the session's end), under a machine-wide lock: one pytest run
+    (or benchmark) owns the namespaces at a time, and another waits rather than tearing them down
+    under it."""
+
+    def __init__(self):
+        self.lock = None
+        self.up = False
+        self.slurm = False
+
+    def acquire(self) -> None:
+        if self.lock is not None:
+            return
+        self.lock = open(LOCK_PATH, "a+")
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.lock.seek(0)
+                    holder = self.lock.read().strip()
+                    self.lock.close()
+                    self.lock = None
+                    pytest.fail(f"the fake hosts are in use (lock {LOCK_PATH}, held by {holder}) "
+                                f"for more than {LOCK_WAIT:g} s")
+                time.sleep(1)
+        self.lock.seek(0)
+        self.lock.truncate()
+        self.lock.write(f"pid {os.getpid()}: {' '.join(sys.argv)[:200]}\n")
+        self.lock.flush()
+
+    def ensure_up(self) -> None:
+        if self.up:
+            return
+        self.acquire()
+        _sh("slurm_down.sh")
+        _sh("netns_down.sh")
+        site = sysconfig.get_paths()["purelib"]
+        up = _sh("netns_up.sh", env={"DSL_NODES": "4", "DSL_BARE_HOSTS": BARE, "DSL_HIDE_PATH": site,
+                                      "DSL_INSTALL_PDSH": "0"})
+        if up.returncode != 0:
+            self.down()
+            pytest.fail(f"fake hosts did not come up:\n{up.stdout}\n{up.stderr}")
+        self.up = True
+
+    def ensure_slurm(self) -> None:
+        if self.slurm:
+            return
+        up = _sh("slurm_up.sh", env={"DSL_SLURM_MODE": "netns"})
+        if up.returncode != 0:
+            _sh("slurm_down.sh")
+            pytest.fail(f"SLURM did not come up:\n{up.stdout}\n{up.stderr}")
+        self.slurm = True
+
+    def down(self) -> None:
+        if self.up or self.slurm:
+            _sh("slurm_down.sh")
+            _sh("netns_down.sh")
+        self.up = self.slurm = False
+        if self.lock is not None:
+            self.lock.close()  # releases the flock
+            self.lock = None
+
+
+FAKE_HOSTS = _FakeHosts()
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # Leaving this directory: give the namespaces back now, not at the end of a long run.
+    if nextitem is None or HERE not in Path(str(nextitem.path)).resolve().parents:
+        FAKE_HOSTS.down()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    FAKE_HOSTS.down()
+
+
+@pytest.fixture
 def cluster():
     why = _namespaces_usable()
     if why:
@@ -163,32 +249,17 @@ def cluster():
         missing.append("sshd")
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: run .ci/apt-install.sh")
-    _sh("slurm_down.sh")
-    _sh("netns_down.sh")
-    site = sysconfig.get_paths()["purelib"]
-    up = _sh("netns_up.sh", env={"DSL_NODES": "4", "DSL_BARE_HOSTS": BARE, "DSL_HIDE_PATH": site,
-                                  "DSL_INSTALL_PDSH": "0"})
-    if up.returncode != 0:
-        _sh("netns_down.sh")
-        pytest.fail(f"fake hosts did not come up:\n{up.stdout}\n{up.stderr}")
-    try:
-        yield Cluster()
-    finally:
-        _sh("slurm_down.sh")
-        _sh("netns_down.sh")
+    FAKE_HOSTS.ensure_up()
+    return Cluster()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def slurm(cluster):
     for b in ("slurmctld", "slurmd", "munged", "srun", "sbatch"):
         if shutil.which(b) is None and not os.path.exists(f"/usr/sbin/{b}"):
             pytest.fail(f"{b} missing: run .ci/apt-install.sh")
-    up = _sh("slurm_up.sh", env={"DSL_SLURM_MODE": "netns"})
-    if up.returncode != 0:
-        _sh("slurm_down.sh")
-        pytest.fail(f"SLURM did not come up:\n{up.stdout}\n{up.stderr}")
-    yield cluster
-    _sh("slurm_down.sh")
+    FAKE_HOSTS.ensure_slurm()
+    return cluster
 
 
 @pytest.fixture
