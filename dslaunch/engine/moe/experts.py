@@ -5,7 +5,7 @@ and attribute names (``deepspeed_experts``), so state_dict keys match its checkp
 from __future__ import annotations
 
 import copy
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import nn
@@ -32,3 +32,12 @@ class Experts(nn.Module):
             out = expert(chunk)
             outputs.append(out[0] if isinstance(out, tuple) else out)  # (out, bias): out
         return torch.cat(outputs, dim=1)
+
+    def forward_each(self, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+        """Local expert j on ``inputs[j]`` (its rows, any count, none included: an expert
+        without tokens still runs, so its parameters get a (zero) gradient every step)."""
+        outputs = []
+        for rows, expert in zip(inputs, self.deepspeed_experts):
+            out = expert(rows)
+            outputs.append(out[0] if isinstance(out, tuple) else out)
+        return outputs

@@ -284,7 +284,12 @@ class TopKGate(torch.nn.Module):
             raise AssertionError("Attempting to override an existing ep_group")
         self.ep_group = ep_group
 
-    def routes(self, input: Tensor, used_token: Optional[Tensor] = None) -> Routes:
+    def routes(self, input: Tensor, used_token: Optional[Tensor] = None,
+               group_capacity: bool = True) -> Routes:
+        """``group_capacity=False``: a dropless gate sizes ``capacity`` by this rank's busiest
+        expert alone (no all-reduce; the same routing), for a dispatch that needs no common
+        buffer size."""
+        ep_group = self.ep_group if group_capacity else None
         x = input.float()
         if self.noisy_gate_policy == "Jitter" and self.training:
             x = multiplicative_jitter(x, device=input.device)
@@ -293,12 +298,12 @@ class TopKGate(torch.nn.Module):
         if self.k == 1:
             return top1_routes(logits, factor, self.min_capacity, used_token,
                                self.noisy_gate_policy if self.training else None,
-                               self.drop_tokens, self.use_rts, self.ep_group)
+                               self.drop_tokens, self.use_rts, ep_group)
         if self.k == 2:
-            return top2_routes(logits, factor, self.min_capacity, self.drop_tokens, self.ep_group,
+            return top2_routes(logits, factor, self.min_capacity, self.drop_tokens, ep_group,
                                self.top2_2nd_expert_sampling)
         return topk_routes(logits, self.k, factor, self.min_capacity, self.drop_tokens,
-                           self.ep_group)
+                           ep_group)
 
     def forward(self, input: Tensor, used_token: Optional[Tensor] = None,
                 sparse_routes: bool = False, use_tutel: bool = False):

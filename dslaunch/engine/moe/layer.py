@@ -1,7 +1,9 @@
 """DeepSpeed's ``MoE`` layer (``deepspeed.moe.layer.MoE``, 0.19's signature) and the
 ``MOELayer`` inside it: route the tokens (``gating.TopKGate``), pack them per expert, all-to-all
 them to the ranks holding their experts (the ``ep_size_{N}`` expert-parallel group), run the
-local experts, all-to-all the results back and combine them by the gate weights.
+local experts, all-to-all the results back and combine them by the gate weights. Dropless
+gates (``drop_tokens=False``) take the ragged dispatch instead (``ragged.py``): no padding, each
+expert runs on exactly its tokens.
 
 Rank r of an expert-parallel group of N holds experts ``r * E/N ... (r + 1) * E/N - 1`` of the
 layer's E. Its buffer [E, C, M] is cut along E into N slices, slice j going to rank j, so after
@@ -30,6 +32,7 @@ from dslaunch.engine.log import log_dist
 from . import dispatch
 from .experts import Experts
 from .gating import TopKGate, route_slots
+from .ragged import RaggedDispatch
 
 
 class MOELayer(nn.Module):
@@ -50,6 +53,9 @@ class MOELayer(nn.Module):
         self.l_aux = None
         self.exp_counts = None
         self.tokens_dropped = None  # fraction of this rank's token choices dropped for capacity
+        # dropless gates: send exactly the routed tokens (ragged.py); False: pad every expert's
+        # buffer to the busiest expert's count over the group (DeepSpeed's way)
+        self.ragged_dropless = True
 
     def _set_ep_group(self, ep_group) -> None:
         self.ep_group = ep_group
@@ -60,9 +66,15 @@ class MOELayer(nn.Module):
         used_token = input[1] if len(input) > 1 else None
         d_model = hidden.shape[-1]
         tokens = hidden.reshape(-1, d_model)
-        routes = self.gate.routes(tokens, used_token)
+        ragged = self.ragged_dropless and not self.gate.drop_tokens
+        routes = self.gate.routes(tokens, used_token, group_capacity=not ragged)
         self.l_aux, self.exp_counts = routes.l_aux, routes.exp_counts
         self.tokens_dropped = (routes.indices < 0).float().mean().detach()
+        if ragged:
+            plan = RaggedDispatch(routes.indices, routes.locations, routes.num_experts,
+                                  self.ep_size, self.ep_group)
+            outputs = self.experts.forward_each(plan.send(tokens))
+            return plan.combine(outputs, routes.gates).reshape(hidden.shape)
         experts, capacity = routes.num_experts, routes.capacity
         slots = route_slots(routes.indices, routes.locations, experts, capacity)
         buffer = dispatch.encode(tokens, slots, experts, capacity)
