@@ -9,9 +9,10 @@ top_k_weights)``. AutoEP keeps the router (its routing, score function, bias cor
 limits and scaling stay the model's own) and any shared experts, and replaces the experts module
 by ``ExpertParallelExperts``: this rank's ``E / autoep_size`` experts' slices of the same two
 parameters, the tokens sent to them by all-to-all over the ``ep_size_{autoep_size}`` group and
-back, dropless (buffers sized by the busiest expert over the group). Expert parameters are marked
-as DeepSpeed's expert parameters (``allreduce = False``, ``group_name``), so the engine reduces
-them over the expert-data-parallel group and never ZeRO-partitions them with the dense ones.
+back, dropless (``ragged.py``: exactly the routed tokens, each expert on its own rows). Expert
+parameters are marked as DeepSpeed's expert parameters (``allreduce = False``, ``group_name``),
+so the engine reduces them over the expert-data-parallel group and never ZeRO-partitions them
+with the dense ones.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from torch import nn
 
 from dslaunch.engine import expert_groups
 
-from . import dispatch
-from .gating import _dropless_capacity, route_slots
 from .params import mark_expert_params
+from .ragged import RaggedDispatch
 
 # preset_model -> the class-name prefix of its blocks' experts modules (None: any that fits)
 PRESETS = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe",
@@ -86,31 +86,21 @@ class ExpertParallelExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        e, d = self.num_experts, hidden_states.shape[-1]
+        e = self.num_experts
         # choices as [k, T]; an id outside the experts (a model's "no expert") is dropped
         indices = top_k_index.t().long()
         indices = torch.where(indices < e, indices, torch.full_like(indices, -1))
         onehot = torch.nn.functional.one_hot(indices.clamp(min=0).reshape(-1), e)
         onehot = onehot * (indices.reshape(-1, 1) >= 0)
-        counts = onehot.sum(0)
-        capacity = max(int(_dropless_capacity(counts, self.ep_group if self.ep_size > 1 else None)), 1)
         locations = ((torch.cumsum(onehot, 0) - 1) * onehot).sum(1).view_as(indices)
-        slots = route_slots(indices, locations, e, capacity)
-        buffer = dispatch.encode(hidden_states, slots, e, capacity)
-        if self.ep_size > 1:
-            buffer = dispatch.AllToAll.apply(self.ep_group, buffer)
-        # [sources, local experts, C, H] -> [local experts, sources * C, H]
-        x = buffer.view(self.ep_size, self.num_local_experts, capacity, d).transpose(0, 1)
-        x = x.reshape(self.num_local_experts, self.ep_size * capacity, d)
-        gate, up = torch.bmm(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
-        out = torch.bmm(self.act_fn(gate) * up, self.down_proj.transpose(1, 2))
-        out = out.view(self.num_local_experts, self.ep_size, capacity, d).transpose(0, 1)
-        out = out.reshape(e, capacity, d)
-        if self.ep_size > 1:
-            out = dispatch.AllToAll.apply(self.ep_group, out.contiguous())
+        plan = RaggedDispatch(indices, locations, e, self.ep_size, self.ep_group)
+        outputs = []
+        for local, rows in enumerate(plan.send(hidden_states)):  # exactly its tokens
+            gate, up = (rows @ self.gate_up_proj[local].t()).chunk(2, dim=-1)
+            outputs.append((self.act_fn(gate) * up) @ self.down_proj[local].t())
         weights = torch.where(indices >= 0, top_k_weights.t().float(),
                               torch.zeros_like(top_k_weights.t().float()))
-        return dispatch.decode(out.reshape(e * capacity, d), slots, weights).to(hidden_states.dtype)
+        return plan.combine(outputs, weights).to(hidden_states.dtype)
 
 
 def apply_autoep(model: nn.Module, autoep_size: int = 1,

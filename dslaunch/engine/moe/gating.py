@@ -11,7 +11,9 @@ uniforms, Gumbel noise, multiplicative jitter come from the same torch distribut
 Capacity: ``ceil(S / E * capacity_factor * k)`` but at least ``min_capacity``. Top-1 drops by
 random token selection (``use_rts``: a random priority per token) or by position; top-2 drops
 by position (1st choices first); top-k drops the lowest gate values. Dropless
-(``drop_tokens=False``) sizes the buffers by the busiest expert over the expert-parallel group.
+(``drop_tokens=False``) sizes the buffers by the busiest expert over the expert-parallel group
+(DeepSpeed's capacity; the MoE layer's ragged dispatch asks for this rank's alone and pads
+nothing, ``ragged.py``).
 """
 
 from __future__ import annotations
