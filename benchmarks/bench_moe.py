@@ -15,8 +15,11 @@ all_to_all_single), the peak RSS of the largest rank, the per-step losses; ratio
 DeepSpeed (medians over ``--repeats``, runs alternated). Checks written beside: each runtime's EP
 > 1 losses against its EP 1 run at the same ranks (largest relative difference), and dslaunch's
 losses against DeepSpeed's at the same configuration. Then dslaunch alone, dropless
-(``drop_tokens=False``) vs capacity factor 1.25 at ``--drop-ranks`` ranks and EP
-``--drop-ep``: tokens/s and the fraction of token assignments dropped.
+(``drop_tokens=False``: the ragged all-to-all, exactly the routed tokens) vs capacity factor 1.25
+at ``--drop-ranks`` ranks and EP ``--drop-ep``, and beside them dropless with every expert's
+buffer padded to the busiest expert's count (``--padded-dropless``, DeepSpeed's way), the three
+alternated per repeat: tokens/s, the all-to-all bytes and the fraction of token assignments
+dropped. ``--layouts ''`` (with ``--no-peer``) runs that comparison alone.
 
     DSLAUNCH_PEER_VENV=... python benchmarks/bench_moe.py [--steps 30] [--repeats 1]
         [--out benchmarks/results/moe-<timestamp>.json]
@@ -41,6 +44,8 @@ CONFIG = bu.REPO / "configs" / "moe_gpt_zero1.json"
 EXAMPLE = bu.REPO / "examples" / "train_moe_gpt.py"
 PEER = bu.PEER_SCRIPTS / "deepspeed_moe_train.py"
 LAYOUTS = [(2, 1), (2, 2), (4, 1), (4, 2), (4, 4)]  # (ranks, ep)
+DROP_VARIANTS = (("capacity_1.25", ("--capacity-factor", 1.25)), ("dropless", ("--dropless",)),
+                 ("dropless_padded", ("--dropless", "--padded-dropless")))
 
 
 def parse_args(argv=None):
@@ -180,8 +185,7 @@ def main(argv=None):
                     result["runs"].append(one_run(rt, ranks, ep, args, work, tag, peer_py))
         drop = []
         for rep in range(args.repeats):
-            for name, extra in (("capacity_1.25", ("--capacity-factor", 1.25)),
-                                ("dropless", ("--dropless",))):
+            for name, extra in DROP_VARIANTS:
                 tag = f"dslaunch_{name}_r{rep}"
                 run = one_run("dslaunch", args.drop_ranks, args.drop_ep, args, work, tag, None,
                               extra)
@@ -189,14 +193,22 @@ def main(argv=None):
                 drop.append(run)
     result["table"] = summarise(result["runs"], layouts, runtimes)
     ok = {v: [r for r in drop if r["variant"] == v and r["status"] == "ok"]
-          for v in ("capacity_1.25", "dropless")}
+          for v, _ in DROP_VARIANTS}
     result["dropless_vs_capacity"] = {
         "ranks": args.drop_ranks, "ep": args.drop_ep, "runs": drop,
         **{f"{v}_tokens_per_s": bu.median([r["tokens_per_s"] for r in rs]) for v, rs in ok.items()},
-        **{f"{v}_dropped_mean": rs[0]["dropped_mean"] if rs else None for v, rs in ok.items()}}
+        **{f"{v}_dropped_mean": rs[0]["dropped_mean"] if rs else None for v, rs in ok.items()},
+        **{f"{v}_all_to_all_bytes_per_step": rs[0]["all_to_all_bytes_per_step"] if rs else None
+           for v, rs in ok.items()}}
     dd = result["dropless_vs_capacity"]
     dd["ratio_dropless_over_capacity"] = bu.ratio(dd["dropless_tokens_per_s"],
                                                   dd["capacity_1.25_tokens_per_s"])
+    dd["ratio_dropless_padded_over_capacity"] = bu.ratio(dd["dropless_padded_tokens_per_s"],
+                                                         dd["capacity_1.25_tokens_per_s"])
+    # the same ratio per repeat (each repeat runs the variants back to back)
+    dd["ratio_dropless_over_capacity_per_repeat"] = [
+        bu.ratio(d["tokens_per_s"], c["tokens_per_s"])
+        for c, d in zip(ok["capacity_1.25"], ok["dropless"])]
     result["loadavg_after"] = bu.loadavg()
     result = portable(result, peer_py, tmp)
     out = Path(args.out) if args.out else None
@@ -216,7 +228,10 @@ def main(argv=None):
                f"{row.get('loss_rel_diff_dslaunch_vs_deepspeed')!s:>10}")
     bu.log(f"dropless {dd['dropless_tokens_per_s']} tokens/s (dropped {dd['dropless_dropped_mean']})"
            f" vs capacity 1.25 {dd['capacity_1.25_tokens_per_s']} (dropped "
-           f"{dd['capacity_1.25_dropped_mean']}): ratio {dd['ratio_dropless_over_capacity']}")
+           f"{dd['capacity_1.25_dropped_mean']}): ratio {dd['ratio_dropless_over_capacity']} "
+           f"(per repeat {dd['ratio_dropless_over_capacity_per_repeat']}); padded dropless "
+           f"{dd['dropless_padded_tokens_per_s']}: ratio "
+           f"{dd['ratio_dropless_padded_over_capacity']}")
     bu.log(f"wrote {out}")
 
 

@@ -15,9 +15,9 @@ group, and ZeRO 1/2 partitions their optimizer states there (``dslaunch/engine/e
 Every ``--log-every`` steps rank 0 prints the loss, the auxiliary loss, the fraction of token
 assignments dropped (over capacity: ``capacity = max(ceil(k x tokens / experts x
 capacity_factor), min_capacity)`` per rank and layer, as the gate computes it; 0 with
-``--dropless``) and tokens/s. ``--json FILE``: those figures per step, the run's tokens/s after
-``--warmup`` steps, the all-to-all payload bytes per step (``engine.comm_stats()``), every rank's
-peak RSS.
+``--dropless``, whose all-to-alls carry exactly the routed tokens) and tokens/s. ``--json
+FILE``: those figures per step, the run's tokens/s after ``--warmup`` steps, the all-to-all
+payload bytes per step (``engine.comm_stats()``), every rank's peak RSS.
 """
 
 import argparse
@@ -46,6 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--capacity-factor", type=float, default=1.0)
     p.add_argument("--min-capacity", type=int, default=4)
     p.add_argument("--dropless", action="store_true", help="drop_tokens=False: no capacity")
+    p.add_argument("--padded-dropless", action="store_true",
+                   help="with --dropless: pad every expert's buffer to the busiest expert's "
+                        "count (DeepSpeed's dispatch) instead of sending exactly the routed "
+                        "tokens; for comparison")
     p.add_argument("--aux-coef", type=float, default=0.01)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--n-layer", type=int, default=4)
@@ -69,6 +73,8 @@ def main(argv=None):
     model = MoEGPT(cfg, MoE, experts=args.experts, ep=args.ep, top_k=args.top_k,
                    capacity_factor=args.capacity_factor, min_capacity=args.min_capacity,
                    dropless=args.dropless, aux_coef=args.aux_coef)
+    for layer in model.moe_layers:
+        layer.moe.deepspeed_moe.ragged_dropless = not args.padded_dropless
     engine, _, _, _ = dslaunch.initialize(args=args, model=model)
     rank, world = engine.global_rank, engine.world_size
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
