@@ -18,8 +18,9 @@ losses against DeepSpeed's at the same configuration. Then dslaunch alone, dropl
 (``drop_tokens=False``: the ragged all-to-all, exactly the routed tokens) vs capacity factor 1.25
 at ``--drop-ranks`` ranks and EP ``--drop-ep``, and beside them dropless with every expert's
 buffer padded to the busiest expert's count (``--padded-dropless``, DeepSpeed's way), the three
-alternated per repeat: tokens/s, the all-to-all bytes and the fraction of token assignments
-dropped. ``--layouts ''`` (with ``--no-peer``) runs that comparison alone.
+alternated per repeat: tokens/s, CPU time per step (its largest rank: less sensitive than
+tokens/s to other jobs on a shared machine), the all-to-all bytes and the fraction of token
+assignments dropped. ``--layouts ''`` (with ``--no-peer``) runs that comparison alone.
 
     DSLAUNCH_PEER_VENV=... python benchmarks/bench_moe.py [--steps 30] [--repeats 1]
         [--out benchmarks/results/moe-<timestamp>.json]
@@ -106,6 +107,8 @@ def one_run(runtime, ranks, ep, args, work: Path, tag: str, peer_py, extra=()) -
                peak_rss_mb_per_rank=[round(b / 2**20, 1) for b in res["peak_rss_bytes"]],
                losses=[s["loss"] for s in res["steps"]],
                aux_loss_last=res["steps"][-1]["aux_loss"],
+               cpu_ms_per_step_per_rank=[round(c * 1000, 2)
+                                         for c in res.get("cpu_seconds_per_step") or []],
                dropped_mean=sum(s["dropped"] for s in res["steps"]) / len(res["steps"]))
     bu.log(f"  {tag}: {run['tokens_per_s']} tokens/s, a2a {run['all_to_all_bytes_per_step']:.0f}"
            f" B/step, peak RSS {run['peak_rss_mb_max']} MB")
@@ -205,6 +208,15 @@ def main(argv=None):
                                                   dd["capacity_1.25_tokens_per_s"])
     dd["ratio_dropless_padded_over_capacity"] = bu.ratio(dd["dropless_padded_tokens_per_s"],
                                                          dd["capacity_1.25_tokens_per_s"])
+    # CPU time per step (largest rank): the work a variant does, less sensitive to other jobs
+    # on a shared machine than tokens/s; ratio as tokens/s's (> 1: dropless cheaper)
+    for v, rs in ok.items():
+        dd[f"{v}_cpu_ms_per_step_max"] = bu.median(
+            [max(r["cpu_ms_per_step_per_rank"]) for r in rs if r["cpu_ms_per_step_per_rank"]])
+    dd["ratio_dropless_over_capacity_by_cpu"] = bu.ratio(dd["capacity_1.25_cpu_ms_per_step_max"],
+                                                         dd["dropless_cpu_ms_per_step_max"])
+    dd["ratio_dropless_padded_over_capacity_by_cpu"] = bu.ratio(
+        dd["capacity_1.25_cpu_ms_per_step_max"], dd["dropless_padded_cpu_ms_per_step_max"])
     # the same ratio per repeat (each repeat runs the variants back to back)
     dd["ratio_dropless_over_capacity_per_repeat"] = [
         bu.ratio(d["tokens_per_s"], c["tokens_per_s"])
@@ -231,7 +243,9 @@ def main(argv=None):
            f"{dd['capacity_1.25_dropped_mean']}): ratio {dd['ratio_dropless_over_capacity']} "
            f"(per repeat {dd['ratio_dropless_over_capacity_per_repeat']}); padded dropless "
            f"{dd['dropless_padded_tokens_per_s']}: ratio "
-           f"{dd['ratio_dropless_padded_over_capacity']}")
+           f"{dd['ratio_dropless_padded_over_capacity']}; by CPU time per step: dropless "
+           f"{dd['ratio_dropless_over_capacity_by_cpu']}, padded "
+           f"{dd['ratio_dropless_padded_over_capacity_by_cpu']}")
     bu.log(f"wrote {out}")
 
 

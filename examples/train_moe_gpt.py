@@ -17,7 +17,7 @@ assignments dropped (over capacity: ``capacity = max(ceil(k x tokens / experts x
 capacity_factor), min_capacity)`` per rank and layer, as the gate computes it; 0 with
 ``--dropless``, whose all-to-alls carry exactly the routed tokens) and tokens/s. ``--json
 FILE``: those figures per step, the run's tokens/s after ``--warmup`` steps, the all-to-all
-payload bytes per step (``engine.comm_stats()``), every rank's peak RSS.
+payload bytes per step (``engine.comm_stats()``), every rank's peak RSS and CPU seconds per step.
 """
 
 import argparse
@@ -85,10 +85,11 @@ def main(argv=None):
         print(f"model {model.num_params() / 1e6:.2f}M params ({args.experts} experts in "
               f"{len(model.moe_layers)} layers, ep {args.ep}, top-{args.top_k}) | world {world} | "
               f"batch {batch} x seq {args.seq_len}", flush=True)
-    steps, t0, a2a_at_warmup = [], None, 0
+    steps, t0, a2a_at_warmup, cpu0 = [], None, 0, 0.0
     for step in range(args.steps):
         if step == args.warmup:
             t0, a2a_at_warmup = time.perf_counter(), all_to_all_bytes(engine)
+            cpu0 = time.process_time()
         tokens, targets = data.batch_at(step, rank, world)
         tokens, targets = tokens.to(engine.device), targets.to(engine.device)
         loss_sum = aux_sum = drop_sum = 0.0
@@ -117,6 +118,10 @@ def main(argv=None):
     rss = [None] * world
     torch.distributed.all_gather_object(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                                         * 1024)  # Linux: KiB
+    # CPU seconds per timed step, every rank (all its threads): work done, whatever else runs
+    cpu = [None] * world
+    torch.distributed.all_gather_object(
+        cpu, (time.process_time() - cpu0) / max(timed, 1) if t0 else 0.0)
     if rank == 0:
         print(f"done: {args.steps} steps, {rate:,.0f} tokens/s (after {args.warmup} warm-up "
               "steps)", flush=True)
@@ -124,7 +129,8 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump({"runtime": "dslaunch", "world": world, "steps": steps,
                            "tokens_per_s": rate, "all_to_all_bytes_per_step": a2a,
-                           "peak_rss_bytes": rss, "comm": engine.comm_stats()}, f)
+                           "peak_rss_bytes": rss, "cpu_seconds_per_step": cpu,
+                           "comm": engine.comm_stats()}, f)
     return steps
 
 
