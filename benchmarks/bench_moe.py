@@ -18,9 +18,9 @@ losses against DeepSpeed's at the same configuration. Then dslaunch alone, dropl
 (``drop_tokens=False``: the ragged all-to-all, exactly the routed tokens) vs capacity factor 1.25
 at ``--drop-ranks`` ranks and EP ``--drop-ep``, and beside them dropless with every expert's
 buffer padded to the busiest expert's count (``--padded-dropless``, DeepSpeed's way), the three
-alternated per repeat: tokens/s, CPU time per step (its largest rank: less sensitive than
-tokens/s to other jobs on a shared machine), the all-to-all bytes and the fraction of token
-assignments dropped. ``--layouts ''`` (with ``--no-peer``) runs that comparison alone.
+alternated per repeat (each first in turn): tokens/s, CPU time per step (its largest rank:
+less sensitive than tokens/s to other jobs on a shared machine), the all-to-all bytes and the
+fraction of token assignments dropped. ``--layouts ''`` (with ``--no-peer``) runs that comparison alone.
 
     DSLAUNCH_PEER_VENV=... python benchmarks/bench_moe.py [--steps 30] [--repeats 1]
         [--out benchmarks/results/moe-<timestamp>.json]
@@ -188,7 +188,8 @@ def main(argv=None):
                     result["runs"].append(one_run(rt, ranks, ep, args, work, tag, peer_py))
         drop = []
         for rep in range(args.repeats):
-            for name, extra in DROP_VARIANTS:
+            turn = rep % len(DROP_VARIANTS)  # each variant first in turn: no order bias
+            for name, extra in DROP_VARIANTS[turn:] + DROP_VARIANTS[:turn]:
                 tag = f"dslaunch_{name}_r{rep}"
                 run = one_run("dslaunch", args.drop_ranks, args.drop_ep, args, work, tag, None,
                               extra)
@@ -221,6 +222,10 @@ def main(argv=None):
     dd["ratio_dropless_over_capacity_per_repeat"] = [
         bu.ratio(d["tokens_per_s"], c["tokens_per_s"])
         for c, d in zip(ok["capacity_1.25"], ok["dropless"])]
+    dd["ratio_dropless_over_capacity_by_cpu_per_repeat"] = [
+        bu.ratio(max(c["cpu_ms_per_step_per_rank"]), max(d["cpu_ms_per_step_per_rank"]))
+        for c, d in zip(ok["capacity_1.25"], ok["dropless"])
+        if c["cpu_ms_per_step_per_rank"] and d["cpu_ms_per_step_per_rank"]]
     result["loadavg_after"] = bu.loadavg()
     result = portable(result, peer_py, tmp)
     out = Path(args.out) if args.out else None
