@@ -193,7 +193,7 @@ def main(argv=None):
                 tag = f"dslaunch_{name}_r{rep}"
                 run = one_run("dslaunch", args.drop_ranks, args.drop_ep, args, work, tag, None,
                               extra)
-                run["variant"] = name
+                run["variant"], run["repeat"] = name, rep
                 drop.append(run)
     result["table"] = summarise(result["runs"], layouts, runtimes)
     ok = {v: [r for r in drop if r["variant"] == v and r["status"] == "ok"]
@@ -218,14 +218,15 @@ def main(argv=None):
                                                          dd["dropless_cpu_ms_per_step_max"])
     dd["ratio_dropless_padded_over_capacity_by_cpu"] = bu.ratio(
         dd["capacity_1.25_cpu_ms_per_step_max"], dd["dropless_padded_cpu_ms_per_step_max"])
-    # the same ratio per repeat (each repeat runs the variants back to back)
+    # the same ratios per repeat (each repeat runs the variants back to back; a repeat with a
+    # failed run is left out)
+    pairs = [(c, d) for c in ok["capacity_1.25"] for d in ok["dropless"]
+             if c["repeat"] == d["repeat"]]
     dd["ratio_dropless_over_capacity_per_repeat"] = [
-        bu.ratio(d["tokens_per_s"], c["tokens_per_s"])
-        for c, d in zip(ok["capacity_1.25"], ok["dropless"])]
+        bu.ratio(d["tokens_per_s"], c["tokens_per_s"]) for c, d in pairs]
     dd["ratio_dropless_over_capacity_by_cpu_per_repeat"] = [
         bu.ratio(max(c["cpu_ms_per_step_per_rank"]), max(d["cpu_ms_per_step_per_rank"]))
-        for c, d in zip(ok["capacity_1.25"], ok["dropless"])
-        if c["cpu_ms_per_step_per_rank"] and d["cpu_ms_per_step_per_rank"]]
+        for c, d in pairs if c["cpu_ms_per_step_per_rank"] and d["cpu_ms_per_step_per_rank"]]
     result["loadavg_after"] = bu.loadavg()
     result = portable(result, peer_py, tmp)
     out = Path(args.out) if args.out else None
