@@ -1,7 +1,8 @@
 """The ragged dropless dispatch (dslaunch/engine/moe/ragged.py) on 2 real gloo ranks
-(tests/scripts/moe_ragged_ranks.py, one ``dslaunch run``): at EP 2 with 4 experts, top-1, top-2
-and top-1 with an expert no token picks, it gives the padded dispatch's outputs, l_aux and
-gradients (input and every parameter) to 1e-6 relative, routes every choice, and its all-to-alls
+(tests/scripts/moe_ragged_ranks.py, one ``dslaunch run``): at EP 2 with 4 experts, top-1, top-2,
+top-1 with an expert no token picks and top-1 with unused tokens (``used_token``), it gives the
+padded dispatch's outputs, l_aux and gradients (input and every parameter) to 1e-6 relative,
+routes every used token's choices, and its all-to-alls
 carry exactly the routed tokens: per forward + backward a rank sends its routed choices and the
 gradients of its experts' outputs (2 x routed x hidden x 4 bytes, fp32) and its experts' outputs
 and its choices' input gradients (2 x received x hidden x 4), plus one exchange of the E
@@ -12,7 +13,11 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from helpers import DSLAUNCH, ROOT, SCRIPTS, rank_env, results
+
+CASES = ("top1", "top2", "top1_idle_expert", "top1_used_token")
 
 
 def test_ragged_matches_padded_and_sends_no_padding(tmp_path):
@@ -22,11 +27,13 @@ def test_ragged_matches_padded_and_sends_no_padding(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for r, res in enumerate(results(tmp_path / "o", 2)):
-        for name in ("top1", "top2", "top1_idle_expert"):
+        for name in CASES:
             c = res[name]
             for what in ("out", "aux", "x_grad", "param_grad"):
                 assert c[what] <= 1e-6, (r, name, what, c[what])
-            assert c["dropped"] == 0 and c["routed"] == c["k"] * c["tokens"], (r, name, c)
+            # every used token routed (an unused one goes nowhere, in both paths)
+            assert c["routed"] == c["k"] * c["used"], (r, name, c)
+            assert c["dropped"] == pytest.approx(1 - c["used"] / c["tokens"]), (r, name, c)
             # forward: its routed choices out, its experts' outputs back; backward the reverse
             rows = 2 * (c["routed"] + c["received"])
             counts = c["experts"] * c["count_dtype_bytes"]
@@ -35,6 +42,7 @@ def test_ragged_matches_padded_and_sends_no_padding(tmp_path):
                                          * c["dtype_bytes"]), (r, name, c)
             assert c["ragged_bytes"] < c["padded_bytes"], (r, name, c)
         assert res["top1_idle_expert"]["expert_3_tokens"] == 0
-    for name in ("top1", "top2", "top1_idle_expert"):
+    assert res["top1_used_token"]["used"] < res["top1_used_token"]["tokens"]
+    for name in CASES:
         both = [res[name] for res in results(tmp_path / "o", 2)]
         assert sum(c["received"] for c in both) == sum(c["routed"] for c in both)
