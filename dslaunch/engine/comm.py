@@ -23,6 +23,10 @@ broadcast, reduce, gather and scatter ``(N-1)/N x payload`` (for gather and scat
 this rank's piece), send the payload (recv 0: its sender counts it); 0 with one rank and for
 object/barrier collectives.
 
+``link`` (set once the hosts are known, ``host_groups.py``): ``"intra_host"`` for a group on one
+host, ``"inter_host"`` for one that crosses hosts; each record then also counts its calls, bytes
+and sent_bytes under ``links[link]``, so the stats say how much went over groups that cross hosts.
+
 On gloo, ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` need not run as gloo's own
 collectives, which move each byte several times slower than its all_reduce over TCP
 (``benchmarks/bench_collectives.py``). Two other paths compute the same result:
