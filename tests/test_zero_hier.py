@@ -18,7 +18,7 @@ from helpers import dslaunch
 
 pytestmark = pytest.mark.slow
 
-STEPS = 8
+STEPS = 6
 TIGHT = {"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
          "stage3_prefetch_bucket_size": 5000, "stage3_max_live_parameters": 10000}
 OFFLOAD = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
@@ -47,6 +47,9 @@ RUNS = {
     "bf16": {"config": _config("bf16", **TIGHT)},
     "bf16_hpz": {"config": _config("bf16", **TIGHT, zero_hpz_partition_size=2)},
     "bf16_mics": {"config": _config("bf16", **TIGHT, mics_shard_size=2)},
+    "bad_hpz": {"config": _config(zero_hpz_partition_size=3), "expect_error": True},
+    "bad_hier": {"config": _config(mics_shard_size=2, mics_hierarchical_params_gather=True),
+                 "expect_error": True},
 }
 EXACT = ["hpz", "mics", "mics_hier", "hpz_offload", "mics_offload"]
 
@@ -134,3 +137,11 @@ def test_checkpoint_consolidates_reshapes_and_reloads(out, tmp_path):
         got = torch.load(tmp_path / f)
         assert set(got) == set(held)
         assert all(torch.equal(got[k], held[k]) for k in held), f
+
+
+def test_group_sizes_the_job_cannot_honour_are_refused(out):
+    assert out["bad_hpz"]["error"].startswith(
+        "zero_optimization.zero_hpz_partition_size 3 does not divide the 4 data-parallel ranks")
+    assert "mics_hierarchical_params_gather: the shard group 0-1 lies on one host" in \
+        out["bad_hier"]["error"]
+

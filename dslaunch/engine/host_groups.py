@@ -11,9 +11,9 @@ is split into N consecutive equal blocks of ranks (ranks 0..W/N-1 are "host 0", 
 cheap tests and benchmarks of the hierarchical paths with a few local ranks; the real multi-host
 check runs on the namespace hosts (tests/multihost).
 
-API (``Comm`` objects of ``engine/comm.py``, made once and cached; their ``link`` says whether
-the group stays on one host, ``"intra_host"``, or crosses hosts, ``"inter_host"``, which the comm
-stats split bytes by):
+API (each call returns a new ``Comm`` of ``engine/comm.py``, with its own book of stats, over a
+process group made once and cached; its ``link`` says whether the group stays on one host,
+``"intra_host"``, or crosses hosts, ``"inter_host"``, which the comm stats split bytes by):
 
 - ``topology()`` -> ``HostTopology``: ``host_of[rank]``, ``ranks_of_host(h)``, ``local_index``;
 - ``intra_host_comm()``: the ranks on this rank's host;
@@ -105,17 +105,21 @@ def hosts_from_names(names) -> tuple:
 
 
 _TOPOLOGY: HostTopology | None = None
-_COMMS: dict = {}
+_GROUPS: dict = {}  # (what, rank lists) -> (this rank's process group, its link)
+_WORLD = None  # the default group the caches belong to (a new world starts them afresh)
 
 
 def topology() -> HostTopology:
     """This job's hosts (collective on the first call, cached after)."""
-    global _TOPOLOGY
+    global _TOPOLOGY, _WORLD
     if not dist.is_initialized():
         return HostTopology((0,), 0)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if _TOPOLOGY is not None and _TOPOLOGY.world == world:
+    if _WORLD is not dist.group.WORLD:
+        _TOPOLOGY, _WORLD = None, dist.group.WORLD
+        _GROUPS.clear()
+    if _TOPOLOGY is not None:
         return _TOPOLOGY
+    rank, world = dist.get_rank(), dist.get_world_size()
     host_of = fake_hosts(world)
     if host_of is None:
         names = [socket.gethostname()] * world
@@ -131,17 +135,17 @@ def comm_of(all_groups: list, what: str):
     that holds this rank; every group is made on every rank (torch's rule), once."""
     from dslaunch.engine.comm import Comm
 
+    topo = topology()
     key = (what, tuple(tuple(g) for g in all_groups))
-    if key not in _COMMS:
-        topo = topology()
-        mine = None
+    if key not in _GROUPS:
         for ranks in all_groups:
             group = dist.new_group(list(ranks)) if len(all_groups) > 1 else dist.group.WORLD
             if topo.rank in ranks:
-                mine = Comm(group)
-                mine.link = topo.link(ranks)
-        _COMMS[key] = mine
-    return _COMMS[key]
+                _GROUPS[key] = (group, topo.link(ranks))
+    group, link = _GROUPS[key]
+    comm = Comm(group)
+    comm.link = link
+    return comm
 
 
 def blocks(world: int, size: int) -> list:

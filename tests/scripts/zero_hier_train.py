@@ -7,7 +7,8 @@ plain ZeRO-3 engine loading it (resharded) got the same weights back.
     dslaunch run --nproc-per-node 4 tests/scripts/zero_hier_train.py --runs "$(cat runs.json)" \
         --out o.json
 
-``--runs``: JSON text, {name: {"config": {...}, "save": DIR (optional)}}.
+``--runs``: JSON text, {name: {"config": {...}, "save": DIR (optional), "expect_error": true
+(optional: only record the ValueError building the engine raises)}}.
 """
 
 import argparse
@@ -51,6 +52,13 @@ def weights(engine) -> dict:
 
 out = {}
 for name, run in json.loads(a.runs).items():
+    if run.get("expect_error"):  # a config the engine must refuse, on every rank alike
+        try:
+            build(run["config"])
+            out[name] = {"error": None}
+        except ValueError as e:
+            out[name] = {"error": str(e)}
+        continue
     engine = build(run["config"])
     engine.comm.reset_stats()
     gas = engine.gradient_accumulation_steps()

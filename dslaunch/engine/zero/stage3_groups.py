@@ -44,6 +44,10 @@ class Stage3Comms:
         hpz, mics = zero.zero_hpz_partition_size, zero.mics_shard_size
         n = comm.world_size
         if hpz > 1:
+            if n % min(hpz, n):
+                raise ValueError(f"zero_optimization.zero_hpz_partition_size {hpz} does not "
+                                 f"divide the {n} data-parallel ranks (set it to the ranks per "
+                                 "host)")
             self.hpz = self._shared(host_groups.block_comm(min(hpz, n)))
         if mics > 0:
             if n % mics:
