@@ -71,6 +71,11 @@ def _links(rec, collective, kind):
     return rec["comm"].get(collective, {}).get("links", {}).get(kind, {}).get("sent_bytes", 0)
 
 
+def test_fake_hosts_make_the_host_layout(out):
+    """DSLAUNCH_FAKE_HOSTS=2: ranks 0-1 on host 0, 2-3 on host 1; groups of 2 both ways."""
+    assert out["layouts"] == [[0, 0, 2, 2], [0, 1, 2, 2], [1, 0, 2, 2], [1, 1, 2, 2]]
+
+
 def test_hpz_and_mics_train_exactly_like_plain_zero3(out):
     """fp32, with and without CPU offload of parameters and optimizer, MiCS with the
     hierarchical gather too: the same losses as plain ZeRO-3 (<= 1e-5 relative)."""

@@ -22,7 +22,9 @@ process group made once and cached; its ``link`` says whether the group stays on
 - ``block_comm(size)``: the consecutive block of ``size`` ranks holding this rank (DeepSpeed's
   hpZ group and MiCS shard group); ``strided_comm(size)``: the ranks at this rank's position in
   every such block (MiCS's replicate group);
-- ``label(comm)``: set ``comm.link`` from the topology (the engine's world comm).
+- ``host_layout()``: the same as raw process groups (``intra``, ``inter``, sizes and indices),
+  for code that calls torch.distributed itself (qgZ's hierarchical reduce);
+- ``label(comm)``: set ``comm.link`` from the topology (the engine's world comm);
 - ``comm_of(groups, what)``: the comm of this rank among ``groups`` (a partition of the world
   into rank lists, made on every rank).
 
@@ -175,6 +177,27 @@ def inter_host_comm():
     per = topo.ranks_per_host()
     hosts = sorted(set(topo.host_of))
     return comm_of([[topo.ranks_of_host(h)[j] for h in hosts] for j in range(per)], "inter")
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """The host layout as raw process groups (for code that calls torch.distributed itself)."""
+    local_size: int  # ranks per host
+    hosts: int
+    host: int  # this rank's host index
+    local_rank: int  # this rank's index within its host
+    intra: object  # process group of this host's ranks (None with one rank per host)
+    inter: object  # process group of the ranks with this local index (None with one host)
+
+
+def host_layout() -> HostLayout:
+    """This rank's host layout; every host must run the same number of ranks (collective on
+    first use, like the groups)."""
+    topo = topology()
+    per = topo.ranks_per_host()
+    intra = intra_host_comm().group if per > 1 else None
+    inter = inter_host_comm().group if topo.num_hosts > 1 else None
+    return HostLayout(per, topo.num_hosts, topo.host, topo.local_index, intra, inter)
 
 
 def label(comm) -> None:

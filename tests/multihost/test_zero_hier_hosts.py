@@ -42,6 +42,8 @@ def test_hpz_and_mics_across_two_hosts(cluster, jobdir):
                            "--out", str(jobdir / "out.json"), cwd=jobdir, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = json.loads((jobdir / "out.json").read_text())
+    # the hosts learnt from the host names: ranks 0-1 on host1, 2-3 on host2
+    assert out["layouts"] == [[0, 0, 2, 2], [0, 1, 2, 2], [1, 0, 2, 2], [1, 1, 2, 2]]
     ref = out["plain"]["losses"]
     for name in ("hpz", "mics"):
         assert max(abs(a - b) / abs(a) for a, b in zip(ref, out[name]["losses"])) <= 1e-5, name

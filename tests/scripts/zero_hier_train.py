@@ -1,5 +1,6 @@
 """Several ZeRO-3 configs trained one after the other in one job (plain, hpZ, MiCS, ...): the
-tiny GPT of examples/gpt.py on TextBatches, the same data and seed for each. Writes on rank 0,
+tiny GPT of examples/gpt.py on TextBatches, the same data and seed for each. Writes on rank 0, the
+host layout every rank sees ("layouts": [host, local index, intra-, inter-host group size]) and,
 per run: the per-step global losses, the comm stats of the training steps, the memory breakdown
 and, where the run saves a checkpoint, the fp32 weights the engine held (gathered) and whether a
 plain ZeRO-3 engine loading it (resharded) got the same weights back.
@@ -33,6 +34,15 @@ a = ap.parse_args()
 
 dslaunch.init_distributed()
 rank, world = dist.get_rank(), dist.get_world_size()
+# the host layout the engine sees (engine/host_groups.py): every rank's (host, local index, size
+# of its intra-host group, size of its inter-host group)
+from dslaunch.engine.host_groups import host_layout  # noqa: E402
+
+lay = host_layout()
+mine = (lay.host, lay.local_rank, dist.get_world_size(lay.intra) if lay.intra else 1,
+        dist.get_world_size(lay.inter) if lay.inter else 1)
+layouts = [None] * world
+dist.all_gather_object(layouts, mine)
 gpt = GPTConfig(seq_len=32, n_layer=2, n_head=2, d_model=32)
 batches = TextBatches(stdlib_bytes(1 << 18), seq_len=gpt.seq_len, global_batch=8)
 
@@ -92,6 +102,7 @@ for name, run in json.loads(a.runs).items():
     out[name] = rec
     dist.barrier()
 if rank == 0:
+    out["layouts"] = layouts
     Path(a.out).write_text(json.dumps(out))
 dist.barrier()
 dist.destroy_process_group()
