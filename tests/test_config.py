@@ -502,6 +502,8 @@ def test_config_package_does_not_import_torch():
     ({**BASE, "zero_optimization": {"stage": 3, "mics_shard_size": 2,
                                     "offload_param": {"device": "nvme", "nvme_path": "/x"}}},
      "zero_optimization.mics_shard_size: not supported with offload_param.device nvme"),
+    ({**BASE, "zero_optimization": {"stage": 3, "mics_shard_size": 2, "zero_quantized_weights": True}},
+     "zero_optimization.mics_shard_size: not supported with ZeRO++'s quantized weights"),
 ])
 def test_odd_input_gives_one_clear_problem_first(raw, expected):
     assert problems(raw)[0].startswith(expected)

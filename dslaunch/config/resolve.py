@@ -103,7 +103,8 @@ def _data_parallel_size(values: dict, world_size: int) -> int:
 
 def _zero_group_checks(zero: dict, problems: list) -> None:
     """hpZ and MiCS (``engine/zero/stage3_groups.py``): stage 3 only, one of the two, not with
-    parameters on NVMe. (Group sizes against the world are checked when the groups are made.)"""
+    parameters on NVMe, MiCS not with qwZ / qgZ. (Group sizes against the world are checked
+    when the groups are made.)"""
     hpz, mics = zero.get("zero_hpz_partition_size") or 1, zero.get("mics_shard_size") or -1
     used = "zero_hpz_partition_size" if hpz > 1 else "mics_shard_size" if mics > 0 else None
     if used is None:
@@ -120,6 +121,10 @@ def _zero_group_checks(zero: dict, problems: list) -> None:
     if zero["offload_param"]["device"] == "nvme":
         problems.append(f"zero_optimization.{used}: not supported with offload_param.device nvme "
                         "(use cpu or none)")
+    if mics > 0 and (zero.get("zero_quantized_weights") or zero.get("zero_quantized_gradients")):
+        problems.append("zero_optimization.mics_shard_size: not supported with ZeRO++'s quantized "
+                        "weights or gradients (they communicate over all ranks); use "
+                        "zero_hpz_partition_size with them")
 
 
 def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
