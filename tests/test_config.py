@@ -492,6 +492,18 @@ def test_config_package_does_not_import_torch():
      "scheduler.params.cycle_min_lr: 1.0 is above cycle_max_lr=0.1"),
     ({**BASE, "zero_optimization": {"offload_param": {"device": "cpu"}}},
      "zero_optimization.offload_param.device: parameter offload needs zero_optimization.stage 3 (stage is 0)"),
+    ({**BASE, "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}},
+     "zero_optimization.zero_hpz_partition_size: partitions parameters, so it needs "
+     "zero_optimization.stage 3 (stage is 2)"),
+    ({**BASE, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2, "mics_shard_size": 2}},
+     "zero_optimization.zero_hpz_partition_size: hpZ and mics_shard_size are two ways"),
+    ({**BASE, "zero_optimization": {"stage": 3, "mics_hierarchical_params_gather": True}},
+     "zero_optimization.mics_hierarchical_params_gather: needs mics_shard_size > 0"),
+    ({**BASE, "zero_optimization": {"stage": 3, "mics_shard_size": 2,
+                                    "offload_param": {"device": "nvme", "nvme_path": "/x"}}},
+     "zero_optimization.mics_shard_size: not supported with offload_param.device nvme"),
+    ({**BASE, "zero_optimization": {"stage": 3, "mics_shard_size": 2, "zero_quantized_weights": True}},
+     "zero_optimization.mics_shard_size: not supported with ZeRO++'s quantized weights"),
 ])
 def test_odd_input_gives_one_clear_problem_first(raw, expected):
     assert problems(raw)[0].startswith(expected)

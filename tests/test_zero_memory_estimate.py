@@ -74,6 +74,37 @@ def test_nvme_moves_states_and_params_off_the_host():
     assert estimate(PSI, N, 2, "bf16", True).offload_optimizer == "cpu"  # the older spelling
 
 
+def test_hpz_adds_a_secondary_shard_and_mics_partitions_within_its_group():
+    """hpZ h: p·Ψ/h more parameter bytes on the device (even with offload_param: backward
+    gathers from it there); MiCS s: N becomes s in the stage-3 formulas."""
+    plain = estimate(PSI, 8, 3, "bf16")
+    hpz = estimate(PSI, 8, 3, "bf16", hpz_partition_size=2)
+    assert hpz.params["device"] - plain.params["device"] == 2 * PSI // 2
+    assert hpz.device - plain.device == 2 * PSI // 2 and "hpZ 2" in hpz.label()
+    off = estimate(PSI, 8, 3, "bf16", "cpu", "cpu", hpz_partition_size=2)
+    assert off.params == {"device": PSI, "cpu": 2 * PSI // 8, "nvme": 0}
+    assert estimate(PSI, 8, 3, "bf16", mics_shard_size=4).device == estimate(PSI, 4, 3).device
+    with pytest.raises(ValueError, match="stage 3"):
+        estimate(PSI, 8, 2, hpz_partition_size=2)
+    with pytest.raises(ValueError, match="does not divide"):
+        estimate(PSI, 8, 3, mics_shard_size=3)
+
+
+def test_cli_reads_hpz_and_mics_from_the_config(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"bf16": {"enabled": True},
+                               "zero_optimization": {"stage": 3, "mics_shard_size": 2}}))
+    r = CliRunner().invoke(estimate_memory, ["--params", "1M", "--world-size", "4", "--config",
+                                             str(cfg), "--stage", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["estimates"]
+    assert all(e["mics_shard_size"] == 2 for e in rows)
+    assert [e["per_rank"]["device"] for e in rows if e["config"]] == [16 * PSI // 2]
+    r = CliRunner().invoke(estimate_memory, ["--params", "1M", "--world-size", "4", "--stage",
+                                             "3", "--hpz-partition-size", "2"])
+    assert r.exit_code == 0 and "stage 3 + hpZ 2" in r.output
+
+
 def test_cli_json_per_rank_and_per_host():
     r = CliRunner().invoke(estimate_memory, ["--params", "1M", "--world-size", "4",
                                              "--ranks-per-host", "2", "--json", "--stage", "1"])

@@ -61,7 +61,8 @@ def _from_config(path: str, world_size: int) -> dict:
     optimizer = (cfg.optimizer.type if cfg.optimizer is not None else "adam").lower()
     return {"stage": stage, "precision": precision,
             "offload_optimizer": zero.offload_optimizer.device,
-            "offload_param": zero.offload_param.device, "optimizer": optimizer}
+            "offload_param": zero.offload_param.device, "optimizer": optimizer,
+            "hpz": zero.zero_hpz_partition_size, "mics": zero.mics_shard_size}
 
 
 @click.command("estimate-memory")
@@ -83,9 +84,15 @@ def _from_config(path: str, world_size: int) -> dict:
               help="Only rows with this optimizer offload.")
 @click.option("--offload-param", type=click.Choice(["none", "cpu", "nvme"]), default=None,
               help="Only rows with this parameter offload.")
+@click.option("--hpz-partition-size", "hpz", type=click.IntRange(min=1), default=None,
+              help="ZeRO++ hpZ secondary partition size for the stage-3 rows (default: the "
+                   "config's zero_hpz_partition_size, else 1).")
+@click.option("--mics-shard-size", "mics", type=int, default=None,
+              help="MiCS shard size for the stage-3 rows (default: the config's "
+                   "mics_shard_size, else none).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def estimate_memory(params, model_script, config_path, world_size, ranks_per_host, precision,
-                    optimizer, stage, offload_optimizer, offload_param, as_json):
+                    optimizer, stage, offload_optimizer, offload_param, hpz, mics, as_json):
     """Per-rank and per-host bytes of parameters, gradients and optimizer states for ZeRO 0-3."""
     from dslaunch.engine.zero.memory_estimate import OPTIMIZER_STATES, all_estimates, human
 
@@ -102,7 +109,14 @@ def estimate_memory(params, model_script, config_path, world_size, ranks_per_hos
     if per_host > world_size:
         raise click.UsageError(f"--ranks-per-host {per_host} is more than --world-size {world_size}")
 
-    rows = all_estimates(num_params, world_size, precision, optimizer)
+    hpz = hpz if hpz is not None else (cfg["hpz"] if cfg else 1)
+    mics = mics if mics is not None else (cfg["mics"] if cfg else -1)
+    if hpz > 1 and mics > 0:
+        raise click.UsageError("hpZ and MiCS are two ways to partition within groups: give one")
+    try:
+        rows = all_estimates(num_params, world_size, precision, optimizer, hpz, mics)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     if stage is not None:
         rows = [r for r in rows if r.stage == stage]
     if offload_optimizer is not None:

@@ -101,6 +101,32 @@ def _data_parallel_size(values: dict, world_size: int) -> int:
     return world_size // model_parallel if world_size % model_parallel == 0 else world_size
 
 
+def _zero_group_checks(zero: dict, problems: list) -> None:
+    """hpZ and MiCS (``engine/zero/stage3_groups.py``): stage 3 only, one of the two, not with
+    parameters on NVMe, MiCS not with qwZ / qgZ. (Group sizes against the world are checked
+    when the groups are made.)"""
+    hpz, mics = zero.get("zero_hpz_partition_size") or 1, zero.get("mics_shard_size") or -1
+    used = "zero_hpz_partition_size" if hpz > 1 else "mics_shard_size" if mics > 0 else None
+    if used is None:
+        if zero.get("mics_hierarchical_params_gather"):
+            problems.append("zero_optimization.mics_hierarchical_params_gather: needs "
+                            "mics_shard_size > 0")
+        return
+    if hpz > 1 and mics > 0:
+        problems.append("zero_optimization.zero_hpz_partition_size: hpZ and mics_shard_size are "
+                        "two ways to partition within groups; set one of them")
+    if isinstance(zero["stage"], int) and zero["stage"] != 3:
+        problems.append(f"zero_optimization.{used}: partitions parameters, so it needs "
+                        f"zero_optimization.stage 3 (stage is {zero['stage']})")
+    if zero["offload_param"]["device"] == "nvme":
+        problems.append(f"zero_optimization.{used}: not supported with offload_param.device nvme "
+                        "(use cpu or none)")
+    if mics > 0 and (zero.get("zero_quantized_weights") or zero.get("zero_quantized_gradients")):
+        problems.append("zero_optimization.mics_shard_size: not supported with ZeRO++'s quantized "
+                        "weights or gradients (they communicate over all ranks); use "
+                        "zero_hpz_partition_size with them")
+
+
 def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
                    dp_world_size: Optional[int] = None, model_num_params: Optional[int] = None,
                    check_supported: bool = True, pipeline_stages: Optional[int] = None,
@@ -193,6 +219,7 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
     if zero["offload_param"]["device"] != "none" and isinstance(zero["stage"], int) and zero["stage"] != 3:
         problems.append(f"zero_optimization.offload_param.device: parameter offload needs "
                         f"zero_optimization.stage 3 (stage is {zero['stage']})")
+    _zero_group_checks(zero, problems)
 
     top, nested = values["gradient_accumulation_dtype"], values["data_types"]["grad_accum_dtype"]
     if top is not None and nested is not None and top != nested:

@@ -23,6 +23,10 @@ broadcast, reduce, gather and scatter ``(N-1)/N x payload`` (for gather and scat
 this rank's piece), send the payload (recv 0: its sender counts it); 0 with one rank and for
 object/barrier collectives.
 
+``link`` (set once the hosts are known, ``host_groups.py``): ``"intra_host"`` for a group on one
+host, ``"inter_host"`` for one that crosses hosts; each record then also counts its calls, bytes
+and sent_bytes under ``links[link]``, so the stats say how much went over groups that cross hosts.
+
 On gloo, ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` need not run as gloo's own
 collectives, which move each byte several times slower than its all_reduce over TCP
 (``benchmarks/bench_collectives.py``). Two other paths compute the same result:
@@ -276,6 +280,9 @@ class Comm:
             lambda: {"calls": 0, "bytes": 0, "sent_bytes": 0, "seconds": 0.0})
         self._progress = progress_record.writer()  # None unless an agent reads our progress
         self.label = group_label(group)
+        # "intra_host" / "inter_host" once the hosts are known (engine/host_groups.py): each
+        # record then splits its counts under "links" by that kind of group
+        self.link = None
 
     def paths_for(self, tensor) -> dict:
         """The collective paths for a tensor on its device (gloo's choices for a CPU tensor)."""
@@ -287,15 +294,21 @@ class Comm:
         """``path`` (for collectives that may be emulated): "native", "pairwise" or
         "all_reduce"; for the last, ``sent_nbytes`` is the payload of the all_reduce that ran."""
         rec = self._stats[name]
-        rec["calls"] += 1
-        rec["bytes"] += int(nbytes)
         if path is None:
-            rec["sent_bytes"] += sent_bytes(name, int(nbytes), self.world_size)
+            sent = sent_bytes(name, int(nbytes), self.world_size)
         else:
             algo = "all_reduce" if path == "all_reduce" else name
             payload = nbytes if sent_nbytes is None else sent_nbytes
-            rec["sent_bytes"] += sent_bytes(algo, int(payload), self.world_size)
+            sent = sent_bytes(algo, int(payload), self.world_size)
             rec["path"] = path if rec.get("path", path) == path else "mixed"
+        books = [rec]
+        if self.link is not None:
+            books.append(rec.setdefault("links", {}).setdefault(
+                self.link, {"calls": 0, "bytes": 0, "sent_bytes": 0}))
+        for book in books:
+            book["calls"] += 1
+            book["bytes"] += int(nbytes)
+            book["sent_bytes"] += sent
         return rec
 
     def _run(self, name, nbytes, fn, async_op, path=None, sent_nbytes=None, then=None):
@@ -336,8 +349,14 @@ class Comm:
 
     def stats(self) -> dict:
         """{collective: {"calls", "bytes", "sent_bytes", "seconds"}} since start (or the last
-        reset)."""
-        return {k: dict(v) for k, v in self._stats.items()}
+        reset); with the hosts known, also "links": {"intra_host" | "inter_host": {"calls",
+        "bytes", "sent_bytes"}}, the same counts split by whether the group crossed hosts."""
+        out = {}
+        for k, v in self._stats.items():
+            out[k] = dict(v)
+            if "links" in v:
+                out[k]["links"] = {kind: dict(c) for kind, c in v["links"].items()}
+        return out
 
     def reset_stats(self) -> None:
         self._stats.clear()

@@ -29,6 +29,12 @@ the optimizer steps the master, not the shard). The swap buffers are working buf
 buffers (communication buckets, the gathered parameters of the modules
 that are live in stage 3) are left out: they are bounded by the bucket/live-parameter knobs, not Ψ.
 
+ZeRO++ hpZ (``zero_hpz_partition_size: h``, stage 3): every rank also keeps a secondary shard of
+the parameters within its hpZ group, in the training dtype on the device: p·Ψ/h more (even with
+``offload_param``: the secondary is what backward gathers from on the device). MiCS
+(``mics_shard_size: s``, stage 3): parameters, gradients and optimizer states are partitioned
+over the s ranks of a shard group, so N becomes s in the stage-3 formulas.
+
 The engine's ``memory_breakdown()`` reports what the strategies really hold; the tests check that it
 matches these formulas.
 """
@@ -63,6 +69,8 @@ class Estimate:
     params: dict  # {"device": bytes, "cpu": bytes, "nvme": bytes} per rank
     grads: dict
     optimizer: dict
+    hpz: int = 1  # ZeRO++ secondary partition size (1: none)
+    mics: int = -1  # MiCS shard size (-1: none)
 
     @property
     def device(self) -> int:
@@ -82,11 +90,16 @@ class Estimate:
             off.append(f"offload_optimizer={self.offload_optimizer}")
         if self.offload_param != "none":
             off.append(f"offload_param={self.offload_param}")
+        if self.hpz > 1:
+            off.append(f"hpZ {self.hpz}")
+        if self.mics > 0:
+            off.append(f"MiCS {self.mics}")
         return f"stage {self.stage}" + (f" + {' + '.join(off)}" if off else "")
 
     def to_dict(self, ranks_per_host: int = 1) -> dict:
         return {
             "stage": self.stage,
+            "hpz_partition_size": self.hpz, "mics_shard_size": self.mics,
             "offload_optimizer": self.offload_optimizer,
             "offload_param": self.offload_param,
             "per_rank": {"device": self.device, "cpu": self.cpu, "nvme": self.nvme,
@@ -103,9 +116,11 @@ def _ceil_div(a: int, b: int) -> int:
 
 def estimate(num_params: int, world_size: int, stage: int, precision: str = "bf16",
              offload_optimizer: bool | str = False, offload_param: bool | str = False,
-             optimizer: str = "adam") -> Estimate:
+             optimizer: str = "adam", hpz_partition_size: int = 1,
+             mics_shard_size: int = -1) -> Estimate:
     """Bytes of model states one rank holds. Shards are rounded up as the runtime pads them.
-    ``offload_*``: "none", "cpu", "nvme" (True / False: "cpu" / "none")."""
+    ``offload_*``: "none", "cpu", "nvme" (True / False: "cpu" / "none"); ``hpz_partition_size``,
+    ``mics_shard_size``: ZeRO++ hpZ and MiCS (stage 3 only)."""
     offload_optimizer = _device(offload_optimizer, "offload_optimizer")
     offload_param = _device(offload_param, "offload_param")
     if precision not in PRECISIONS:
@@ -119,7 +134,13 @@ def estimate(num_params: int, world_size: int, stage: int, precision: str = "bf1
     opt = optimizer.lower()
     if opt not in OPTIMIZER_STATES:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, not {optimizer!r}")
-    n, psi = world_size, num_params
+    hpz = hpz_partition_size if hpz_partition_size > 1 else 1
+    mics = mics_shard_size if mics_shard_size > 0 else -1
+    if (hpz > 1 or mics > 0) and stage != 3:
+        raise ValueError("hpz_partition_size and mics_shard_size need ZeRO stage 3")
+    if mics > 0 and world_size % mics:
+        raise ValueError(f"mics_shard_size {mics} does not divide the world size {world_size}")
+    n, psi = (mics if mics > 0 else world_size), num_params
     shard = _ceil_div(psi, n)
     p = 4 if precision == "fp32" else 2
     mixed = p != 4
@@ -144,12 +165,16 @@ def estimate(num_params: int, world_size: int, stage: int, precision: str = "bf1
     if offload_param != "none":
         params = {"device": 0, "cpu": 0, "nvme": 0}
         params[offload_param] = params_whole
-    return Estimate(stage, offload_optimizer, offload_param, params, grads, optim)
+    if hpz > 1:  # the secondary shard, in the training dtype, on the device
+        params["device"] += p * _ceil_div(psi, min(hpz, world_size))
+    return Estimate(stage, offload_optimizer, offload_param, params, grads, optim, hpz, mics)
 
 
 def all_estimates(num_params: int, world_size: int, precision: str = "bf16",
-                  optimizer: str = "adam") -> list[Estimate]:
-    """Every stage and offload choice, in the order the CLI prints them."""
+                  optimizer: str = "adam", hpz_partition_size: int = 1,
+                  mics_shard_size: int = -1) -> list[Estimate]:
+    """Every stage and offload choice, in the order the CLI prints them (the stage-3 rows with
+    hpZ / MiCS when given)."""
     out = []
     for stage in range(4):
         choices = [("none", "none")]
@@ -161,8 +186,14 @@ def all_estimates(num_params: int, world_size: int, precision: str = "bf16",
             choices += [("nvme", "none")]
         if stage == 3:
             choices += [("nvme", "nvme")]
-        out += [estimate(num_params, world_size, stage, precision, o, p, optimizer=optimizer)
-                for o, p in choices]
+        if stage == 3 and mics_shard_size > 0:
+            choices = [c for c in choices if c[1] != "nvme"]  # not with parameters on NVMe
+        extra = {"hpz_partition_size": hpz_partition_size,
+                 "mics_shard_size": mics_shard_size} if stage == 3 else {}
+        if extra and hpz_partition_size > 1:
+            choices = [c for c in choices if c[1] != "nvme"]
+        out += [estimate(num_params, world_size, stage, precision, o, p, optimizer=optimizer,
+                         **extra) for o, p in choices]
     return out
 
 

@@ -75,8 +75,8 @@ class _Where:
         if self.piece is not None:
             lo, hi, off = self.piece
             out[lo:hi].copy_(chunk[off: off + hi - lo])
-        if s.world > 1:
-            s.comm.all_reduce(out)
+        if s.world > 1:  # over the ranks the shards are spread on (a MiCS shard group)
+            getattr(s, "part_comm", s.comm).all_reduce(out)
         return out.view(self.slot.shape)
 
     def write(self, chunk: torch.Tensor, value: torch.Tensor) -> None:

@@ -384,8 +384,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
         all ranks every expert element is counted once too."""
         inv = 1.0 / loss_scale_of(loss_scaler)
         sq = sum_of_squares(c for group_chunks in self._grad_chunks() for c in group_chunks)
-        sq, overflow = all_reduce_sq_norm(sq * (inv * inv), self.comm.all_reduce)
+        sq, overflow = all_reduce_sq_norm(sq * (inv * inv), self._norm_comm().all_reduce)
         return GradNorm(math.sqrt(sq), overflow)
+
+    def _norm_comm(self):
+        """The ranks whose shards together hold every gradient element once."""
+        return self.comm
 
     def _after_skip(self) -> None:
         self._stage1_grad_chunks = None

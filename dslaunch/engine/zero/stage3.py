@@ -38,6 +38,7 @@ from dslaunch.engine.zero.common import get_comm, offloads_optimizer
 from dslaunch.engine.zero.nvme.param_store import nvme_param_store
 from dslaunch.engine.zero.param_status import attach_ds_attributes
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
+from dslaunch.engine.zero.stage3_groups import Stage3Comms
 from dslaunch.engine.zero.stage3_units import plan_units
 from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
 from dslaunch.engine.zero.zero_init import materialize, register_strategy, shard_of
@@ -95,7 +96,12 @@ class Stage3Strategy(ZeroStage12Strategy):
         partition, get ready to gather: the set-up that needs no optimizer."""
         zero = self.zero
         self.overlap_comm = False  # stage 3 reduces from its own hooks, unit by unit
-        self.world, self.rank = comm.world_size, comm.rank
+        # the partition group (all data-parallel ranks, or a MiCS shard group) and the hpZ /
+        # MiCS groups around it (stage3_groups.py); world and rank are within the partition
+        self.comms = Stage3Comms(zero, comm)
+        self.part_comm = self.comms.part
+        self.dp_world = comm.world_size
+        self.world, self.rank = self.part_comm.world_size, self.part_comm.rank
         self._hooks, self._stage1_grad_chunks, self._grad_norm = [], None, None
         shard_device = torch.device("cpu") if zero.offload_param.device == "cpu" else self.device
         cap = min(zero.reduce_bucket_size, COMM_BUCKET_CAP)
@@ -103,10 +109,10 @@ class Stage3Strategy(ZeroStage12Strategy):
                                zero.stage3_param_persistence_threshold)
         self.groups = [_Group(n, lay, self.rank) for n, lay in zip(named, self.plan.layouts)]
         if zero.offload_param.device == "nvme":
-            self.store = nvme_param_store(self.plan, self.dtype, self.device, comm,
+            self.store = nvme_param_store(self.plan, self.dtype, self.device, self.comms,
                                           zero.offload_param, aio, self.rank)
         else:
-            self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, comm)
+            self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, self.comms)
         self._prepare_rest(model, named)
         self._partition()
         attach_ds_attributes(self)
@@ -129,7 +135,7 @@ class Stage3Strategy(ZeroStage12Strategy):
             for p in rest:
                 if p.is_floating_point() and self.mixed:
                     p.data = p.data.to(self.dtype)
-            if self.world > 1:
+            if self.dp_world > 1:
                 for t in rest + list(model.buffers()):
                     self.comm.broadcast(t.data, 0)
 
@@ -158,12 +164,12 @@ class Stage3Strategy(ZeroStage12Strategy):
                         view.copy_(p.detach().reshape(-1))
                         whole = True
                     else:  # zero.Init: ranks hold equal chunks of the padded parameter
-                        padded = torch.empty(shard.numel() * self.world, dtype=shard.dtype,
+                        padded = torch.empty(shard.numel() * self.dp_world, dtype=shard.dtype,
                                              device=self.device)
                         self.comm.all_gather_into_tensor(padded, shard.to(self.device))
                         view.copy_(padded[:s.numel])
                         del padded
-                if whole and self.world > 1:
+                if whole and self.dp_world > 1:
                     self.comm.broadcast(tmp, 0)
                 c = b.chunk(self.world)
                 mine = tmp[self.rank * c: (self.rank + 1) * c]
@@ -248,10 +254,10 @@ class Stage3Strategy(ZeroStage12Strategy):
                 staging[s.start: s.start + s.numel].copy_(gr.reshape(-1))
                 g.params[s.name].grad = None
         c = b.chunk(self.world)
-        if self.world > 1:
+        if self.dp_world > 1:
             send, cd = self._comm_input(key, staging)
             out = torch.empty(c, dtype=cd, device=self.device)
-            self.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
+            self.comms.reduce_scatter(out, send)  # stage3_groups.py: which groups
         else:
             out = staging
         off = g.layout.shard_offsets()[bi]
@@ -271,9 +277,18 @@ class Stage3Strategy(ZeroStage12Strategy):
 
     on_backward_done = after_backward
 
+    def _grad_post(self) -> float:
+        return 1.0 / self.dp_world if self.average_gradients else 1.0
+
+    def _norm_comm(self):
+        """Each partition group holds every gradient element once (MiCS replicas hold the
+        same shards again)."""
+        return self.part_comm
+
     def _all_gather_params(self):
         """After the step the new values only need to reach the local shard (and the persistent
         parameters, which every rank keeps whole)."""
+        self.store.weights_changed()
         with torch.no_grad():
             if self.need_master and getattr(self.optimizer, "swap_params", False) and \
                     not getattr(self, "masters_resident", False):  # masters in the NVMe file
@@ -355,7 +370,7 @@ class Stage3Strategy(ZeroStage12Strategy):
                 if modifier_rank is not None:
                     gi, bi = key
                     g, full = self.groups[gi], self.store.full[key]
-                    if self.world > 1:
+                    if self.dp_world > 1:
                         self.comm.broadcast(full, modifier_rank)
                     c = g.layout.buckets[bi].chunk(self.world)
                     mine = full[self.rank * c: (self.rank + 1) * c]
@@ -372,7 +387,8 @@ class Stage3Strategy(ZeroStage12Strategy):
 
     # -- accounting ----------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
-        params = self.store.resident_tensors() + list(self.store.full.values())
+        params = self.store.resident_tensors() + list(self.store.full.values()) + \
+            self.store.secondary_tensors()
         seen = {id(p) for g in self.groups for p in g.params.values()}
         params += [p for p in self.model.parameters() if id(p) not in seen]
         grads = [g.grad_shard for g in self.groups if g.grad_shard is not None]

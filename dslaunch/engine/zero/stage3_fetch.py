@@ -36,11 +36,20 @@ class ParamStore:
     read_ahead_depth = 0  # units whose shards ``read_ahead`` may load before they are gathered
 
     def __init__(self, plan, dtype, device, shard_device, comm):
+        """``comm``: a ``stage3_groups.Stage3Comms`` (the groups each gather runs in), or a
+        ``Comm`` (plain: partitioned over its ranks)."""
+        if not hasattr(comm, "secondary_gather"):
+            from dslaunch.engine.zero.stage3_groups import Stage3Comms
+
+            comm = Stage3Comms.plain(comm)
         self.plan, self.dtype, self.device, self.comm = plan, dtype, device, comm
         self.shard_device = shard_device
         self.full = {}
         self.state = {}
         self.work = {}
+        # hpZ: per bucket this rank's secondary shard, and which of them hold the current weights
+        self.secondary, self.fresh = {}, set()
+        self.from_shard = set()  # in-flight gathers that read this rank's primary shard
         self.live = 0  # gathered or in-flight elements of non-persistent buckets
         self.max_live = 0
         for gi, lay in enumerate(plan.layouts):
@@ -76,10 +85,12 @@ class ParamStore:
     def write_chunk(self, key, values) -> None:
         """New values (any dtype / device) for this rank's chunk of bucket ``key``."""
         self.chunks[key[0]][key[1]].copy_(values)
+        self.weights_changed()
 
     def write_shard(self, gi, values) -> None:
         """New values for group ``gi``'s whole shard (after the optimizer step)."""
         self.local[gi].copy_(values)
+        self.weights_changed()
 
     def resident_tensors(self) -> list:
         """The tensors holding the shard in memory (for memory_breakdown)."""
@@ -110,22 +121,51 @@ class ParamStore:
             return
         full = self.full[key]
         full.untyped_storage().resize_(self.nbytes[key])
-        src = self._source(key)
         self.live += full.numel()
         self.max_live = max(self.max_live, self.live)
-        work = self.comm.all_gather_into_tensor(full, src, async_op=async_op)
-        if async_op:
+        work = self._all_gather(key, full, async_op)
+        if async_op and work is not None:
             self.work[key] = work
             self.state[key] = IN_FLIGHT
         else:
             self.state[key] = GATHERED
-            self._source_done(key)
+            self._gathered(key)
+
+    def _all_gather(self, key, full, async_op):
+        """The one all-gather of a bucket (the seam for what travels and in which group): from
+        the hpZ secondaries over the hpZ group while they hold the current weights, else from
+        this rank's shard over the partition group. Returns the work (None: done)."""
+        if key in self.fresh:
+            return self.comm.secondary_gather(full, self.secondary[key], async_op=async_op)
+        self.from_shard.add(key)
+        return self.comm.all_gather(full, self._source(key), async_op=async_op)
+
+    def _gathered(self, key) -> None:
+        """Bucket ``key``'s gather has completed: the shard input is free again, and with hpZ
+        this rank keeps its secondary slice of the weights just gathered."""
+        if key not in self.from_shard:
+            return
+        self.from_shard.discard(key)
+        self._source_done(key)
+        if self.comm.hpz is not None and key not in self.plan.persistent:
+            lo, hi = self.comm.secondary_slice(self.full[key].numel())
+            if key not in self.secondary:
+                self.secondary[key] = torch.empty(hi - lo, dtype=self.dtype, device=self.device)
+            self.secondary[key].copy_(self.full[key][lo:hi])
+            self.fresh.add(key)
+
+    def weights_changed(self) -> None:
+        """The shards were written (a step, a load): the hpZ secondaries are stale."""
+        self.fresh.clear()
+
+    def secondary_tensors(self) -> list:
+        return list(self.secondary.values())
 
     def wait(self, key):
         if self.state[key] == IN_FLIGHT:
             self.work.pop(key).wait()
             self.state[key] = GATHERED
-            self._source_done(key)
+            self._gathered(key)
 
     def wait_all(self):
         for key in list(self.work):
@@ -147,7 +187,7 @@ class ParamStore:
     def refresh_persistent(self):
         """Persistent buckets stay gathered: bring them up to date with the shards."""
         for key in sorted(self.plan.persistent):
-            self.comm.all_gather_into_tensor(self.full[key], self._source(key))
+            self.comm.all_gather(self.full[key], self._source(key))
             self._source_done(key)
 
     def gathered_numel(self) -> int:
