@@ -31,10 +31,6 @@ def _any_enabled(tree) -> bool:
 
 
 NOT_SUPPORTED_YET = [
-    Feature("zero_optimization.zero_quantized_weights", "ZeRO++ quantized weights", "",
-            lambda get: bool(get("zero_optimization.zero_quantized_weights"))),
-    Feature("zero_optimization.zero_quantized_gradients", "ZeRO++ quantized gradients", "",
-            lambda get: bool(get("zero_optimization.zero_quantized_gradients"))),
     Feature("zero_optimization.zero_hpz_partition_size", "ZeRO++ hierarchical partitioning", "",
             lambda get: (get("zero_optimization.zero_hpz_partition_size") or 1) > 1),
     Feature("zero_optimization.mics_shard_size", "MiCS sharding", "",

@@ -34,6 +34,9 @@ class ParamStore:
     strategy touches the shard only through the methods of "the seam" below."""
 
     read_ahead_depth = 0  # units whose shards ``read_ahead`` may load before they are gathered
+    # qwZ: ``quantized_gather(full, src, async_op)`` (zero/quantized_comm.py) replaces the
+    # all-gather of forward/backward fetches; None: every gather is exact
+    quantized_gather = None
 
     def __init__(self, plan, dtype, device, shard_device, comm):
         self.plan, self.dtype, self.device, self.comm = plan, dtype, device, comm
@@ -42,6 +45,7 @@ class ParamStore:
         self.state = {}
         self.work = {}
         self.live = 0  # gathered or in-flight elements of non-persistent buckets
+        self.approx = set()  # keys whose full buffer holds dequantized (qwZ) values
         self.max_live = 0
         for gi, lay in enumerate(plan.layouts):
             for bi, b in enumerate(lay.buckets):
@@ -100,8 +104,16 @@ class ParamStore:
         """The all-gather of ``key`` has finished with its input."""
 
     # -- gather / release ------------------------------------------------------------------------
-    def gather(self, key, async_op=False):
+    def gather(self, key, async_op=False, exact=False):
+        """``exact``: the shard's values even with qwZ (for whoever reads or writes weights:
+        checkpoints, GatheredParameters); a unit already gathered quantized is re-gathered."""
         st = self.state[key]
+        if exact and st != RELEASED and key in self.approx:
+            self.wait(key)
+            self.comm.all_gather_into_tensor(self.full[key], self._source(key))
+            self._source_done(key)
+            self.approx.discard(key)
+            return
         if st == GATHERED:
             return
         if st == IN_FLIGHT:
@@ -113,7 +125,11 @@ class ParamStore:
         src = self._source(key)
         self.live += full.numel()
         self.max_live = max(self.max_live, self.live)
-        work = self.comm.all_gather_into_tensor(full, src, async_op=async_op)
+        if self.quantized_gather is not None and not exact:
+            work = self.quantized_gather(full, src, async_op=async_op)
+            self.approx.add(key)
+        else:
+            work = self.comm.all_gather_into_tensor(full, src, async_op=async_op)
         if async_op:
             self.work[key] = work
             self.state[key] = IN_FLIGHT
@@ -137,6 +153,7 @@ class ParamStore:
         self.wait(key)
         self.full[key].untyped_storage().resize_(0)
         self.state[key] = RELEASED
+        self.approx.discard(key)
         self.live -= self.full[key].numel()
 
     def release_all(self):
