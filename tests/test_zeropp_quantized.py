@@ -1,8 +1,9 @@
 """ZeRO++ quantized communication end to end: qwZ (``zero_quantized_weights``) and qgZ
 (``zero_quantized_gradients``) on 4 real gloo ranks made into 2 hosts of 2
 (``DSLAUNCH_FAKE_HOSTS=2``), in ONE job (tests/scripts/zeropp_train.py): the collectives against
-exact results and their stated error bounds, then the tiny GPT under ZeRO-3 with each option (fp32
-and bf16) against plain ZeRO-3 on the same data, and the bytes comm_stats() booked.
+exact results and their stated error bounds, then the tiny GPT under ZeRO-3 with each option (fp32,
+bf16, and both with parameters and optimizer offloaded to the CPU) against plain ZeRO-3 on the
+same data, and the bytes comm_stats() booked.
 
 Tolerance: the loss of every step within 1% of plain ZeRO-3's (issue 24; measured: < 0.1% over
 these 10 steps)."""
@@ -13,7 +14,7 @@ from dslaunch.config import resolve_config
 from dslaunch.config.errors import ConfigError
 
 STEPS = 10
-CONFIGS = ["plain", "qwz", "qgz", "both", "plain_bf16", "both_bf16"]
+CONFIGS = ["plain", "qwz", "qgz", "both", "both_offload", "plain_bf16", "both_bf16"]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_each_option_trains_within_one_percent_of_plain_zero3(job):
 def test_all_gather_sends_a_quarter_of_fp32_bytes(job):
     runs = job["runs"]
     plain = runs["plain"]["stats"]["all_gather"]
-    for name, fp_bytes in (("qwz", 4), ("both", 4), ("both_bf16", 2)):
+    for name, fp_bytes in (("qwz", 4), ("both", 4), ("both_offload", 4), ("both_bf16", 2)):
         stats = runs[name]["stats"]
         assert "all_gather" not in stats  # every training gather went quantized
         q = stats["qwz_all_gather"]
@@ -66,7 +67,7 @@ def test_all_gather_sends_a_quarter_of_fp32_bytes(job):
 @pytest.mark.slow
 def test_gradients_cross_hosts_quantized_and_stay_full_precision_within_a_host(job):
     plain = job["runs"]["plain"]["stats"]["reduce_scatter"]
-    for name in ("qgz", "both"):
+    for name in ("qgz", "both", "both_offload"):
         stats = job["runs"][name]["stats"]
         assert "reduce_scatter" not in stats
         intra, inter = stats["qgz_intra_reduce_scatter"], stats["qgz_inter_all_to_all"]
@@ -82,7 +83,7 @@ def test_gradients_cross_hosts_quantized_and_stay_full_precision_within_a_host(j
 def test_exact_gathers_return_the_unquantized_shard(job):
     """Checkpoints and GatheredParameters gather exactly; forward/backward's gathers are the
     int8 ones (within max|w| / 254 of the shard)."""
-    for name in ("qwz", "both", "both_bf16"):
+    for name in ("qwz", "both", "both_offload", "both_bf16"):
         r = job["runs"][name]
         assert r["exact_gather_is_shard"] and r["quantized_gather_differs"], name
         rounding = 2 ** -8 if name.endswith("_bf16") else 1e-6  # the bf16 full buffer's

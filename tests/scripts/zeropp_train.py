@@ -4,8 +4,8 @@
    (int8) and the hierarchical reduce-scatter (int4 and int8) against the exact results; the
    worst error is reported next to the bound the module docstring states.
 2. The tiny GPT (examples/gpt.py) trained under ZeRO-3 with each ``--configs`` entry (plain,
-   qwz, qgz, both; fp32, and ``*_bf16``), each from the same seed and data: per-step losses and
-   ``engine.comm_stats()``.
+   qwz, qgz, both; fp32, ``*_bf16``, ``*_offload``: parameters and optimizer offloaded to the
+   CPU), each from the same seed and data: per-step losses and ``engine.comm_stats()``.
 3. With qwZ: the exact gather (checkpoints, GatheredParameters) returns the shard's own values,
    the quantized one does not (but is within the int8 bound).
 
@@ -107,6 +107,9 @@ def config(name):
         zero["zero_quantized_weights"] = True
     if name.startswith(("qgz", "both")):
         zero["zero_quantized_gradients"] = True
+    if "_offload" in name:  # parameters and optimizer on the CPU (ZeRO-Offload / ZeRO-3 offload)
+        zero["offload_optimizer"] = {"device": "cpu"}
+        zero["offload_param"] = {"device": "cpu"}
     c = {"train_batch_size": 16, "gradient_accumulation_steps": 1,
          "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
          "gradient_clipping": 0.5, "steps_per_print": 1000, "zero_optimization": zero}
