@@ -82,12 +82,14 @@ def test_gradients_cross_hosts_quantized_and_stay_full_precision_within_a_host(j
 @pytest.mark.slow
 def test_exact_gathers_return_the_unquantized_shard(job):
     """Checkpoints and GatheredParameters gather exactly; forward/backward's gathers are the
-    int8 ones (within max|w| / 254 of the shard)."""
+    int8 ones (within max|w| / 254 of the shard). A checkpoint written under qwZ + qgZ,
+    consolidated to fp32, equals the exactly gathered weights."""
     for name in ("qwz", "both", "both_offload", "both_bf16"):
         r = job["runs"][name]
         assert r["exact_gather_is_shard"] and r["quantized_gather_differs"], name
         rounding = 2 ** -8 if name.endswith("_bf16") else 1e-6  # the bf16 full buffer's
         assert 0 < r["quantized_gather_max_err"] <= r["exact_max_abs"] * (1 / 254 + rounding)
+    assert job["runs"]["both"]["checkpoint_equals_exact_weights"]  # saved unquantized
 
 
 def _zero(stage, **flags):

@@ -7,7 +7,8 @@
    qwz, qgz, both; fp32, ``*_bf16``, ``*_offload``: parameters and optimizer offloaded to the
    CPU), each from the same seed and data: per-step losses and ``engine.comm_stats()``.
 3. With qwZ: the exact gather (checkpoints, GatheredParameters) returns the shard's own values,
-   the quantized one does not (but is within the int8 bound).
+   the quantized one does not (but is within the int8 bound); 4. (config "both") the checkpoint,
+   consolidated to fp32, equals the exactly gathered weights.
 
 Rank 0 writes everything to ``--out``. Run with ``DSLAUNCH_FAKE_HOSTS=2`` on 4 ranks to make
 two hosts of two ranks each.
@@ -147,6 +148,17 @@ def train(name):
         res["quantized_gather_differs"] = bool(not torch.equal(approx, exact))
         res["quantized_gather_max_err"] = (approx - exact).abs().max().item()
         res["exact_max_abs"] = exact.abs().max().item()
+        if name == "both":  # 4. the checkpoint holds the unquantized weights
+            from dslaunch.engine.checkpoint.consolidate import fp32_state_dict
+
+            ckpt = Path(a.out).parent / f"ckpt_{name}"
+            engine.save_checkpoint(str(ckpt))
+            weights = engine.strategy.module_state_dict()  # an exact gather, on every rank
+            dist.barrier()
+            if rank == 0:
+                saved, _ = fp32_state_dict(str(ckpt))
+                res["checkpoint_equals_exact_weights"] = all(
+                    torch.equal(saved[k], weights[k].float()) for k in saved)
     engine.destroy() if hasattr(engine, "destroy") else None
     return res
 
