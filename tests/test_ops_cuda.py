@@ -90,7 +90,7 @@ def test_cuda_quantize_equals_cpu_op_bit_for_bit():
                     d = Q.dequantize(q, s, n, bits, block, dtype=out_dtype)
                     dg = Q.dequantize(qg, sg, n, bits, block, dtype=out_dtype)
                     assert torch.equal(dg.cpu(), d), (bits, dtype, n, out_dtype)
-                acc, accg = x.float(), x.float().cuda()
+                acc, accg = x.float().clone(), x.float().cuda()
                 Q.dequantize(q, s, n, bits, block, out=acc, accumulate=True)
                 Q.dequantize(qg, sg, n, bits, block, out=accg, accumulate=True)
                 assert torch.equal(accg.cpu(), acc)
