@@ -20,7 +20,7 @@ def test_cuda_check_compiles_every_cu_for_sm80_and_sm90(tmp_path):
                           f"OUT={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     cu = sorted(p.stem for p in (REPO / "cpp" / "cuda").glob("*.cu"))
-    assert sorted(p.stem for p in tmp_path.glob("*.o")) == cu and len(cu) == 3
+    assert sorted(p.stem for p in tmp_path.glob("*.o")) == cu and len(cu) == 4
     for obj in tmp_path.glob("*.o"):  # a cubin per architecture is embedded in each object
         data = obj.read_bytes()  # (ptxas records "-arch sm_NN" in each cubin it writes)
         assert b"-arch sm_80" in data and b"-arch sm_90" in data and b"-arch sm_86" not in data
@@ -72,3 +72,25 @@ def test_cuda_onebit_and_bf16_match_torch():
     torch.testing.assert_close(out + err, x)  # error feedback keeps what was lost
     assert torch.equal(cuda_ops.to_bf16(x), x.bfloat16())
     assert torch.equal(cuda_ops.to_f32(x.bfloat16()), x.bfloat16().float())
+
+
+@needs_gpu
+def test_cuda_quantize_equals_cpu_op_bit_for_bit():
+    from dslaunch.kernels import quantize as Q
+
+    assert Q.load_op("cuda_quantize") is not None
+    for bits in (8, 4):
+        for dtype in (torch.float32, torch.bfloat16):
+            for n, block in ((1, 6), (4097, 256), (100_003, 2048)):
+                x = (torch.randn(n) * torch.logspace(-3, 2, n)).to(dtype)
+                q, s = Q.quantize(x, bits, block)
+                qg, sg = Q.quantize(x.cuda(), bits, block)
+                assert torch.equal(qg.cpu(), q) and torch.equal(sg.cpu(), s), (bits, dtype, n)
+                for out_dtype in (torch.float32, torch.bfloat16):
+                    d = Q.dequantize(q, s, n, bits, block, dtype=out_dtype)
+                    dg = Q.dequantize(qg, sg, n, bits, block, dtype=out_dtype)
+                    assert torch.equal(dg.cpu(), d), (bits, dtype, n, out_dtype)
+                acc, accg = x.float().clone(), x.float().cuda()
+                Q.dequantize(q, s, n, bits, block, out=acc, accumulate=True)
+                Q.dequantize(qg, sg, n, bits, block, out=accg, accumulate=True)
+                assert torch.equal(accg.cpu(), acc)

@@ -81,6 +81,16 @@ cudaError_t onebit_pack(const float* x, float* error, uint8_t* bits, float* scal
 cudaError_t onebit_unpack(const uint8_t* bits, const float* scales, float* out, int64_t n,
                           int block, float alpha, int accumulate, cudaStream_t stream);
 
+// ---- block-wise symmetric int8 / int4 quantization (dslaunch/kernels/quantize.py) ------------
+// per block of `block` values (the last may be shorter): scale = max|x| / qmax (127 or 7),
+// q = clamp(rint(x / scale), -qmax, qmax) (0 where scale is 0). int8: a byte per value; int4:
+// value 2i in the low nibble of byte i (block even). x: kF32 or kBF16.
+cudaError_t quantize_blocks(const void* x, int dtype, int64_t n, int64_t block, int bits,
+                            uint8_t* q, float* scales, cudaStream_t stream);
+// out (kF32 or kBF16) = q * scale, or out += q * scale (accumulate, kF32 only)
+cudaError_t dequantize_blocks(const uint8_t* q, const float* scales, int64_t n, int64_t block,
+                              int bits, void* out, int dtype, int accumulate, cudaStream_t stream);
+
 // ---- conversion ------------------------------------------------------------------------------
 cudaError_t f32_to_bf16(const float* in, bf16_t* out, int64_t n, cudaStream_t stream);
 cudaError_t bf16_to_f32(const bf16_t* in, float* out, int64_t n, cudaStream_t stream);

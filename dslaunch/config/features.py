@@ -31,10 +31,6 @@ def _any_enabled(tree) -> bool:
 
 
 NOT_SUPPORTED_YET = [
-    Feature("zero_optimization.zero_quantized_weights", "ZeRO++ quantized weights", "",
-            lambda get: bool(get("zero_optimization.zero_quantized_weights"))),
-    Feature("zero_optimization.zero_quantized_gradients", "ZeRO++ quantized gradients", "",
-            lambda get: bool(get("zero_optimization.zero_quantized_gradients"))),
     Feature("tensor_parallel.autotp_size", "tensor parallelism (size > 1)", "issue 7",
             lambda get: (get("tensor_parallel.autotp_size") or 1) > 1),
     Feature("amp.enabled", "NVIDIA apex AMP (use fp16 or bf16)", "", _enabled("amp")),

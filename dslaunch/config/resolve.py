@@ -220,6 +220,10 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
         problems.append(f"zero_optimization.offload_param.device: parameter offload needs "
                         f"zero_optimization.stage 3 (stage is {zero['stage']})")
     _zero_group_checks(zero, problems)
+    for flag in ("zero_quantized_weights", "zero_quantized_gradients"):  # ZeRO++: stage 3 only
+        if zero.get(flag) and isinstance(zero["stage"], int) and zero["stage"] != 3:
+            problems.append(f"zero_optimization.{flag}: quantized communication (ZeRO++) needs "
+                            f"zero_optimization.stage 3 (stage is {zero['stage']})")
 
     top, nested = values["gradient_accumulation_dtype"], values["data_types"]["grad_accum_dtype"]
     if top is not None and nested is not None and top != nested:

@@ -23,6 +23,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec("cpu_lion", "cpu", ("cpu/cpu_lion.cpp",), "Lion CPU step"),
     OpSpec("onebit_pack", "cpu", ("cpu/onebit_pack.cpp",),
            "1-bit sign pack with error feedback, and decode, for the compressed all-reduce"),
+    OpSpec("cpu_quantize", "cpu", ("cpu/quantize.cpp",),
+           "block-wise symmetric int8/int4 quantize/dequantize (ZeRO++ qwZ/qgZ)"),
     OpSpec("cpu_membw", "cpu", ("cpu/cpu_membw.cpp",),
            "STREAM-style bandwidth probes (copy/triad/read) for benchmarks"),
     OpSpec("async_io", "cpu", ("aio/aio_engine.cpp", "aio/aio_py.cpp"),
@@ -31,6 +33,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
            "multi-tensor Adam/AdamW on the GPU"),
     OpSpec("cuda_onebit", "cuda", ("cuda/onebit.cu", "cuda/onebit_binding.cpp"),
            "1-bit sign pack/unpack with error feedback"),
+    OpSpec("cuda_quantize", "cuda", ("cuda/quantize.cu", "cuda/quantize_binding.cpp"),
+           "block-wise symmetric int8/int4 quantize/dequantize (ZeRO++ qwZ/qgZ)"),
     OpSpec("cuda_bf16", "cuda", ("cuda/bf16_convert.cu", "cuda/bf16_binding.cpp"),
            "fp32 <-> bf16 conversion"),
 ]}

@@ -11,7 +11,9 @@ a forward-only strategy (``no_optimizer.py``).
 Beside the strategies: ``zero_init.py`` (``dslaunch.zero``: Init, GatheredParameters, the
 registry of strategies by parameter), ``param_access.py`` (one parameter's whole fp32 value,
 gradient or optimizer state, whatever the stage: ``dslaunch.utils.safe_get_full_*``) and
-``leaf_modules.py`` (ZeRO-3 leaf modules, which ``stage3_units.py`` makes one unit).
+``leaf_modules.py`` (ZeRO-3 leaf modules, which ``stage3_units.py`` makes one unit) and
+``quantized_comm.py`` (ZeRO++'s quantized all-gather and hierarchical reduce-scatter, which
+stage 3 uses with ``zero_quantized_weights`` / ``zero_quantized_gradients``).
 """
 
 from __future__ import annotations

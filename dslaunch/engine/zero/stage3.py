@@ -37,6 +37,7 @@ from dslaunch.engine.zero.base import OptimizerStrategy
 from dslaunch.engine.zero.common import get_comm, offloads_optimizer
 from dslaunch.engine.zero.nvme.param_store import nvme_param_store
 from dslaunch.engine.zero.param_status import attach_ds_attributes
+from dslaunch.engine.zero.quantized_comm import ZeroPPComm
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
 from dslaunch.engine.zero.stage3_groups import Stage3Comms
 from dslaunch.engine.zero.stage3_units import plan_units
@@ -113,6 +114,8 @@ class Stage3Strategy(ZeroStage12Strategy):
                                           zero.offload_param, aio, self.rank)
         else:
             self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, self.comms)
+        self.zeropp = ZeroPPComm(zero, comm)  # qwZ / qgZ (quantized_comm.py), or neither
+        self.store.quantized_gather = self.zeropp.weights
         self._prepare_rest(model, named)
         self._partition()
         attach_ds_attributes(self)
@@ -257,7 +260,10 @@ class Stage3Strategy(ZeroStage12Strategy):
         if self.dp_world > 1:
             send, cd = self._comm_input(key, staging)
             out = torch.empty(c, dtype=cd, device=self.device)
-            self.comms.reduce_scatter(out, send)  # stage3_groups.py: which groups
+            if self.zeropp.gradients is not None:  # qgZ: hierarchical, quantized across hosts
+                self.zeropp.gradients(out, send)
+            else:
+                self.comms.reduce_scatter(out, send)  # stage3_groups.py: which groups
         else:
             out = staging
         off = g.layout.shard_offsets()[bi]
@@ -306,7 +312,7 @@ class Stage3Strategy(ZeroStage12Strategy):
             for bi, b in enumerate(g.layout.buckets):
                 key = (gi, bi)
                 was = self.store.state[key]
-                self.store.gather(key)
+                self.store.gather(key, exact=True)
                 yield key, g, b
                 if was == RELEASED:
                     self.store.release(key)
@@ -359,7 +365,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         keys = sorted({self.plan.key_of[names[id(p)]] for p in params if id(p) in names})
         was = [self.store.state[k] for k in keys]
         for k in keys:
-            self.store.gather(k)
+            self.store.gather(k, exact=True)
         return list(zip(keys, was))
 
     def release_params(self, handle, modifier_rank=None) -> None:

@@ -34,6 +34,9 @@ class ParamStore:
     strategy touches the shard only through the methods of "the seam" below."""
 
     read_ahead_depth = 0  # units whose shards ``read_ahead`` may load before they are gathered
+    # qwZ: ``quantized_gather(full, src, async_op)`` (zero/quantized_comm.py) replaces the
+    # all-gather of forward/backward fetches; None: every gather is exact
+    quantized_gather = None
 
     def __init__(self, plan, dtype, device, shard_device, comm):
         """``comm``: a ``stage3_groups.Stage3Comms`` (the groups each gather runs in), or a
@@ -48,9 +51,10 @@ class ParamStore:
         self.state = {}
         self.work = {}
         # hpZ: per bucket this rank's secondary shard, and which of them hold the current weights
-        self.secondary, self.fresh = {}, set()
+        self.secondary, self.fresh, self.approx_secondary = {}, set(), set()
         self.from_shard = set()  # in-flight gathers that read this rank's primary shard
         self.live = 0  # gathered or in-flight elements of non-persistent buckets
+        self.approx = set()  # keys whose full buffer holds dequantized (qwZ) values
         self.max_live = 0
         for gi, lay in enumerate(plan.layouts):
             for bi, b in enumerate(lay.buckets):
@@ -111,8 +115,16 @@ class ParamStore:
         """The all-gather of ``key`` has finished with its input."""
 
     # -- gather / release ------------------------------------------------------------------------
-    def gather(self, key, async_op=False):
+    def gather(self, key, async_op=False, exact=False):
+        """``exact``: the shard's values even with qwZ (for whoever reads or writes weights:
+        checkpoints, GatheredParameters); a unit already gathered quantized is re-gathered."""
         st = self.state[key]
+        if exact and st != RELEASED and key in self.approx:
+            self.wait(key)
+            self.comm.all_gather(self.full[key], self._source(key))
+            self._source_done(key)
+            self.approx.discard(key)
+            return
         if st == GATHERED:
             return
         if st == IN_FLIGHT:
@@ -123,7 +135,7 @@ class ParamStore:
         full.untyped_storage().resize_(self.nbytes[key])
         self.live += full.numel()
         self.max_live = max(self.max_live, self.live)
-        work = self._all_gather(key, full, async_op)
+        work = self._all_gather(key, full, async_op, exact)
         if async_op and work is not None:
             self.work[key] = work
             self.state[key] = IN_FLIGHT
@@ -131,13 +143,20 @@ class ParamStore:
             self.state[key] = GATHERED
             self._gathered(key)
 
-    def _all_gather(self, key, full, async_op):
+    def _all_gather(self, key, full, async_op, exact=False):
         """The one all-gather of a bucket (the seam for what travels and in which group): from
-        the hpZ secondaries over the hpZ group while they hold the current weights, else from
-        this rank's shard over the partition group. Returns the work (None: done)."""
-        if key in self.fresh:
+        the hpZ secondaries over the hpZ group while they hold the current weights (unless an
+        exact gather is asked and they hold qwZ's dequantized values), else from this rank's
+        shard over the partition group, quantized with qwZ unless ``exact``. Returns the work
+        (None: done)."""
+        if key in self.fresh and not (exact and key in self.approx_secondary):
+            if key in self.approx_secondary:
+                self.approx.add(key)
             return self.comm.secondary_gather(full, self.secondary[key], async_op=async_op)
         self.from_shard.add(key)
+        if self.quantized_gather is not None and not exact:
+            self.approx.add(key)
+            return self.quantized_gather(full, self._source(key), async_op=async_op)
         return self.comm.all_gather(full, self._source(key), async_op=async_op)
 
     def _gathered(self, key) -> None:
@@ -153,6 +172,10 @@ class ParamStore:
                 self.secondary[key] = torch.empty(hi - lo, dtype=self.dtype, device=self.device)
             self.secondary[key].copy_(self.full[key][lo:hi])
             self.fresh.add(key)
+            if key in self.approx:  # qwZ: the secondary holds dequantized values
+                self.approx_secondary.add(key)
+            else:
+                self.approx_secondary.discard(key)
 
     def weights_changed(self) -> None:
         """The shards were written (a step, a load): the hpZ secondaries are stale."""
@@ -177,6 +200,7 @@ class ParamStore:
         self.wait(key)
         self.full[key].untyped_storage().resize_(0)
         self.state[key] = RELEASED
+        self.approx.discard(key)
         self.live -= self.full[key].numel()
 
     def release_all(self):
