@@ -77,6 +77,9 @@ def test_gradients_cross_hosts_quantized_and_stay_full_precision_within_a_host(j
         fp32_cross = plain["bytes"] // 2
         assert inter["bytes"] * 7 < fp32_cross, (inter["bytes"], fp32_cross)
         assert inter["sent_bytes"] == inter["bytes"] // 2  # 2 hosts: half leaves the rank
+        # the link split (host_groups.label): each group's bytes under its kind of link
+        assert set(intra["links"]) == {"intra_host"} and set(inter["links"]) == {"inter_host"}
+        assert inter["links"]["inter_host"]["bytes"] == inter["bytes"]
 
 
 @pytest.mark.slow
@@ -104,22 +107,9 @@ def test_quantized_flags_are_accepted_for_stage3_only(flag):
         resolve_config(_zero(2, **{flag: True}), world_size=4)
 
 
-def test_host_layout_from_the_environment(monkeypatch):
-    from dslaunch.engine.zero import qgz_host_groups as HG
+def test_qgz_bits_from_the_environment(monkeypatch):
     from dslaunch.engine.zero import quantized_comm as QC
 
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.delenv(HG.FAKE_HOSTS_ENV, raising=False)
-    assert HG._ranks_per_host(8) == 2
-    monkeypatch.setenv(HG.FAKE_HOSTS_ENV, "2")  # wins over LOCAL_WORLD_SIZE: 2 blocks of 4
-    assert HG._ranks_per_host(8) == 4
-    monkeypatch.setenv(HG.FAKE_HOSTS_ENV, "3")
-    with pytest.raises(ValueError, match="DSLAUNCH_FAKE_HOSTS=3: must divide the world size 8"):
-        HG._ranks_per_host(8)
-    monkeypatch.delenv(HG.FAKE_HOSTS_ENV)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
-    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE=3 does not divide the world size 8"):
-        HG._ranks_per_host(8)
     monkeypatch.setenv("DSLAUNCH_QGZ_BITS", "2")
     with pytest.raises(ValueError, match="DSLAUNCH_QGZ_BITS='2': expected 4 or 8"):
         QC._env_int("DSLAUNCH_QGZ_BITS", 4, (4, 8))

@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import dslaunch  # noqa: E402
 from dslaunch.engine.comm import Comm  # noqa: E402
 from dslaunch.engine.zero import quantized_comm as QC  # noqa: E402
-from dslaunch.engine.zero.qgz_host_groups import host_groups  # noqa: E402
 from examples.gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -45,7 +44,7 @@ out = {"world": world}
 # -- 1. the collectives on known tensors ------------------------------------------------------
 def collectives():
     comm = Comm()
-    groups = host_groups(comm)
+    groups = QC.host_layout_of(comm)
     res = {"hosts": groups.hosts, "local_size": groups.local_size}
     gen = torch.Generator().manual_seed(100 + rank)
     c = 3001  # odd: a short last block, an odd int4 tail

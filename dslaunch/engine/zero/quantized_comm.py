@@ -12,7 +12,7 @@ are, and the gathers that read or write weights (checkpoints, ``module_state_dic
 ``GatheredParameters``) stay exact (``ParamStore.gather(exact=True)``).
 
 qgZ, ``HierarchicalReduceScatter``: a bucket's gradient reduce-scatter in two levels over the
-host groups (``qgz_host_groups.py``; L ranks per host, H hosts, rank ``h*L + l``):
+host groups (``engine/host_groups.py``; L ranks per host, H hosts, rank ``h*L + l``):
 
 1. intra-host, full precision: the bucket is reordered so that local rank ``l`` receives the
    chunks of ranks ``l, L+l, 2L+l, ...`` (its peers with the same local rank on every host), and
@@ -44,6 +44,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from dslaunch.engine import host_groups
 from dslaunch.engine.comm import Comm
 from dslaunch.kernels import quantize as Q
 
@@ -73,6 +74,7 @@ class GroupComm(Comm):
         super().__init__(group)
         self._stats = parent._stats
         self.prefix = prefix
+        host_groups.label(self)  # its bytes also split by link: intra-host or inter-host
 
     def _book(self, name, nbytes, path=None, sent_nbytes=None):
         return super()._book(self.prefix + name, nbytes, path, sent_nbytes)
@@ -145,7 +147,7 @@ def quantized_all_gather(comm: Comm, full: torch.Tensor, src: torch.Tensor,
 
 class HierarchicalReduceScatter:
     """qgZ's reduce-scatter (see the module docstring) over ``groups`` (a
-    ``qgz_host_groups.HostGroups``), booked in ``comm``'s stats."""
+    ``host_groups.HostLayout``), booked in ``comm``'s stats."""
 
     def __init__(self, comm: Comm, groups, bits: int = GRAD_BITS, block: int = GRAD_BLOCK):
         self.comm, self.groups, self.bits, self.block = comm, groups, bits, block
@@ -186,6 +188,17 @@ class HierarchicalReduceScatter:
         out.copy_(acc)
 
 
+def host_layout_of(comm):
+    """The host layout qgZ reduces over, for ``comm`` (the data-parallel group, which must be the
+    whole world: one layout per world); collective on first use."""
+    world = dist.get_world_size()
+    if comm.world_size != world:  # several data-parallel groups would each need their own
+        raise ValueError("zero_optimization.zero_quantized_gradients: the data-parallel group "
+                         f"must be the whole world for now ({comm.world_size} of {world} ranks: "
+                         "no pipeline, tensor or sequence parallelism with qgZ)")
+    return host_groups.host_layout()
+
+
 class ZeroPPComm:
     """What stage 3 asks for: ``weights`` (an all-gather callable for ``ParamStore``, or None)
     and ``gradients`` (a reduce-scatter callable, or None), from the typed ``zero`` section."""
@@ -203,10 +216,8 @@ class ZeroPPComm:
 
             self.weights = gather
         if getattr(zero, "zero_quantized_gradients", False):
-            from dslaunch.engine.zero.qgz_host_groups import host_groups
-
             bits = _env_int("DSLAUNCH_QGZ_BITS", GRAD_BITS, (4, 8))
             g_block = _env_int("DSLAUNCH_QGZ_BLOCK", GRAD_BLOCK)
             if bits == 4 and g_block % 2:
                 raise ValueError(f"DSLAUNCH_QGZ_BLOCK={g_block}: int4 needs an even block")
-            self.gradients = HierarchicalReduceScatter(comm, host_groups(comm), bits, g_block)
+            self.gradients = HierarchicalReduceScatter(comm, host_layout_of(comm), bits, g_block)
