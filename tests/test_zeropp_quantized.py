@@ -3,7 +3,8 @@
 (``DSLAUNCH_FAKE_HOSTS=2``), in ONE job (tests/scripts/zeropp_train.py): the collectives against
 exact results and their stated error bounds, then the tiny GPT under ZeRO-3 with each option (fp32,
 bf16, and both with parameters and optimizer offloaded to the CPU) against plain ZeRO-3 on the
-same data, and the bytes comm_stats() booked.
+same data (and both with hpZ, ``zero_hpz_partition_size`` 2, as bench_zeropp runs them across
+hosts), and the bytes comm_stats() booked.
 
 Tolerance: the loss of every step within 1% of plain ZeRO-3's (issue 24; measured: < 0.1% over
 these 10 steps)."""
@@ -14,7 +15,7 @@ from dslaunch.config import resolve_config
 from dslaunch.config.errors import ConfigError
 
 STEPS = 10
-CONFIGS = ["plain", "qwz", "qgz", "both", "both_offload", "plain_bf16", "both_bf16"]
+CONFIGS = ["plain", "qwz", "qgz", "both", "both_hpz", "both_offload", "plain_bf16", "both_bf16"]
 
 
 @pytest.fixture(scope="module")

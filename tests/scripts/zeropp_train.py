@@ -107,6 +107,8 @@ def config(name):
         zero["zero_quantized_weights"] = True
     if name.startswith(("qgz", "both")):
         zero["zero_quantized_gradients"] = True
+    if "_hpz" in name:  # hpZ beside both: the combination bench_zeropp measures across hosts
+        zero["zero_hpz_partition_size"] = 2
     if "_offload" in name:  # parameters and optimizer on the CPU (ZeRO-Offload / ZeRO-3 offload)
         zero["offload_optimizer"] = {"device": "cpu"}
         zero["offload_param"] = {"device": "cpu"}
