@@ -14,8 +14,10 @@ tbf, egress) of --rate; the two ranks of a host share its namespace, so their tr
 lo, unshaped. Only rate limiting: netem (delay, loss) is not built into this kernel, so no latency
 is added. The shaping is cleared at the end, whatever happens.
 
-Configurations (zero_optimization keys only; the rest as bench_train: examples/gpt.py's GPT,
-Adam lr 1e-3, fp32, micro-batch 4 per rank, OMP_NUM_THREADS=1, gloo on CPU), run round-robin:
+Configurations (zero_optimization keys only, over --base-zero, by default
+stage3_max_reuse_distance=0: each unit is released after its forward use and gathered again in
+backward, as for a model too large to keep gathered; the rest as bench_train: examples/gpt.py's
+GPT, Adam lr 1e-3, fp32, micro-batch 4 per rank, OMP_NUM_THREADS=1, gloo on CPU), round-robin:
   zero3          stage 3
   hpz            + zero_hpz_partition_size = ranks per host
   qwz+hpz        + zero_quantized_weights
@@ -55,7 +57,7 @@ sys.path.insert(0, str(HERE))
 
 import benchutil as bu  # noqa: E402
 import netcounters  # noqa: E402
-from zero_config import format_zero_extra, train_config  # noqa: E402
+from zero_config import format_zero_extra, parse_zero_extra, train_config  # noqa: E402
 
 PY = sys.executable
 DSLAUNCH = [PY, "-c", "from dslaunch.cli import main; main()"]
@@ -82,13 +84,14 @@ def zero_keys(name: str, ranks_per_host: int) -> dict:
     }[base]
 
 
-def configurations(names: list, ranks_per_host: int) -> list:
+def configurations(names: list, ranks_per_host: int, base: dict | None = None) -> list:
+    """``base``: zero_optimization keys every configuration shares (--base-zero)."""
     out = []
     for name in names:
         if name not in OURS + PEER:
             raise SystemExit(f"--configs: {name!r} is not one of {', '.join(OURS + PEER)}")
         out.append({"name": name, "runtime": "deepspeed" if name.startswith("deepspeed/") else "dslaunch",
-                    "zero": zero_keys(name, ranks_per_host)})
+                    "zero": {**(base or {}), **zero_keys(name, ranks_per_host)}})
     return out
 
 
@@ -284,12 +287,13 @@ def print_table(topo_name: str, rows: list, tgts: list) -> None:
            "vs zero3 (bytes reduction, tokens/s)")
     for r in rows:
         if r["status"] != "ok":
-            bu.log(f"      {r['name']:<18} {r['status']:<8} {(r.get('message') or '')[:110]}")
+            msg = " / ".join((r.get("message") or "").splitlines())
+            bu.log(f"      {r['name']:<18} {r['status']:<8} {msg[:150]}")
             continue
-        v = r["ratios"].get("vs_zero3", {})
+        v = r["ratios"].get("vs_zero3")
+        vs = f"{v['inter_host_bytes_reduction']}x, {v['tokens_per_s']}x" if v else "-"
         bu.log(f"      {r['name']:<18} {'ok':<8} {r['tokens_per_s']:>9.1f} "
-               f"{r['inter_host_bytes_per_step'] / 1e6:>15.2f}  {v.get('inter_host_bytes_reduction')}x, "
-               f"{v.get('tokens_per_s')}x")
+               f"{r['inter_host_bytes_per_step'] / 1e6:>15.2f}  {vs}")
     for t in tgts:
         bu.log(f"      target: {t['target']}: {t['value']} -> "
                f"{'met' if t['met'] else 'NOT met' if t['met'] is False else 'not measured (' + t['why'] + ')'}")
@@ -306,6 +310,10 @@ def parse_args(argv=None):
     p.add_argument("--rate", default="1gbit", help="egress rate per host (tc syntax), or 'none'")
     p.add_argument("--configs", default=",".join(OURS + PEER))
     p.add_argument("--no-peer", action="store_true", help="leave DeepSpeed's configurations out")
+    p.add_argument("--base-zero", default="stage3_max_reuse_distance=0",
+                   help="zero_optimization keys of every configuration (key=value,...; '' for none). The "
+                        "default releases each gathered unit after its forward use, so backward gathers "
+                        "again (the regime of a model too large to keep gathered, where hpZ pays)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 8; --quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; --quick 1)")
     p.add_argument("--repeats", type=int, default=1)
@@ -339,7 +347,7 @@ def main(argv=None) -> int:
         sys.exit("bench_zeropp: needs root (network namespaces, tc)")
     from fake_hosts import FakeHosts
 
-    configs = configurations(args.config_names, args.ranks_per_host)
+    configs = configurations(args.config_names, args.ranks_per_host, parse_zero_extra(args.base_zero))
     peer_py = None
     if any(c["runtime"] == "deepspeed" for c in configs):
         peer_py = bu.peer_python(create=False)
@@ -359,6 +367,7 @@ def main(argv=None) -> int:
                      "delay": NO_DELAY},
             "model": f"examples/gpt.py GPT layers,d_model,heads={args.model}, vocab {args.vocab}, seq 128",
             "micro_batch": args.micro_batch, "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+            "base_zero_optimization": {"stage": 3, **parse_zero_extra(args.base_zero)},
             "precision": "fp32", "optimizer": "Adam lr 1e-3 (config optimizer.type)", "omp_num_threads": 1,
             "inter_host_bytes": "sum over hosts of eth0 tx bytes (each host's own namespace) over the timed "
                                 "steps, per step; sampled by the lowest rank of each host between steps",

@@ -19,7 +19,7 @@ from zero_config import format_zero_extra, parse_zero_extra, train_config  # noq
 
 PROC_NET_DEV = """\
 Inter-|   Receive                                                |  Transmit
- face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier
     lo: 4242       10    0    0    0     0          0         0     4242      10    0    0    0     0       0          0
   eth0:123456789  900    0    0    0     0          0         0 987654321    800    0    0    0     0       0          0
 """
@@ -61,6 +61,11 @@ def test_configuration_matrix_and_zero_extra():
                                          "zero_hpz_partition_size": 2}
     assert cs["deepspeed/hpz"]["zero"] == cs["hpz"]["zero"] == {"zero_hpz_partition_size": 2}
     assert cs["mics"]["zero"]["mics_shard_size"] == 2
+    base = bz.configurations(["zero3", "hpz"], 2, base={"stage3_max_reuse_distance": 0})
+    assert base[0]["zero"] == {"stage3_max_reuse_distance": 0}
+    assert base[1]["zero"] == {"stage3_max_reuse_distance": 0, "zero_hpz_partition_size": 2}
+    assert bz.configurations(["hpz"], 2, base={"zero_hpz_partition_size": 9})[0]["zero"] == \
+        {"zero_hpz_partition_size": 2}  # a configuration's own keys win over the base
     with pytest.raises(SystemExit, match="zero4"):
         bz.configurations(["zero4"], 2)
     for c in cs.values():  # the compact form carries every configuration's keys unchanged
