@@ -15,9 +15,10 @@ lo, unshaped. Only rate limiting: netem (delay, loss) is not built into this ker
 is added. The shaping is cleared at the end, whatever happens.
 
 Configurations (zero_optimization keys only, over --base-zero, by default
-stage3_max_reuse_distance=0: each unit is released after its forward use and gathered again in
-backward, as for a model too large to keep gathered; the rest as bench_train: examples/gpt.py's
-GPT, Adam lr 1e-3, fp32, micro-batch 4 per rank, OMP_NUM_THREADS=1, gloo on CPU), round-robin:
+stage3_max_reuse_distance=0 and stage3_prefetch_bucket_size=1e6: each unit is released after its
+forward use and gathered again in backward, as for a model too large to keep gathered; the rest
+as bench_train: examples/gpt.py's GPT, Adam lr 1e-3, fp32, micro-batch 4 per rank,
+OMP_NUM_THREADS=1, gloo on CPU), round-robin:
   zero3          stage 3
   hpz            + zero_hpz_partition_size = ranks per host
   qwz+hpz        + zero_quantized_weights
@@ -64,6 +65,10 @@ DSLAUNCH = [PY, "-c", "from dslaunch.cli import main; main()"]
 UNSUPPORTED_EXIT = 3  # dslaunch_train.py's
 OURS = ("zero3", "hpz", "qwz+hpz", "qwz+qgz+hpz", "mics")
 PEER = ("deepspeed/zero3", "deepspeed/hpz")
+# Release every gathered unit after its forward use, so that backward gathers it again: no reuse
+# window, and a prefetch bucket below one block (DeepSpeed's default, 5e7 elements, prefetches
+# the whole model, and it keeps what it prefetched until the backward uses it).
+BASE_ZERO = "stage3_max_reuse_distance=0,stage3_prefetch_bucket_size=1000000"
 NO_DELAY = ("only the rate is limited: netem (delay, loss) is not built into this kernel "
             "(CONFIG_NET_SCH_NETEM unset, no loadable modules), so no latency is added")
 
@@ -310,7 +315,7 @@ def parse_args(argv=None):
     p.add_argument("--rate", default="1gbit", help="egress rate per host (tc syntax), or 'none'")
     p.add_argument("--configs", default=",".join(OURS + PEER))
     p.add_argument("--no-peer", action="store_true", help="leave DeepSpeed's configurations out")
-    p.add_argument("--base-zero", default="stage3_max_reuse_distance=0",
+    p.add_argument("--base-zero", default=BASE_ZERO,
                    help="zero_optimization keys of every configuration (key=value,...; '' for none). The "
                         "default releases each gathered unit after its forward use, so backward gathers "
                         "again (the regime of a model too large to keep gathered, where hpZ pays)")
