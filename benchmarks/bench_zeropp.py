@@ -46,6 +46,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -183,6 +184,9 @@ def run_once(c: dict, topo: dict, workdir: Path, rep: int, args, peer_py, hosts)
         except subprocess.TimeoutExpired:
             bu.kill_group(proc)
             rc = "timeout"
+        except BaseException:  # interrupted: end the job before the hosts go down
+            bu.kill_group(proc)
+            raise
     wall = time.perf_counter() - t0
     after = veth_counters(topo["hosts"])
     left = {h: hosts.reap(h) for h in topo["host_names"]}
@@ -350,6 +354,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("bench_zeropp: needs root (network namespaces, tc)")
+    # SIGTERM, and SIGINT even when started in the background (where it is ignored), unwind
+    # through the finally blocks: the job ended, the shaping cleared, the hosts taken down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from fake_hosts import FakeHosts
 
     configs = configurations(args.config_names, args.ranks_per_host, parse_zero_extra(args.base_zero))
