@@ -15,7 +15,7 @@ lo, unshaped. Only rate limiting: netem (delay, loss) is not built into this ker
 is added. The shaping is cleared at the end, whatever happens.
 
 Configurations (zero_optimization keys only, over --base-zero, by default
-stage3_max_reuse_distance=0 and stage3_prefetch_bucket_size=1e6: each unit is released after its
+stage3_max_reuse_distance=0 and stage3_prefetch_bucket_size=4e6: each unit is released after its
 forward use and gathered again in backward, as for a model too large to keep gathered; the rest
 as bench_train: examples/gpt.py's GPT, Adam lr 1e-3, fp32, micro-batch 4 per rank,
 OMP_NUM_THREADS=1, gloo on CPU), round-robin:
@@ -67,9 +67,10 @@ UNSUPPORTED_EXIT = 3  # dslaunch_train.py's
 OURS = ("zero3", "hpz", "qwz+hpz", "qwz+qgz+hpz", "mics")
 PEER = ("deepspeed/zero3", "deepspeed/hpz")
 # Release every gathered unit after its forward use, so that backward gathers it again: no reuse
-# window, and a prefetch bucket below one block (DeepSpeed's default, 5e7 elements, prefetches
-# the whole model, and it keeps what it prefetched until the backward uses it).
-BASE_ZERO = "stage3_max_reuse_distance=0,stage3_prefetch_bucket_size=1000000"
+# window, and a prefetch bucket of about two blocks of the default model (DeepSpeed's default,
+# 5e7 elements, prefetches the whole model and keeps what it prefetched until backward uses it;
+# below one block, dslaunch prefetches nothing: it starts no unit larger than the bucket).
+BASE_ZERO = "stage3_max_reuse_distance=0,stage3_prefetch_bucket_size=4000000"
 NO_DELAY = ("only the rate is limited: netem (delay, loss) is not built into this kernel "
             "(CONFIG_NET_SCH_NETEM unset, no loadable modules), so no latency is added")
 
