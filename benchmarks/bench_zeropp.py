@@ -402,11 +402,22 @@ def main(argv=None) -> int:
 
         shutil.rmtree(work, ignore_errors=True)
     result.update(finished=bu.now_iso(), loadavg_after=bu.loadavg())
+    result = scrub_paths(result, {str(work): "<tmp>", str(Path(peer_py).parent.parent) if peer_py else None:
+                                  "<peer-venv>", str(Path(PY).parent): "<venv>/bin", str(bu.REPO) + "/": ""})
     path = None if args.no_save else bu.save_json(result, "zeropp", Path(args.results_dir))
     print(json.dumps(result, indent=1))
     if path:
         bu.log(f"\nJSON written to {path}")
     return 0
+
+
+def scrub_paths(result: dict, subs: dict) -> dict:
+    """The result with this machine's paths replaced by placeholders (commands, log tails)."""
+    text = json.dumps(result)
+    for path, placeholder in sorted(subs.items(), key=lambda kv: -len(kv[0] or "")):
+        if path:
+            text = text.replace(json.dumps(path)[1:-1], placeholder)
+    return json.loads(text)
 
 
 def run_topology(n: int, configs: list, args, work: Path, peer_py, hosts, result: dict) -> None:

@@ -110,3 +110,9 @@ def test_summary_ratios_targets_and_json_shape():
     unmeasured = next(t for t in tg.values() if t["met"] is None)
     assert unmeasured["value"] is None and "hpz: refused" in unmeasured["why"]
     json.dumps({"summary": list(rows.values()), "targets": list(tg.values())})  # all JSON-serialisable
+
+
+def test_scrub_paths_longest_first():
+    r = {"command": "/v/bin/python /r/benchmarks/x.py --out /t/run", "runs": [{"log_tail": "in /r/a \"q\""}]}
+    out = bz.scrub_paths(r, {"/r/": "", "/v/bin": "<venv>/bin", "/t": "<tmp>", None: "<peer-venv>"})
+    assert out == {"command": "<venv>/bin/python benchmarks/x.py --out <tmp>/run", "runs": [{"log_tail": "in a \"q\""}]}
