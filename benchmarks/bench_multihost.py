@@ -16,7 +16,8 @@ running after --loss-cap seconds is recorded as hung, then killed).
 
     .venv/bin/python benchmarks/bench_multihost.py [--repeats 3] [--no-slurm] [--no-loss]
 
-Needs root. Brings the fake hosts (and SLURM) up if they are not, and takes down what it started.
+Needs root. Takes the fake hosts' lock (/run/dslaunch-netns.lock, benchmarks/fake_hosts.py), brings
+them (and SLURM) up if they are not, and takes down what it started.
 JSON to stdout and benchmarks/results/multihost-<timestamp>.json.
 """
 
@@ -38,8 +39,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE / "peer_scripts"))
+sys.path.insert(0, str(HERE))
 
 import benchutil as bu  # noqa: E402
+from fake_hosts import FakeHosts  # noqa: E402
 
 INFRA = REPO / "tests" / "infra"
 TRIVIAL = HERE / "peer_scripts" / "trivial_dist.py"
@@ -226,18 +229,11 @@ def main(argv=None):
     if not peer_py or not (Path(peer_py).parent / "deepspeed").exists():
         launchers = [x for x in launchers if x != "deepspeed-pdsh"]
 
-    started_net = not Path("/run/dslaunch-infra/env.sh").exists()
-    started_slurm = False
-    if started_net:
-        r = sh("netns_up.sh", env={"DSL_NODES": "2"})
-        if r.returncode != 0:
-            sys.exit(f"fake hosts did not come up: {r.stderr}")
+    # the fake hosts under the machine-wide lock (fake_hosts.py); ones found up are reused
+    hosts = FakeHosts(2, reuse=True, slurm="dslaunch-slurm" in launchers)
+    hosts.__enter__()
     if "dslaunch-slurm" in launchers and not Path("/run/dslaunch-slurm").exists():
-        r = sh("slurm_up.sh", env={"DSL_SLURM_MODE": "netns"})
-        started_slurm = r.returncode == 0
-        if not started_slurm:
-            bu.log(f"slurm did not come up, skipped: {r.stderr[-300:]}")
-            launchers.remove("dslaunch-slurm")
+        launchers.remove("dslaunch-slurm")
     workdir = Path(tempfile.mkdtemp(prefix="bench-multihost-"))
     (workdir / "hostfile").write_text("host1 slots=2\nhost2 slots=2\n")
     result = {"kind": "multihost", "when": bu.now_iso(), "machine": bu.machine(), "git": bu.git_rev(),
@@ -264,10 +260,7 @@ def main(argv=None):
                 result["host_loss_to_exit"][name] = run_loss(name, workdir, peer_py, args.loss_cap)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        if started_slurm:
-            sh("slurm_down.sh")
-        if started_net:
-            sh("netns_down.sh")
+        hosts.__exit__(None, None, None)
     result["load_after"] = bu.loadavg()
     print(json.dumps(result, indent=1))
     if not args.no_save:

@@ -27,7 +27,8 @@ def main():
     p.add_argument("--stage", type=int, default=0, choices=[0, 1, 2, 3])
     p.add_argument("--offload", action="store_true", help="offload_optimizer: cpu")
     args = p.parse_args()
-    config = train_config(args.stage, args.precision, args.offload, args.micro_batch, args.lr)
+    config = train_config(args.stage, args.precision, args.offload, args.micro_batch, args.lr,
+                          args.zero_extra)
 
     import dslaunch
 

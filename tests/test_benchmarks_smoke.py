@@ -33,7 +33,7 @@ def engine_available() -> bool:
 def test_help_of_every_script():
     # the harnesses import no torch, so this is quick; the training scripts run in the smoke test below
     for script in ["bench_train.py", "bench_launch.py", "bench_hf_trainer.py", "bench_observability.py",
-                   "bench_long_seq_memory.py"]:
+                   "bench_long_seq_memory.py", "bench_zeropp.py"]:
         out = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, (script, out.stderr)

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import resource
+import socket
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from gpt import GPT, GPTConfig, TextBatches, bench_config, stdlib_bytes  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import netcounters  # noqa: E402
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -47,12 +51,19 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--smoke", action="store_true",
                    help="tiny model (2 layers, hidden 64, vocab 512, seq 32) for a fast check")
+    p.add_argument("--model", default=None, metavar="L,D,H",
+                   help="layers,d_model,heads instead of the bench model (vocab --vocab, seq 128)")
+    p.add_argument("--zero-extra", default="",
+                   help="JSON object merged into zero_optimization (after BENCH_ZERO_EXTRA)")
     return p
 
 
 def model_config(args) -> GPTConfig:
     if args.smoke:
         return GPTConfig(vocab_size=512, seq_len=32, n_layer=2, n_head=2, d_model=64)
+    if getattr(args, "model", None):
+        n_layer, d_model, n_head = (int(x) for x in args.model.split(","))
+        return GPTConfig(vocab_size=args.vocab, seq_len=128, n_layer=n_layer, n_head=n_head, d_model=d_model)
     return bench_config(vocab_size=args.vocab)
 
 
@@ -91,16 +102,34 @@ def run_loop(args, step_fn, batches, sync=None) -> tuple[list, list]:
 
     Returns (step seconds, losses). A step is forward + backward + optimizer step + zero-grad; the
     collectives of gloo are blocking, so a step's end on one rank means its all-reduces are done.
+    With BENCH_NETDEV=<iface> set, the interface's byte counters (this rank's network namespace)
+    are sampled before the first step and after every step, outside the timed span (NETDEV).
     """
+    iface = os.environ.get("BENCH_NETDEV")
+    if iface:
+        NETDEV.update(iface=iface, host=socket.gethostname(), rx=[], tx=[])
     times, losses = [], []
-    for tokens, targets in batches:
+    for i, (tokens, targets) in enumerate(batches):
+        if iface and i == 0:
+            _sample_netdev()
         t0 = time.perf_counter()
         loss = step_fn(tokens, targets)
         if sync is not None:
             sync()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.detach().float().item()))
+        if iface:
+            _sample_netdev()
     return times, losses
+
+
+NETDEV: dict = {}  # filled by run_loop under BENCH_NETDEV, written by write_result
+
+
+def _sample_netdev() -> None:
+    rx, tx = netcounters.read_iface(NETDEV["iface"])
+    NETDEV["rx"].append(rx)
+    NETDEV["tx"].append(tx)
 
 
 def write_result(args, runtime: str, times: list, losses: list, extra: dict | None = None) -> None:
@@ -129,6 +158,8 @@ def write_result(args, runtime: str, times: list, losses: list, extra: dict | No
     if args.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
         result["gpu_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    if NETDEV:
+        result["netdev"] = NETDEV
     if extra:
         result.update(extra)
     out = Path(args.out)

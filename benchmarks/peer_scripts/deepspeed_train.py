@@ -17,7 +17,8 @@ from zero_config import train_config
 
 
 def ds_config(args) -> dict:
-    return train_config(args.stage, args.precision, args.offload, args.micro_batch, args.lr)
+    return train_config(args.stage, args.precision, args.offload, args.micro_batch, args.lr,
+                        args.zero_extra)
 
 
 def main():
