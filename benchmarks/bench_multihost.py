@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE / "peer_scripts"))
 sys.path.insert(0, str(HERE))
 
 import benchutil as bu  # noqa: E402
-from fake_hosts import FakeHosts  # noqa: E402
+from fake_hosts import FakeHosts, job_pids, reap  # noqa: E402
 
 INFRA = REPO / "tests" / "infra"
 TRIVIAL = HERE / "peer_scripts" / "trivial_dist.py"
@@ -62,17 +62,6 @@ def port() -> int:
     return random.randint(20000, 40000)
 
 
-def job_pids(host: str) -> list:
-    daemons = set()
-    for pf in (f"/run/dslaunch-infra/sshd-{host}.pid", f"/run/dslaunch-slurm/slurmd-{host}.pid"):
-        try:
-            daemons.add(int(Path(pf).read_text().split()[0]))
-        except (OSError, ValueError, IndexError):
-            pass
-    out = subprocess.run(["ip", "netns", "pids", f"dsl-{host}"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split() if int(p) not in daemons]
-
-
 def wait_clean(host: str, timeout: float = 20.0) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -81,17 +70,6 @@ def wait_clean(host: str, timeout: float = 20.0) -> list:
             return []
         time.sleep(0.2)
     return job_pids(host)
-
-
-def reap(host: str) -> int:
-    """Kill what a run left in the host's namespace (peers that do not clean up); how many."""
-    left = job_pids(host)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(left)
 
 
 def command(launcher: str, workdir: Path, script_args: list, peer_py: str | None) -> tuple:
