@@ -9,7 +9,8 @@ them instead of once per run (~3 s of CPU per rank process on the test machine).
   hands it to the ranks (DSLAUNCH_CONFIG as written, DSLAUNCH_CONFIG_PATH);
 - a marker line ``@@many_runs <name>`` goes to stdout and stderr (the cache cuts the job's log
   there, one log per run);
-- the script runs as ``__main__`` with its own sys.argv; ``dist.destroy_process_group()`` (which
+- the script runs as ``__main__`` with its own sys.argv and its directory first on sys.path (as
+  ``python script`` runs it); ``dist.destroy_process_group()`` (which
   the scripts call at their end) is put off until after the last run, and ``sys.exit(0)`` ends
   only that run;
 - every rank waits for the others, then rank 0 writes ``<dir>/.done``.
@@ -46,6 +47,7 @@ for run in spec:
         os.environ.pop("DSLAUNCH_CONFIG", None)
         os.environ.pop("DSLAUNCH_CONFIG_PATH", None)
     sys.argv = list(run["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as `python script` sets it
     try:
         runpy.run_path(run["argv"][0], run_name="__main__")
     except SystemExit as exc:
