@@ -308,30 +308,62 @@ class JobCache:
         spec_file = todo[0][2] / "many_runs.json"
         spec_file.write_text(json.dumps(spec))
         argv = run_argv("many_runs.py", ["--spec", spec_file], None, nproc, None)
+        self._split([t[:4] for t in todo], argv, rank_env(env), timeout,
+                    lambda args: run_argv(script, args, None, nproc, None))
+
+    def _split(self, todo, argv, env, timeout, argv_of_run) -> None:
+        """Run the many_runs job ``argv`` and cache one Job per run of ``todo`` ((name, key, dir,
+        args) each): its part of the log, ok when its ``.done`` is there."""
         t0 = time.perf_counter()
-        proc = subprocess.run(argv, cwd=ROOT, env=rank_env(env), capture_output=True, text=True,
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout * len(todo))
         seconds = (time.perf_counter() - t0) / len(todo)
         out, err = _cut_log(proc.stdout), _cut_log(proc.stderr)
         failed = None
-        for name, key, d, args, _ in todo:
+        for name, key, d, args in todo:
             done = (d / ".done").exists()
             rc = 0 if done else (proc.returncode or 1)
             text = out.get(name, "")
             if not done and name not in out:
-                text = f"not started: run {failed or '?'} of this run_many job failed first\n"
+                text = f"not started: run {failed or '?'} of this many_runs job failed first\n"
             if not done and failed is None:
                 failed = name
             run_proc = subprocess.CompletedProcess([*argv, "#", name], rc, text, err.get(name, ""))
-            self.jobs[key] = Job(name, key, d, run_argv(script, args, None, nproc, None), run_proc,
-                                 seconds)
+            self.jobs[key] = Job(name, key, d, argv_of_run(args), run_proc, seconds)
+
+    @staticmethod
+    def _python_env() -> dict:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        for k in LAUNCHER_VARS:
+            env.pop(k, None)
+        return env
+
+    def python_many(self, label: str, script, runs: dict, timeout: int = 120) -> None:
+        """``run_many`` for plain single-process runs: the runs of ``runs`` ({name: args}) not
+        cached yet, one after the other in ONE python process (tests/scripts/many_runs.py), each
+        cached as the Job ``python(name, script, *args)`` returns."""
+        todo = []
+        for name, args in runs.items():
+            args = [str(a) for a in args]
+            key = self.key_of(kind="python", script=str(_script(script)), args=args)
+            if key not in self.jobs:
+                d = self.root / f"{name}-{key}"
+                d.mkdir(parents=True, exist_ok=True)
+                todo.append((name, key, d, args))
+        if len(todo) < 2:  # nothing to share: python() runs it
+            return
+        spec = [{"name": name, "dir": str(d), "argv": [str(_script(script)), *_fill(args, str(d))],
+                 "config_path": None} for name, _, d, args in todo]
+        spec_file = todo[0][2] / "many_runs.json"
+        spec_file.write_text(json.dumps(spec))
+        argv = [sys.executable, str(SCRIPTS / "many_runs.py"), "--spec", str(spec_file)]
+        self._split(todo, argv, self._python_env(), timeout,
+                    lambda args: [sys.executable, str(_script(script)), *args])
 
     def python(self, name: str, script, *args, timeout: int = 120, check: bool = True) -> Job:
         args = [str(a) for a in args]
         key = self.key_of(kind="python", script=str(_script(script)), args=args)
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        for k in LAUNCHER_VARS:
-            env.pop(k, None)
+        env = self._python_env()
         return self._get(name, key,
                          lambda d: [sys.executable, str(_script(script)), *_fill(args, d)],
                          env, timeout, check)

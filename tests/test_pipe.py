@@ -23,9 +23,17 @@ def _cfg(micro, gas, **extra):
 def _reference(job_cache, batch, *flags):
     """The plain single-process run (pipe_train.py --reference), once per session: tests here and
     in the other pipe/TP files that ask for the same reference share it."""
-    job = job_cache.python("pipe_ref", "pipe_train.py", "--reference", "--out", "{dir}",
-                           "--batch", batch, "--steps", STEPS, *flags)
+    job_cache.python_many("pipe_ref", "pipe_train.py", {  # this file's three in one process
+        f"pipe_ref{i}": _ref_args(*ref) for i, ref in enumerate(REFS)})
+    job = job_cache.python("pipe_ref", "pipe_train.py", *_ref_args(batch, *flags))
     return job.json("ref.json")["losses"]
+
+
+def _ref_args(batch, *flags):
+    return ("--reference", "--out", "{dir}", "--batch", batch, "--steps", STEPS, *flags)
+
+
+REFS = [(8,), (6, "--tied", "--varying-seq", "--blocks", 3), (4,)]  # (batch, *flags) used here
 
 
 GPIPE_FLAGS = ("--tied", "--varying-seq", "--blocks", 3)

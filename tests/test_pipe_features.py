@@ -37,9 +37,18 @@ def _cfg(micro, gas, **extra):
 def _reference(job_cache, batch, *flags):
     """The plain single-process run (pipe_train.py --reference), once per session: tests here and
     in the other pipe/TP files that ask for the same reference share it."""
-    job = job_cache.python("pipe_ref", "pipe_train.py", "--reference", "--out", "{dir}",
-                           "--batch", batch, "--steps", STEPS, *flags)
+    job_cache.python_many("pipe_ref", "pipe_train.py", {  # this file's six in one process
+        f"pipe_ref{i}": _ref_args(*ref) for i, ref in enumerate(REFS)})
+    job = job_cache.python("pipe_ref", "pipe_train.py", *_ref_args(batch, *flags))
     return job.json("ref.json")
+
+
+def _ref_args(batch, *flags):
+    return ("--reference", "--out", "{dir}", "--batch", batch, "--steps", STEPS, *flags)
+
+
+REFS = [(4, "--clip", CLIP, "--tied"), (8, "--clip", CLIP, "--tied"),  # (batch, *flags) used here
+        (8, "--model", "gpt", "--clip", CLIP), (8, "--dtype", "bf16"), (8,), (8, "--clip", CLIP)]
 
 
 JOBS = {  # name: (ranks, config, pipe_train.py flags); "{dir}/ck": the checkpoint of the last step
