@@ -28,6 +28,12 @@ API (everything a newcomer needs to start a real job):
   ``job_cache.python(name, script, *args)`` and ``job_cache.torchrun(name, script, *args)``
   (the same script under torchrun) start a job once per pytest session and
   return the same ``Job`` to every test (in any file) that asks for the same job; see the class.
+- ``job_cache.run_many(label, script, {name: (args, config)}, nproc=, env=)``: several such jobs
+  of one rank script in ONE ``dslaunch run`` (tests/scripts/many_runs.py runs them one after
+  the other in the same ranks: torch, ~3 s of CPU per rank process, imported once), each cached
+  as the Job ``run(name, script, *args, config=config, ...)`` then returns (its own directory,
+  config and log). ``job_cache.python_many(label, script, {name: args})``: the same for plain
+  single-process runs. Not for what needs a fresh process (peak RSS, a rank killed on purpose).
 """
 
 from __future__ import annotations
