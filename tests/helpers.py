@@ -28,6 +28,12 @@ API (everything a newcomer needs to start a real job):
   ``job_cache.python(name, script, *args)`` and ``job_cache.torchrun(name, script, *args)``
   (the same script under torchrun) start a job once per pytest session and
   return the same ``Job`` to every test (in any file) that asks for the same job; see the class.
+- ``job_cache.run_many(label, script, {name: (args, config)}, nproc=, env=)``: several such jobs
+  of one rank script in ONE ``dslaunch run`` (tests/scripts/many_runs.py runs them one after
+  the other in the same ranks: torch, ~3 s of CPU per rank process, imported once), each cached
+  as the Job ``run(name, script, *args, config=config, ...)`` then returns (its own directory,
+  config and log). ``job_cache.python_many(label, script, {name: args})``: the same for plain
+  single-process runs. Not for what needs a fresh process (peak RSS, a rank killed on purpose).
 """
 
 from __future__ import annotations
@@ -169,6 +175,28 @@ class Job:
         return int(self.argv[i + 1]) if i >= 0 else 1
 
 
+def _cut_log(text: str) -> dict:
+    """A run_many job's stdout or stderr, cut at its ``@@many_runs <name>`` markers: {name: the
+    lines after that run's marker}; what came before the first marker goes to the first run."""
+    parts, name, lines = {}, None, []
+    for line in text.splitlines(keepends=True):
+        at = line.find("@@many_runs ")
+        if at >= 0:
+            if name is None:
+                pre, lines = lines, []
+            else:
+                parts[name] = parts.get(name, "") + "".join(lines)
+                lines = []
+            name = line[at + len("@@many_runs "):].strip()
+            if pre:
+                parts[name], pre = "".join(pre), []
+            continue
+        lines.append(line)
+    if name is not None:
+        parts[name] = parts.get(name, "") + "".join(lines)
+    return parts
+
+
 def _fill(value, d: str):
     """``{dir}`` -> the job's directory, in strings, lists and dicts (arguments and configs)."""
     if isinstance(value, str):
@@ -226,31 +254,122 @@ class JobCache:
             raise AssertionError(f"job {job.name!r} failed (cached)\n" + _tails(job.argv, job.proc))
         return job
 
+    def _run_key(self, script, args, config, nproc, env, grace_period=None,
+                 config_flag="--config", flags=()) -> str:
+        return self.key_of(kind="run", script=str(_script(script)), args=args, config=config,
+                           nproc=nproc, env=env, grace=grace_period, flag=config_flag,
+                           **({"flags": list(flags)} if flags else {}))
+
+    @staticmethod
+    def _write_config(config, d) -> Path | None:
+        if config is None:
+            return None
+        cfg = Path(d) / "config.json"
+        cfg.write_text(json.dumps(_fill(config, d)))
+        return cfg
+
     def run(self, name: str, script, *args, config: dict | None = None, nproc: int = 2,
             env: dict | None = None, timeout: int = 300, grace_period=None,
             config_flag: str = "--config", check: bool = True, flags: tuple = ()) -> Job:
         args = [str(a) for a in args]
-        key = self.key_of(kind="run", script=str(_script(script)), args=args, config=config,
-                          nproc=nproc, env=env, grace=grace_period, flag=config_flag,
-                          **({"flags": list(flags)} if flags else {}))
+        key = self._run_key(script, args, config, nproc, env, grace_period, config_flag, flags)
 
         def argv_of(d):
-            cfg = None
-            if config is not None:
-                cfg = Path(d) / "config.json"
-                cfg.write_text(json.dumps(_fill(config, d)))
+            cfg = self._write_config(config, d)
             argv = run_argv(script, _fill(args, d), cfg, nproc, grace_period, config_flag)
             at = len(DSLAUNCH) + 1  # launcher flags (--as-deepspeed) right after `run`
             return [*argv[:at], *flags, *argv[at:]]
 
         return self._get(name, key, argv_of, rank_env(env), timeout, check)
 
-    def python(self, name: str, script, *args, timeout: int = 120, check: bool = True) -> Job:
-        args = [str(a) for a in args]
-        key = self.key_of(kind="python", script=str(_script(script)), args=args)
+    def run_many(self, label: str, script, runs: dict, nproc: int = 2, env: dict | None = None,
+                 timeout: int = 300) -> None:
+        """Start the runs of ``runs`` ({name: (args, config)}) that are not cached yet, all in
+        ONE ``dslaunch run`` of ``nproc`` ranks (tests/scripts/many_runs.py runs them one after
+        the other in the same rank processes: torch imported once per rank, not once per run),
+        and cache each as the Job that ``run(name, script, *args, config=config, nproc=nproc,
+        env=env)`` returns: its own directory, config file and log, ok when it finished. A run
+        that failed fails its tests, and the runs after it (not started) fail theirs saying
+        so. ``timeout``: per run. Not for what depends on a fresh process (peak RSS)."""
+        todo = []
+        for name, (args, config) in runs.items():
+            args = [str(a) for a in args]
+            key = self._run_key(script, args, config, nproc, env)
+            if key not in self.jobs:
+                d = self.root / f"{name}-{key}"
+                d.mkdir(parents=True, exist_ok=True)
+                todo.append((name, key, d, args, config))
+        if not todo:
+            return
+        if len(todo) == 1:  # nothing to share: the plain launch
+            name, _, _, args, config = todo[0]
+            self.run(name, script, *args, config=config, nproc=nproc, env=env, timeout=timeout,
+                     check=False)
+            return
+        spec = [{"name": name, "dir": str(d),
+                 "argv": [str(_script(script)), *_fill(args, str(d))],
+                 "config_path": (str(self._write_config(config, str(d)))
+                                 if config is not None else None)}
+                for name, _, d, args, config in todo]
+        spec_file = todo[0][2] / "many_runs.json"
+        spec_file.write_text(json.dumps(spec))
+        argv = run_argv("many_runs.py", ["--spec", spec_file], None, nproc, None)
+        self._split([t[:4] for t in todo], argv, rank_env(env), timeout,
+                    lambda args: run_argv(script, args, None, nproc, None))
+
+    def _split(self, todo, argv, env, timeout, argv_of_run) -> None:
+        """Run the many_runs job ``argv`` and cache one Job per run of ``todo`` ((name, key, dir,
+        args) each): its part of the log, ok when its ``.done`` is there."""
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=timeout * len(todo))
+        seconds = (time.perf_counter() - t0) / len(todo)
+        out, err = _cut_log(proc.stdout), _cut_log(proc.stderr)
+        failed = None
+        for name, key, d, args in todo:
+            done = (d / ".done").exists()
+            rc = 0 if done else (proc.returncode or 1)
+            text = out.get(name, "")
+            if not done and name not in out:
+                text = f"not started: run {failed or '?'} of this many_runs job failed first\n"
+            if not done and failed is None:
+                failed = name
+            run_proc = subprocess.CompletedProcess([*argv, "#", name], rc, text, err.get(name, ""))
+            self.jobs[key] = Job(name, key, d, argv_of_run(args), run_proc, seconds)
+
+    @staticmethod
+    def _python_env() -> dict:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         for k in LAUNCHER_VARS:
             env.pop(k, None)
+        return env
+
+    def python_many(self, label: str, script, runs: dict, timeout: int = 120) -> None:
+        """``run_many`` for plain single-process runs: the runs of ``runs`` ({name: args}) not
+        cached yet, one after the other in ONE python process (tests/scripts/many_runs.py), each
+        cached as the Job ``python(name, script, *args)`` returns."""
+        todo = []
+        for name, args in runs.items():
+            args = [str(a) for a in args]
+            key = self.key_of(kind="python", script=str(_script(script)), args=args)
+            if key not in self.jobs:
+                d = self.root / f"{name}-{key}"
+                d.mkdir(parents=True, exist_ok=True)
+                todo.append((name, key, d, args))
+        if len(todo) < 2:  # nothing to share: python() runs it
+            return
+        spec = [{"name": name, "dir": str(d), "argv": [str(_script(script)), *_fill(args, str(d))],
+                 "config_path": None} for name, _, d, args in todo]
+        spec_file = todo[0][2] / "many_runs.json"
+        spec_file.write_text(json.dumps(spec))
+        argv = [sys.executable, str(SCRIPTS / "many_runs.py"), "--spec", str(spec_file)]
+        self._split(todo, argv, self._python_env(), timeout,
+                    lambda args: [sys.executable, str(_script(script)), *args])
+
+    def python(self, name: str, script, *args, timeout: int = 120, check: bool = True) -> Job:
+        args = [str(a) for a in args]
+        key = self.key_of(kind="python", script=str(_script(script)), args=args)
+        env = self._python_env()
         return self._get(name, key,
                          lambda d: [sys.executable, str(_script(script)), *_fill(args, d)],
                          env, timeout, check)

@@ -74,25 +74,42 @@ def test_rank_killed_mid_save_leaves_latest_on_the_previous_checkpoint(tmp_path,
     assert not (ck / ".global_step4.tmp").exists()
 
 
-@pytest.mark.parametrize("stage", [0, 2, 3])
-def test_async_save_writes_the_same_files_as_sync(tmp_path, stage):
-    cfg = {**BASE, "zero_optimization": {"stage": stage}}
-    for mode in (0, 1):  # the async writer starts late: the next steps change the live state
-        _run(tmp_path, cfg, f"m{mode}", tmp_path / f"ck{mode}", steps=6, async_save=mode,
-             keep_last=2, env={"DSLAUNCH_TEST_ASYNC_WRITE_DELAY": "1.5"})
-    sync, asyn = results(tmp_path / "m0"), results(tmp_path / "m1")
+ASYNC_STAGES = (0, 2, 3)
+ASYNC_ENV = {"DSLAUNCH_TEST_ASYNC_WRITE_DELAY": "1.5"}  # the async writer starts late: the next
+# steps change the live state
+
+
+def _save_mode_jobs(job_cache, stage):
+    """The sync (0) and async (1) jobs of ``stage``, 6 steps, keep_last 2; the first asked for
+    starts the six of ASYNC_STAGES in one launch (JobCache.run_many: one after the other in the
+    same ranks, each waiting for its own writes at its end: engine.wait_checkpoint())."""
+    runs = {f"save_s{s}_m{mode}": (("--out", "{dir}/out", "--save-dir", "{dir}/ck", "--steps", 6,
+                                    "--async-save", mode, "--keep-last", 2),
+                                   {**BASE, "zero_optimization": {"stage": s}})
+            for s in ASYNC_STAGES for mode in (0, 1)}
+    job_cache.run_many("ckpt_async", "ckpt_resume.py", runs, env=ASYNC_ENV, timeout=240)
+    return [job_cache.run(name, "ckpt_resume.py", *runs[name][0], config=runs[name][1],
+                          env=ASYNC_ENV, timeout=240)
+            for name in (f"save_s{stage}_m0", f"save_s{stage}_m1")]
+
+
+@pytest.mark.parametrize("stage", ASYNC_STAGES)
+def test_async_save_writes_the_same_files_as_sync(job_cache, stage):
+    jobs = _save_mode_jobs(job_cache, stage)
+    (sync, asyn), (ck0, ck1) = ([j.results(sub="out") for j in jobs],
+                                [j.dir / "ck" for j in jobs])
     assert sync[0]["losses"] == asyn[0]["losses"] and sync[0]["no_checkpoint_warning"]
-    for d in (tmp_path / "ck0", tmp_path / "ck1"):  # keep_last 2: global_step2 pruned
+    for d in (ck0, ck1):  # keep_last 2: global_step2 pruned
         assert sorted(p.name for p in d.iterdir() if p.is_dir()) == ["global_step4", "global_step6"]
         assert (d / "latest").read_text() == "global_step6"
     for tag in ("global_step4", "global_step6"):
-        names = sorted(p.name for p in (tmp_path / "ck0" / tag).iterdir())
-        assert names == sorted(p.name for p in (tmp_path / "ck1" / tag).iterdir())
+        names = sorted(p.name for p in (ck0 / tag).iterdir())
+        assert names == sorted(p.name for p in (ck1 / tag).iterdir())
         for name in names:
             if name.endswith(".pt"):
-                _tensors_equal(torch.load(tmp_path / "ck0" / tag / name, weights_only=True),
-                               torch.load(tmp_path / "ck1" / tag / name, weights_only=True), name)
-        m0, m1 = (json.loads((tmp_path / d / tag / "metadata.json").read_text()) for d in ("ck0", "ck1"))
+                _tensors_equal(torch.load(ck0 / tag / name, weights_only=True),
+                               torch.load(ck1 / tag / name, weights_only=True), name)
+        m0, m1 = (json.loads((d / tag / "metadata.json").read_text()) for d in (ck0, ck1))
         assert m0.pop("saved_at") < m1.pop("saved_at") and m0 == m1
 
 

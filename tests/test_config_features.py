@@ -17,7 +17,14 @@ from tiny_mlp import batch, model
 WORLD = 2
 
 
+MODES = ("reduce", "autocast", "bf16")
+
+
 def _job(job_cache, mode):
+    """The ``--mode`` job's per-rank records; the first asked for starts the three modes in one
+    launch (JobCache.run_many: one after the other in the same ranks)."""
+    job_cache.run_many("cfgfeat", "config_features.py", {
+        f"cfgfeat-{m}": (("--mode", m, "--out", "{dir}/out"), None) for m in MODES}, nproc=WORLD)
     return job_cache.run(f"cfgfeat-{mode}", "config_features.py", "--mode", mode,
                          "--out", "{dir}/out", nproc=WORLD).results(WORLD, "out")
 

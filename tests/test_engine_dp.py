@@ -1,12 +1,13 @@
 """Data-parallel engine (ZeRO stage 0), end to end: real 2-rank gloo jobs started by `dslaunch run`
-against a plain single-process PyTorch reference on the same global batches."""
+against a plain single-process PyTorch reference on the same global batches. The four jobs run in
+one launch (JobCache.run_many: one after the other in the same ranks)."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import launch, results, run_python
+from helpers import results, run_python
 
 STEPS = 4
 N_PARAMS, N_TENSORS = 29664, 17  # the tiny GPT of scripts/engine_train.py
@@ -40,13 +41,35 @@ def _check_against_reference(out, reference):
     return ranks
 
 
-def test_two_ranks_equal_single_process(tmp_path, reference):
+JOBS = {  # name: (config, engine_train.py args); all four in one launch (see _out)
+    "sync": ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+              "optimizer": ADAMW, "gradient_clipping": 0.5,
+              "zero_optimization": {"stage": 0, "overlap_comm": False}}, ("--steps", STEPS)),
+    "accum_overlap": ({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+                       "optimizer": ADAMW, "gradient_clipping": 0.5,
+                       "zero_optimization": {"stage": 0, "reduce_bucket_size": 4096,
+                                             "overlap_comm": True}}, ("--steps", STEPS)),
+    "fp16_overflow": ({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+                       "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+                       "fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1,
+                                "loss_scale_window": 2}}, ("--steps", 6, "--inject-inf", 1)),
+    "bf16": ({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+              "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}, "bf16": {"enabled": True}},
+             ("--steps", 12)),
+}
+
+
+def _out(job_cache, name) -> Path:
+    """The rank records' directory of the named 2-rank job; the first asked for starts the four
+    in one launch (JobCache.run_many: one after the other in the same ranks)."""
+    runs = {n: (("--out", "{dir}/o", *a), c) for n, (c, a) in JOBS.items()}
+    job_cache.run_many("engine_dp", "engine_train.py", runs)
+    return job_cache.run(name, "engine_train.py", *runs[name][0], config=runs[name][1]).dir / "o"
+
+
+def test_two_ranks_equal_single_process(job_cache, reference):
     """micro 4 x 2 ranks == one process on batch 8 (fp32, clipping on, synchronous buckets)."""
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-           "optimizer": ADAMW, "gradient_clipping": 0.5,
-           "zero_optimization": {"stage": 0, "overlap_comm": False}}
-    launch(tmp_path, cfg, "engine_train.py", ["--out", tmp_path / "o", "--steps", STEPS])
-    ranks = _check_against_reference(tmp_path / "o", reference)
+    ranks = _check_against_reference(_out(job_cache, "sync"), reference)
     # one all-reduce of the whole fp32 gradient per step (the default bucket holds it all)
     stats = ranks[0]["comm"]["all_reduce"]
     assert stats["calls"] == STEPS
@@ -54,14 +77,10 @@ def test_two_ranks_equal_single_process(tmp_path, reference):
     assert ranks[0]["global_samples"] == STEPS * 8 and ranks[0]["global_steps"] == STEPS
 
 
-def test_grad_accumulation_small_buckets_overlap(tmp_path, reference):
+def test_grad_accumulation_small_buckets_overlap(job_cache, reference):
     """micro 2 x accum 2 x 2 ranks == one process on batch 8; 4096-element buckets reduced
     asynchronously from backward hooks, once per boundary (not per micro-step)."""
-    cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
-           "optimizer": ADAMW, "gradient_clipping": 0.5,
-           "zero_optimization": {"stage": 0, "reduce_bucket_size": 4096, "overlap_comm": True}}
-    launch(tmp_path, cfg, "engine_train.py", ["--out", tmp_path / "o", "--steps", STEPS])
-    ranks = _check_against_reference(tmp_path / "o", reference)
+    ranks = _check_against_reference(_out(job_cache, "accum_overlap"), reference)
     r = ranks[0]
     assert r["micro_steps"] == 2 * STEPS and r["global_steps"] == STEPS
     stats = r["comm"]["all_reduce"]
@@ -74,16 +93,10 @@ def test_grad_accumulation_small_buckets_overlap(tmp_path, reference):
     assert mem["optimizer"] == {"cpu": 8 * N_PARAMS + 4 * N_TENSORS}
 
 
-def test_fp16_overflow_skips_step_and_rescales(tmp_path):
+def test_fp16_overflow_skips_step_and_rescales(job_cache):
     """Injected inf gradients at step 1: the step is skipped, parameters stay as they were, the
     scale halves (hysteresis 1); after loss_scale_window clean steps it doubles again."""
-    cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
-           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
-           "fp16": {"enabled": True, "initial_scale_power": 8, "hysteresis": 1,
-                    "loss_scale_window": 2}}
-    launch(tmp_path, cfg, "engine_train.py",
-           ["--out", tmp_path / "o", "--steps", 6, "--inject-inf", 1])
-    for r in results(tmp_path / "o"):
+    for r in results(_out(job_cache, "fp16_overflow")):
         assert r["param_dtype"] == "torch.float16"
         assert r["skipped"] == [0, 1, 0, 0, 0, 0]
         assert r["param_sums"][1] == r["param_sums"][0]  # fp32 masters untouched
@@ -96,11 +109,8 @@ def test_fp16_overflow_skips_step_and_rescales(tmp_path):
         assert mem["optimizer"] == {"cpu": 4 * N_PARAMS + 8 * N_PARAMS + 4 * N_TENSORS}
 
 
-def test_bf16_trains(tmp_path):
-    cfg = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
-           "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}, "bf16": {"enabled": True}}
-    launch(tmp_path, cfg, "engine_train.py", ["--out", tmp_path / "o", "--steps", 12])
-    r0, r1 = results(tmp_path / "o")
+def test_bf16_trains(job_cache):
+    r0, r1 = results(_out(job_cache, "bf16"))
     assert r0["param_dtype"] == "torch.bfloat16"
     assert r0["losses"] == r1["losses"]
     assert sum(r0["losses"][-3:]) / 3 < r0["losses"][0] - 0.1, r0["losses"]

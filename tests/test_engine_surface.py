@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import EXAMPLES, launch, results
+from helpers import EXAMPLES
 
 sys.path.insert(0, str(EXAMPLES))
 import dslaunch
@@ -221,18 +221,26 @@ def test_throughput_timer_counts_steps_and_epochs():
 
 # -- two ranks ------------------------------------------------------------------------------------
 
-def _run(tmp_path, mode):
-    launch(tmp_path, {"train_batch_size": 8, "optimizer": ADAMW}, "surface_train.py",
-           ["--mode", mode, "--out", tmp_path / "o"], timeout=300)
-    return results(tmp_path / "o")
+SURFACE_MODES = ("patterns", "fp16", "forward_only", "zero3")
+
+
+def _run(job_cache, mode):
+    """Each rank's record of surface_train.py --mode MODE; the first asked for starts the four
+    modes in one launch (JobCache.run_many: one after the other in the same ranks)."""
+    cfg = {"train_batch_size": 8, "optimizer": ADAMW}
+    job_cache.run_many("surface", "surface_train.py", {
+        f"surface_{m}": (("--mode", m, "--out", "{dir}/o"), cfg) for m in SURFACE_MODES},
+        timeout=300)
+    return job_cache.run(f"surface_{mode}", "surface_train.py", "--mode", mode, "--out",
+                         "{dir}/o", config=cfg, timeout=300).results(sub="o")
 
 
 @pytest.mark.slow
-def test_both_step_call_patterns_train_alike_and_no_sync(tmp_path):
+def test_both_step_call_patterns_train_alike_and_no_sync(job_cache):
     """(a) step() after every backward; (b) Accelerate's boundary flag, step() at boundaries,
     no_sync() around the other micro-steps; (c) Transformers' divided loss with
     scale_wrt_gas=False: identical losses, stages 0-3."""
-    for r in _run(tmp_path, "patterns"):
+    for r in _run(job_cache, "patterns"):
         for stage in range(4):
             a, b, c = (r[f"{stage}{p}"] for p in "abc")
             assert a["losses"] == b["losses"] == c["losses"], stage
@@ -246,8 +254,8 @@ def test_both_step_call_patterns_train_alike_and_no_sync(tmp_path):
 
 
 @pytest.mark.slow
-def test_fp16_overflow_is_seen_by_was_step_applied_and_the_optimizer(tmp_path):
-    for r in _run(tmp_path, "fp16"):
+def test_fp16_overflow_is_seen_by_was_step_applied_and_the_optimizer(job_cache):
+    for r in _run(job_cache, "fp16"):
         assert r["before"] == [False, False, 256.0]
         assert r["0"] == [True, False, 256.0, 256.0]
         assert r["1"] == [False, True, 128.0, 128.0]  # skipped, scale halved
@@ -255,8 +263,8 @@ def test_fp16_overflow_is_seen_by_was_step_applied_and_the_optimizer(tmp_path):
 
 
 @pytest.mark.slow
-def test_forward_only_engines_and_two_engines_side_by_side(tmp_path):
-    for r in _run(tmp_path, "forward_only"):
+def test_forward_only_engines_and_two_engines_side_by_side(job_cache):
+    for r in _run(job_cache, "forward_only"):
         for stage in ("0", "3"):
             s = r[stage]
             assert s["optimizer"] and s["same_output"], stage
@@ -269,8 +277,8 @@ def test_forward_only_engines_and_two_engines_side_by_side(tmp_path):
 
 
 @pytest.mark.slow
-def test_zero3_parameter_attributes_follow_gather_and_release(tmp_path):
-    for r in _run(tmp_path, "zero3"):
+def test_zero3_parameter_attributes_follow_gather_and_release(job_cache):
+    for r in _run(job_cache, "zero3"):
         assert r["ids_unique"] and r["shapes"] and r["partitions_cover"]
         assert set(r["before"]) == {"NOT_AVAILABLE"}
         assert (r["gathered"], r["released"]) == ("AVAILABLE", "NOT_AVAILABLE")

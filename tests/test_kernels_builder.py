@@ -37,12 +37,20 @@ def _builds(cache: Path, op: str) -> list[dict]:
     return lines
 
 
-def test_build_all_then_second_process_loads_from_cache_without_compiling(tmp_path):
-    cache = tmp_path / "cache"
-    env = {"DSLAUNCH_CACHE_DIR": str(cache)}
+@pytest.fixture(scope="module")
+def built_all(tmp_path_factory):
+    """``--build-all`` into a fresh cache, once for this file: (cache, the CompletedProcess).
+    Other tests copy an op's built directory from it instead of compiling it again."""
+    cache = tmp_path_factory.mktemp("built_all") / "cache"
     first = subprocess.run([sys.executable, "-m", "dslaunch.kernels.builder", "--build-all"],
-                           env=dict(os.environ, **env), cwd=REPO, capture_output=True, text=True,
-                           timeout=600)
+                           env=dict(os.environ, DSLAUNCH_CACHE_DIR=str(cache)), cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    return cache, first
+
+
+def test_build_all_then_second_process_loads_from_cache_without_compiling(built_all):
+    cache, first = built_all
+    env = {"DSLAUNCH_CACHE_DIR": str(cache)}
     assert first.returncode == 0, first.stderr
     lines = first.stdout.strip().splitlines()
     assert [ln.split()[0] for ln in lines] == list(builder.OPS)  # one status line per op
@@ -206,14 +214,15 @@ def test_sources_found_from_package_csrc_and_env(tmp_path, monkeypatch):
     assert builder.source_root() == tmp_path.resolve()
 
 
-def test_corrupt_cached_library_is_rebuilt_once(tmp_path):
+def test_corrupt_cached_library_is_rebuilt_once(built_all, tmp_path):
     """A cached .so that will not import (truncated by a full disk, say) is rebuilt, not a crash;
-    when even the rebuild cannot be imported, one warning and the fallback."""
+    when even the rebuild cannot be imported, one warning and the fallback. The cache starts as
+    a copy of cpu_lion's build by ``--build-all`` (its library and its one build record)."""
     cache = tmp_path / "cache"
     env = {"DSLAUNCH_CACHE_DIR": str(cache)}
-    subprocess.run([sys.executable, "-m", "dslaunch.kernels.builder", "cpu_lion"],
-                   env=dict(os.environ, **env), cwd=REPO, check=True, capture_output=True,
-                   timeout=600)
+    for d in built_all[0].glob("cpu_lion-*"):
+        shutil.copytree(d, cache / d.name)
+    assert len(_builds(cache, "cpu_lion")) == 1
     so = next(cache.rglob("cpu_lion*.so"))
     so.write_bytes(b"not an ELF file")
     code = """

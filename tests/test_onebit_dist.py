@@ -1,7 +1,13 @@
 """1-bit optimizers end to end: real `dslaunch run` gloo jobs (2 and 4 ranks, the tiny example
 GPT), the compressed all-reduce against an independent reference, error feedback, convergence
 against the uncompressed optimizers, bytes booked in comm_stats(), accumulation, bf16 and
-checkpoint resume."""
+checkpoint resume.
+
+Launches: every training run (the 60-step mechanics runs, accumulation, bf16, the 400-step
+convergence runs, the runs that save a checkpoint) is one entry of ONE 2-rank `dslaunch run` of
+onebit_train.py --runs (each entry from a fresh model and engine, records apart), the three
+resumes a second; plus the compressed all-reduce at 2 and at 4 ranks. 4 launches, 10 ranks
+(there were 21 launches, one per run)."""
 
 from __future__ import annotations
 
@@ -23,6 +29,25 @@ def run_job(out: Path, script: str, *args, nproc=2, config=None, timeout=300):
     launch(out, config, script, ["--out", out, *args], nproc=nproc, timeout=timeout,
            config_flag="--deepspeed_config")
     return results(out, nproc)
+
+
+def train_runs(out: Path, specs: dict, timeout=900) -> dict:
+    """Every run of ``specs`` ({name: {"config": dict, onebit_train.py option: value}}) in turn
+    in one 2-rank `dslaunch run` of onebit_train.py --runs (each from a fresh model and engine;
+    its config file handed to dslaunch.initialize as --deepspeed_config); {name: each rank's
+    record}."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for name, spec in specs.items():
+        cfg = out / f"{name}.json"
+        cfg.write_text(json.dumps(spec["config"]))
+        runs.append({"name": name, "config": str(cfg),
+                     **{k: str(v) if isinstance(v, Path) else v
+                        for k, v in spec.items() if k != "config"}})
+    (out / "runs.json").write_text(json.dumps(runs))
+    launch(out, None, "onebit_train.py", ["--out", out, "--runs", out / "runs.json"],
+           timeout=timeout)
+    return {name: results(out / name) for name in specs}
 
 
 def shipped(name: str, **params) -> dict:
@@ -67,18 +92,47 @@ def test_compressed_allreduce_equals_reference_and_error_feedback_is_bounded(tmp
 
 # -- mechanics: the shipped configs, 60 steps (freeze at 20) -----------------------------------
 
+def bf16(cfg: dict) -> dict:
+    return dict(cfg, bf16={"enabled": True})
+
+
+def gas2(cfg: dict) -> dict:
+    return dict(cfg, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
+
+
+CKPT_CONFIGS = ("onebit_adam", "onebit_zero_one_adam", "onebit_lamb")
+CKPT_STEPS, CKPT_SAVE_AT = 50, 44  # compression stage for all three (0/1 Adam: phase 2 after 40)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def trained(tmp_path_factory):
+    """All the training runs but the resumes, in one launch (see the module docstring)."""
     base = tmp_path_factory.mktemp("onebit")
-    jobs = {
+    short = {
         "adam": plain("Adam"),
         "onebit_adam": shipped("onebit_adam", freeze_step=FREEZE),
         "zero_one_adam": shipped("onebit_zero_one_adam"),
         "lamb": plain("Lamb"),
         "onebit_lamb": shipped("onebit_lamb", freeze_step=FREEZE),
+        "onebit_adam_gas2": gas2(shipped("onebit_adam", freeze_step=FREEZE)),
+        "bf16_adam": bf16(plain("Adam")),
+        "bf16_onebit_adam": bf16(shipped("onebit_adam")),
     }
-    return {name: run_job(base / name, "onebit_train.py", "--steps", STEPS, config=cfg)
-            for name, cfg in jobs.items()}
+    specs = {name: {"config": cfg, "steps": STEPS} for name, cfg in short.items()}
+    for kind in LONG_KINDS:
+        specs[f"long_{kind}"] = {"config": long_config(kind), "steps": LONG,
+                                 "eval_batches": HELD_OUT}
+    for config in CKPT_CONFIGS:
+        specs[f"full_{config}"] = {"config": shipped(config), "steps": CKPT_STEPS,
+                                   "save_dir": base / "ckpt" / config, "save_at": CKPT_SAVE_AT}
+    recs = train_runs(base, specs, timeout=1200)
+    recs["ckpt_root"] = base / "ckpt"
+    return recs
+
+
+@pytest.fixture(scope="module")
+def runs(trained):
+    return trained
 
 
 @pytest.mark.parametrize("name, baseline", [("onebit_adam", "adam"), ("onebit_lamb", "lamb")])
@@ -162,6 +216,7 @@ def test_zero_one_adam_full_precision_only_on_variance_steps(runs):
 # fails on the defects found (m/denom compression +18% at 400 steps; NaN without the momentum
 # clamp; +21% at 1000 steps for 0/1 Adam without it).
 LONG, LONG_FREEZE, HELD_OUT = 400, 60, 8
+LONG_KINDS = ("Adam", "OneBitAdam", "ZeroOneAdam", "Lamb", "OneBitLamb")
 
 
 def long_config(kind: str) -> dict:
@@ -181,11 +236,8 @@ def long_config(kind: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def long_runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("onebit_long")
-    return {kind: run_job(base / kind, "onebit_train.py", "--steps", LONG, "--eval-batches",
-                          HELD_OUT, config=long_config(kind), timeout=900)
-            for kind in ("Adam", "OneBitAdam", "ZeroOneAdam", "Lamb", "OneBitLamb")}
+def long_runs(trained):
+    return {kind: trained[f"long_{kind}"] for kind in LONG_KINDS}
 
 
 @pytest.mark.parametrize("name, baseline", [("OneBitAdam", "Adam"), ("ZeroOneAdam", "Adam"),
@@ -215,39 +267,39 @@ def test_end_to_end_bytes_at_15_percent_warmup(long_runs):
 
 # -- accumulation, bf16, checkpoints -------------------------------------------------------------
 
-def test_gradient_accumulation_matches_one_big_micro_batch(runs, tmp_path):
-    cfg = shipped("onebit_adam", freeze_step=FREEZE)
-    cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"] = 4, 2
-    rec = run_job(tmp_path / "gas", "onebit_train.py", "--steps", STEPS, config=cfg)[0]
+def test_gradient_accumulation_matches_one_big_micro_batch(runs):
+    rec = runs["onebit_adam_gas2"][0]  # micro-batch 4 x 2 accumulation steps
     ref = runs["onebit_adam"][0]["losses"]
     assert rec["losses"][:FREEZE] == pytest.approx(ref[:FREEZE], rel=1e-4)
     assert abs(tail_mean(rec["losses"]) - tail_mean(ref)) / tail_mean(ref) < 0.02
     assert rec["step_bytes"][-1] == runs["onebit_adam"][0]["step_bytes"][-1]  # once per step
 
 
-def test_bf16_onebit_adam_tracks_bf16_adam(tmp_path):
-    rec = {}
-    for name, cfg in (("adam", plain("Adam")), ("onebit", shipped("onebit_adam"))):
-        cfg["bf16"] = {"enabled": True}
-        rec[name] = run_job(tmp_path / name, "onebit_train.py", "--steps", STEPS, config=cfg)
+def test_bf16_onebit_adam_tracks_bf16_adam(runs):
+    rec = {"adam": runs["bf16_adam"], "onebit": runs["bf16_onebit_adam"]}
     a, b = tail_mean(rec["adam"][0]["losses"]), tail_mean(rec["onebit"][0]["losses"])
     assert abs(a - b) / a < 0.02, (a, b)
     assert rec["onebit"][0]["param_sha"] == rec["onebit"][1]["param_sha"]
     assert "onebit_all_to_all" in rec["onebit"][0]["step_bytes"][-1]
 
 
-@pytest.mark.parametrize("config", ["onebit_adam", "onebit_zero_one_adam", "onebit_lamb"])
-def test_checkpoint_resume_in_compression_stage_is_exact(tmp_path, config):
-    cfg = shipped(config)
-    ckpt = tmp_path / "ckpt"
-    steps, save_at = 50, 44  # compression stage for all three (0/1 Adam: phase 2 after 40)
-    full = run_job(tmp_path / "full", "onebit_train.py", "--steps", steps, "--save-dir", ckpt,
-                   "--save-at", save_at, config=cfg)
-    resumed = run_job(tmp_path / "resumed", "onebit_train.py", "--steps", steps, "--load-dir",
-                      ckpt, config=cfg)
-    assert resumed[0]["start"] == save_at
-    assert resumed[0]["losses"] == pytest.approx(full[0]["losses"][save_at:], rel=1e-6, abs=1e-6)
-    assert resumed[0]["param_sha"] == full[0]["param_sha"]
+@pytest.fixture(scope="module")
+def resumed(trained, tmp_path_factory):
+    """The three resumes from the step-44 checkpoints of the ``full_*`` runs, in one launch."""
+    return train_runs(tmp_path_factory.mktemp("onebit_resumed"),
+                      {config: {"config": shipped(config), "steps": CKPT_STEPS,
+                                "load_dir": trained["ckpt_root"] / config}
+                       for config in CKPT_CONFIGS})
+
+
+@pytest.mark.parametrize("config", CKPT_CONFIGS)
+def test_checkpoint_resume_in_compression_stage_is_exact(trained, resumed, config):
+    ckpt = trained["ckpt_root"] / config
+    full, again = trained[f"full_{config}"], resumed[config]
+    assert again[0]["start"] == CKPT_SAVE_AT
+    assert again[0]["losses"] == pytest.approx(full[0]["losses"][CKPT_SAVE_AT:], rel=1e-6,
+                                               abs=1e-6)
+    assert again[0]["param_sha"] == full[0]["param_sha"]
     # the error buffers are in each rank's optimizer state, and they differ between ranks
     states = [torch.load(ckpt / "ckpt" / f"rank_{r}_optim_states.pt", weights_only=False)
               for r in range(2)]

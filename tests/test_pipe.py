@@ -1,11 +1,15 @@
 """Pipeline parallelism end to end: real gloo jobs through `dslaunch run`, the tiny GPT as
 PipelineModule layers (tests/scripts/pipe_model.py), compared with a plain single-process
 PyTorch run of the same layers (same per-layer seeds, same batches, AdamW) within 1e-5 relative.
+
+Launches: the 2-rank jobs in one `dslaunch run`, the 4-rank ones in another (JobCache.run_many:
+one after the other in the same ranks; the pipe 2 x TP 2 job also saves the checkpoint the
+resume test loads), the resume and the refused world each their own.
 """
 
 import json
 
-from helpers import launch, results
+from helpers import launch
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}
 STEPS = 3
@@ -19,17 +23,50 @@ def _cfg(micro, gas, **extra):
 def _reference(job_cache, batch, *flags):
     """The plain single-process run (pipe_train.py --reference), once per session: tests here and
     in the other pipe/TP files that ask for the same reference share it."""
-    job = job_cache.python("pipe_ref", "pipe_train.py", "--reference", "--out", "{dir}",
-                           "--batch", batch, "--steps", STEPS, *flags)
+    job_cache.python_many("pipe_ref", "pipe_train.py", {  # this file's three in one process
+        f"pipe_ref{i}": _ref_args(*ref) for i, ref in enumerate(REFS)})
+    job = job_cache.python("pipe_ref", "pipe_train.py", *_ref_args(batch, *flags))
     return job.json("ref.json")["losses"]
 
 
-def _run(tmp_path, cfg, nproc, *flags):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "o"
-    launch(tmp_path, cfg, "pipe_train.py", ["--out", out, "--steps", STEPS, *flags],
-           nproc=nproc, timeout=240)
-    return results(out, nproc)
+def _ref_args(batch, *flags):
+    return ("--reference", "--out", "{dir}", "--batch", batch, "--steps", STEPS, *flags)
+
+
+REFS = [(8,), (6, "--tied", "--varying-seq", "--blocks", 3), (4,)]  # (batch, *flags) used here
+
+
+GPIPE_FLAGS = ("--tied", "--varying-seq", "--blocks", 3)
+PP2_TP2 = ("--pp", 2, "--tp", 2, "--vocab-parallel")
+JOBS = {  # name: (ranks, config, pipe_train.py flags)
+    "pp2_1f1b": (2, _cfg(2, 4), ("--pp", 2)),
+    "pp2_gpipe_tied_ckpt": (2, _cfg(2, 3, dslaunch={"pipe_schedule": "gpipe"}),
+                            ("--pp", 2, "--ckpt-interval", 1, "--partition", "uniform",
+                             *GPIPE_FLAGS)),
+    "pp2_dp2": (4, _cfg(2, 2), ("--pp", 2)),
+    # saves after step 2: test_checkpoint_per_stage_and_tp_rank_resume resumes it
+    "pp2_tp2_vocab": (4, _cfg(2, 2), (*PP2_TP2, "--save-dir", "{dir}/ck", "--save-at", 2)),
+}
+
+
+def _args(flags):
+    return ("--out", "{dir}/o", "--steps", STEPS, *flags)
+
+
+def _job(job_cache, name):
+    """The named job of JOBS, once per session; the first asked for starts every job with the
+    same number of ranks in one launch (JobCache.run_many)."""
+    nproc, cfg, flags = JOBS[name]
+    job_cache.run_many("pipe", "pipe_train.py", {
+        n: (_args(f), c) for n, (p, c, f) in JOBS.items() if p == nproc}, nproc=nproc,
+        timeout=240)
+    return job_cache.run(name, "pipe_train.py", *_args(flags), config=cfg, nproc=nproc,
+                         timeout=240)
+
+
+def _run(job_cache, name):
+    """Each rank's record of the named job."""
+    return _job(job_cache, name).results(sub="o")
 
 
 def _assert_equal_losses(ranks, ref):
@@ -40,11 +77,11 @@ def _assert_equal_losses(ranks, ref):
     assert len({tuple(r["losses"]) for r in ranks}) == 1  # the same loss on every stage
 
 
-def test_pipe2_1f1b_equals_single_process(job_cache, tmp_path):
+def test_pipe2_1f1b_equals_single_process(job_cache):
     """2 stages, 1F1B, 4 micro-batches of 2 == one process on batch 8. Stage 0 holds at most 2
     micro-batches of activations (P - s), the last stage 1; shapes travel once per direction."""
     ref = _reference(job_cache, 8)
-    ranks = _run(tmp_path, _cfg(2, 4), 2, "--pp", 2)
+    ranks = _run(job_cache, "pp2_1f1b")
     _assert_equal_losses(ranks, ref)
     s0, s1 = ranks
     assert (s0["stage"], s1["stage"]) == (0, 1)
@@ -61,16 +98,13 @@ def test_pipe2_1f1b_equals_single_process(job_cache, tmp_path):
     assert s0["eval_loss"] == s1["eval_loss"] and 4 < s0["eval_loss"] < 7
 
 
-def test_pipe2_gpipe_tied_checkpointing_varying_shapes(job_cache, tmp_path):
+def test_pipe2_gpipe_tied_checkpointing_varying_shapes(job_cache):
     """GPipe; the embedding tied to the output head across the two stages (gradients summed
     between the owners); activation checkpointing every layer; 3 micro-batches of 2; the sequence
     length changes from step to step (16, 12, 8), so new shapes are sent when they change;
     uniform partitioning of 6 layers."""
-    flags = ["--tied", "--varying-seq", "--blocks", 3]
-    ref = _reference(job_cache, 6, *flags)
-    cfg = _cfg(2, 3, dslaunch={"pipe_schedule": "gpipe"})
-    ranks = _run(tmp_path, cfg, 2, "--pp", 2, "--ckpt-interval", 1, "--partition", "uniform",
-                 *flags)
+    ref = _reference(job_cache, 6, *GPIPE_FLAGS)
+    ranks = _run(job_cache, "pp2_gpipe_tied_ckpt")
     _assert_equal_losses(ranks, ref)
     assert ranks[0]["schedule"] == "gpipe"
     assert ranks[0]["parts"] == [0, 3, 6]
@@ -84,22 +118,22 @@ def test_pipe2_gpipe_tied_checkpointing_varying_shapes(job_cache, tmp_path):
         assert r["p2p"]["transfers"] == r["p2p"]["messages"] + 1 + 2 * 2
 
 
-def test_pipe2_x_dp2_four_ranks(job_cache, tmp_path):
+def test_pipe2_x_dp2_four_ranks(job_cache):
     """pipe 2 x data 2: each data replica takes its rows, gradients averaged over the data
     group by the stage-0 strategy, loss averaged over it."""
     ref = _reference(job_cache, 8)
-    ranks = _run(tmp_path, _cfg(2, 2), 4, "--pp", 2)
+    ranks = _run(job_cache, "pp2_dp2")
     _assert_equal_losses(ranks, ref)
     assert [(r["stage"], r["dp_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in ranks:  # one all-reduce of the stage's gradients per step over its data group
         assert r["comm"]["all_reduce"]["calls"] == STEPS
 
 
-def test_pipe2_x_tp2_four_ranks_vocab_parallel(job_cache, tmp_path):
+def test_pipe2_x_tp2_four_ranks_vocab_parallel(job_cache):
     """pipe 2 x tensor parallel 2: Blocks split over the model group, the head's vocabulary
     split with the vocab-parallel cross-entropy on the last stage."""
     ref = _reference(job_cache, 4)
-    ranks = _run(tmp_path, _cfg(2, 2), 4, "--pp", 2, "--tp", 2, "--vocab-parallel")
+    ranks = _run(job_cache, "pp2_tp2_vocab")
     _assert_equal_losses(ranks, ref)
     assert [(r["stage"], r["tp_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
@@ -111,19 +145,21 @@ def test_world_that_does_not_factor_is_a_clear_error(tmp_path):
     assert "world size 2 does not factor into pipeline stages 3" in proc.stdout + proc.stderr
 
 
-def test_checkpoint_per_stage_and_tp_rank_resume(tmp_path):
-    """pipe 2 x TP 2: save after step 2 (one weights file per (stage, TP rank) + metadata),
-    resume in a fresh job: step 3's loss is bit-identical to the uninterrupted run's."""
-    cfg, ck = _cfg(2, 2), tmp_path / "ck"
-    flags = ["--pp", 2, "--tp", 2, "--vocab-parallel"]
-    full = _run(tmp_path / "a", cfg, 4, *flags, "--save-dir", ck, "--save-at", 2)
+def test_checkpoint_per_stage_and_tp_rank_resume(job_cache):
+    """pipe 2 x TP 2 (the job of test_pipe2_x_tp2_four_ranks_vocab_parallel): save after step 2
+    (one weights file per (stage, TP rank) + metadata), resume in a fresh job: step 3's loss is
+    bit-identical to the uninterrupted run's."""
+    full_job = _job(job_cache, "pp2_tp2_vocab")
+    full, ck = full_job.results(sub="o"), full_job.dir / "ck"
     meta = json.loads((ck / "global_step2" / "metadata.json").read_text())
     assert (meta["pipe"], meta["tp"], meta["dp"]) == (2, 2, 1)
     for s in range(2):
         for t in range(2):
             assert (ck / "global_step2" / f"layer_stage{s:02d}_tp{t:02d}_model_states.pt").is_file()
     assert (ck / "latest").read_text() == "global_step2"
-    resumed = _run(tmp_path / "b", cfg, 4, *flags, "--load-dir", ck)
+    resumed = job_cache.run("pp2_tp2_vocab_resumed", "pipe_train.py",
+                            *_args((*PP2_TP2, "--load-dir", ck)), config=_cfg(2, 2), nproc=4,
+                            timeout=240).results(sub="o")
     for a, b in zip(full, resumed):
         assert b["start"] == 2 and b["client_state"] == {"step": 2}
         assert b["losses"] == a["losses"][2:]

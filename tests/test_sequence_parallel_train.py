@@ -3,7 +3,8 @@ trains to the losses of a plain single-process run (fp32, within 1e-5 relative o
 SP 2 (ZeRO 2, 2 ranks), SP 4 (ZeRO 3) and SP 2 x DP 2 (ZeRO 3); the checkpoint written at SP 2
 resumes at SP 1 on the reference's losses. Plus the grid arithmetic and the config, in process.
 
-Launches: 4 ranks x 2, 2 ranks x 1, single process x 2."""
+Launches: the two 4-rank runs in one (JobCache.run_many: one after the other in the same ranks),
+2 ranks x 1, single process x 2."""
 
 import json
 
@@ -11,7 +12,7 @@ import pytest
 
 from dslaunch.config import resolve_config
 from dslaunch.engine.topology import TopologyError, make_topology
-from helpers import EXAMPLES, ROOT, launch, run_python
+from helpers import EXAMPLES, ROOT, run_python
 
 MODEL = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "32",
          "--data-bytes", "200000", "--log-every", "10"]
@@ -33,18 +34,24 @@ def _config(tmp, name, sp, stage):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, job_cache):
     tmp = tmp_path_factory.mktemp("sp_train")
     out = {}
     ref_cfg = _config(tmp, "ref", 1, 2)
     run_python(EXAMPLES / "train_gpt.py", [*MODEL, "--steps", STEPS + 10, "--deepspeed_config",
                                            ref_cfg, "--losses-out", tmp / "ref.out"])
     out["ref"] = json.loads((tmp / "ref.out").read_text())
-    for name, (nproc, sp, stage) in RUNS.items():
+    args = {}
+    for name, (_, sp, stage) in RUNS.items():
         extra = ["--checkpoint-dir", tmp / "ck"] if name == "sp2_zero2" else []
-        launch(tmp, None, EXAMPLES / "train_gpt.py",
-               [*MODEL, "--steps", STEPS, "--sp", sp, "--losses-out", tmp / f"{name}.out",
-                "--config", _config(tmp, name, sp, stage), *extra], nproc=nproc, timeout=240)
+        args[name] = [*MODEL, "--steps", STEPS, "--sp", sp, "--losses-out", tmp / f"{name}.out",
+                      "--config", _config(tmp, name, sp, stage), *extra]
+    # the two 4-rank runs one after the other in the same ranks (one launch)
+    job_cache.run_many("sp_train", EXAMPLES / "train_gpt.py", {
+        name: (args[name], None) for name, (nproc, _, _) in RUNS.items() if nproc == 4},
+        nproc=4, timeout=240)
+    for name, (nproc, _, _) in RUNS.items():
+        job_cache.run(name, EXAMPLES / "train_gpt.py", *args[name], nproc=nproc, timeout=240)
         out[name] = json.loads((tmp / f"{name}.out").read_text())
     # the SP 2 checkpoint (step 20) resumed by a plain single-process run
     run_python(EXAMPLES / "train_gpt.py", [*MODEL, "--steps", STEPS + 10, "--deepspeed_config",

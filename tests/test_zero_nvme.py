@@ -24,6 +24,8 @@ SCRIPT = "nvme_train.py"
 STEPS = 6
 SAVE_AT = 3
 pytestmark = pytest.mark.slow
+# Launches: the jobs of FIRST in one `dslaunch run` (JobCache.run_many), the four resumes in a
+# second, the failure / stop / kill / RSS / optimizer jobs each their own.
 KEY = "zero_optimization.offload_optimizer.nvme_path"
 
 
@@ -75,20 +77,28 @@ def _swap_root(work, name):
     return d
 
 
-def _run(job_cache, work, name, stage, device, *, resume_from=None, **kw):
-    """The job ``name``, run once per session: ``.json()`` its results (losses by int step),
-    ``.dir / "ck"`` its checkpoint (saved at SAVE_AT, unless it resumes from the Job
-    ``resume_from``'s)."""
+def _spec(work, name, stage, device, *, resume_from=None, **kw):
+    """The arguments and config of the job ``name`` (see ``_run``)."""
     swap = _swap_root(work, name) if device == "nvme" or kw.get("param") else None
     if kw.get("param", {}).get("device") == "nvme":
         kw["param"] = dict(kw["param"], nvme_path=str(swap))
-    args = ["--steps", str(STEPS)]
+    args = ["--out", "{dir}/out.json", "--steps", str(STEPS)]
     if resume_from:
         args += ["--load", str(resume_from.dir / "ck")]
     else:
         args += ["--save", "{dir}/ck", "--save-at", str(SAVE_AT)]
-    return job_cache.run(name, SCRIPT, "--out", "{dir}/out.json", *args,
-                         config=_config(stage, device, swap, **kw), timeout=300)
+    return args, _config(stage, device, swap, **kw)
+
+
+def _run(job_cache, work, name, stage, device, *, resume_from=None, **kw):
+    """The job ``name``, run once per session: ``.json()`` its results (losses by int step),
+    ``.dir / "ck"`` its checkpoint (saved at SAVE_AT, unless it resumes from the Job
+    ``resume_from``'s). The first one asked for starts every job of FIRST in one launch."""
+    if resume_from is None:
+        job_cache.run_many("nvme", SCRIPT, {
+            n: _spec(work, n, *spec[:2], **spec[2]) for n, spec in FIRST.items()}, timeout=300)
+    args, config = _spec(work, name, stage, device, resume_from=resume_from, **kw)
+    return job_cache.run(name, SCRIPT, *args, config=config, timeout=300)
 
 
 def _max_rel(ref, other):
@@ -99,6 +109,23 @@ def _max_rel(ref, other):
 # stage 2 runs with one swap buffer (no overlap: write, then read) and the resumed run with two
 # (the prefetch waits for the write-back into the same buffer); the others with the default four
 BUFFERS = {2: 1, 3: 4}
+
+# -- offload_param: {device: nvme} (stage 3's parameter shards in files) ----------------------------
+
+PARAM_NVME = {"device": "nvme", "max_in_cpu": 0, "buffer_count": 3}  # every shard on the drive
+PARAM_PART = {"device": "nvme", "max_in_cpu": 4000, "buffer_count": 2}  # some kept in CPU memory
+PARAM_RUNS = {  # name: (optimizer offload, offload_param, bf16)
+    "pcpu3": ("cpu", {"device": "cpu"}, False),
+    "pnvme3": ("nvme", PARAM_NVME, False),
+    "pcpu3_bf16": ("cpu", {"device": "cpu"}, True),
+    "pnvme3_bf16": ("cpu", PARAM_PART, True),
+}
+# the jobs that start from scratch: name -> (stage, optimizer offload device, _config options),
+# all in one 2-rank launch (JobCache.run_many: one after the other in the same ranks)
+FIRST = {"cpu3": (3, "cpu", {}), "nvme3": (3, "nvme", {"buffer_count": BUFFERS[3]}),
+         "cpu2": (2, "cpu", {}), "nvme2": (2, "nvme", {"buffer_count": BUFFERS[2]}),
+         **{name: (3, opt, {"param": param, "bf16": bf16})
+            for name, (opt, param, bf16) in PARAM_RUNS.items()}}
 
 
 @pytest.mark.parametrize("stage", [3, 2])
@@ -181,6 +208,7 @@ def test_resume_is_exact_and_checkpoints_are_portable(job_cache, work):
     nvme_job = _run(job_cache, work, "nvme3", 3, "nvme")
     cpu_job = _run(job_cache, work, "cpu3", 3, "cpu")
     nvme, cpu = nvme_job.json(), cpu_job.json()
+    _resumes(job_cache, work)
     later = {k: v for k, v in nvme["losses"].items() if k >= SAVE_AT}
     for name, device, source in (("resume_nvme", "nvme", nvme_job),
                                  ("cpu_from_nvme", "cpu", nvme_job),
@@ -191,6 +219,20 @@ def test_resume_is_exact_and_checkpoints_are_portable(job_cache, work):
         assert sorted(res["losses"]) == list(range(SAVE_AT, STEPS)), name
         assert res["losses"] == later, name
     assert cpu["losses"] == nvme["losses"]
+
+
+def _resumes(job_cache, work):
+    """The four jobs that resume from a FIRST job's checkpoint, in one 2-rank launch."""
+    nvme3, cpu3, pnvme3 = (_run(job_cache, work, n, *FIRST[n][:2], **FIRST[n][2])
+                           for n in ("nvme3", "cpu3", "pnvme3"))
+    job_cache.run_many("nvme_resume", SCRIPT, {
+        "resume_nvme": _spec(work, "resume_nvme", 3, "nvme", resume_from=nvme3, buffer_count=2),
+        "cpu_from_nvme": _spec(work, "cpu_from_nvme", 3, "cpu", resume_from=nvme3,
+                               buffer_count=2),
+        "nvme_from_cpu": _spec(work, "nvme_from_cpu", 3, "nvme", resume_from=cpu3,
+                               buffer_count=2),
+        "resume_pnvme3": _spec(work, "resume_pnvme3", 3, "nvme", resume_from=pnvme3,
+                               param=PARAM_NVME, bf16=False)}, timeout=300)
 
 
 def test_swap_files_removed_when_the_job_fails(work):
@@ -327,18 +369,6 @@ def test_peak_rss_lower_than_cpu_offload(work):
         assert rc["peak_rss"] - rn["peak_rss"] >= moved / 2, (rc["peak_rss"], rn["peak_rss"], moved)
 
 
-# -- offload_param: {device: nvme} (stage 3's parameter shards in files) ----------------------------
-
-PARAM_NVME = {"device": "nvme", "max_in_cpu": 0, "buffer_count": 3}  # every shard on the drive
-PARAM_PART = {"device": "nvme", "max_in_cpu": 4000, "buffer_count": 2}  # some kept in CPU memory
-PARAM_RUNS = {  # name: (optimizer offload, offload_param, bf16)
-    "pcpu3": ("cpu", {"device": "cpu"}, False),
-    "pnvme3": ("nvme", PARAM_NVME, False),
-    "pcpu3_bf16": ("cpu", {"device": "cpu"}, True),
-    "pnvme3_bf16": ("cpu", PARAM_PART, True),
-}
-
-
 def _param_run(job_cache, work, name, resume_from=None):
     opt, param, bf16 = PARAM_RUNS[name.replace("resume_", "")]
     return _run(job_cache, work, name, 3, opt, param=param, bf16=bf16, resume_from=resume_from)
@@ -382,6 +412,7 @@ def test_param_shards_live_in_files_not_in_memory(job_cache, work):
 def test_param_nvme_resume_is_exact(job_cache, work):
     source = _param_run(job_cache, work, "pnvme3")
     nvme = source.json()
+    _resumes(job_cache, work)
     res = _param_run(job_cache, work, "resume_pnvme3", resume_from=source).json()
     assert res["losses"] == {k: v for k, v in nvme["losses"].items() if k >= SAVE_AT}
 

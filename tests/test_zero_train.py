@@ -2,6 +2,10 @@
 `dslaunch run`, the tiny GPT of examples/gpt.py on TextBatches, compared with stage 0 (plain data
 parallel, 2 ranks) on the same global batches.
 
+Launches: the 2-rank runs of RUNS in one `dslaunch run` (JobCache.run_many: one after the other
+in the same ranks), the 4-rank runs in another, the four resumes in a third; the reshape, the
+refused checkpoint and the resharding runs each their own.
+
 Tolerances: fp32 <= 1e-5 relative per step over 20 steps (the issue's bound; observed ~1e-7).
 bf16 <= 2e-3 relative: stage 0 accumulates micro-step gradients in fp32 and all-reduces them in
 fp32, stages 1-2 keep (and reduce) gradients in bf16, as the ZeRO paper's 2-byte gradients imply;
@@ -82,16 +86,32 @@ RUNS = {  # name: (ranks, config, extra args)
 }
 
 
-def run(job_cache, name):
-    """The named run's results (a fresh dict)."""
+def batch(job_cache, runs: dict, nproc: int):
+    """``runs`` ({name: (config, extra args)}) as the jobs ``job()`` starts, all in one launch of
+    ``nproc`` ranks (JobCache.run_many: torch imported once per rank for all of them)."""
+    job_cache.run_many("zero_train", SCRIPT, {
+        name: (("--steps", STEPS, "--out", "{dir}/out.json", *args), cfg)
+        for name, (cfg, args) in runs.items()}, nproc=nproc, timeout=180)
+
+
+def _job(job_cache, name):
     nproc, cfg, args = RUNS[name]
-    return job(job_cache, name, nproc, cfg, *args).json()
+    batch(job_cache, {n: (c, a) for n, (p, c, a) in RUNS.items() if p == nproc}, nproc)
+    return job(job_cache, name, nproc, cfg, *args)
+
+
+def run(job_cache, name):
+    """The named run's results (a fresh dict); the first asked for starts every run of RUNS with
+    the same number of ranks, in one launch."""
+    return _job(job_cache, name).json()
 
 
 def ckpt(job_cache, name):
     """The checkpoint directory the named run saved (at step 10)."""
-    nproc, cfg, args = RUNS[name]
-    return job(job_cache, name, nproc, cfg, *args).dir / "ck"
+    return _job(job_cache, name).dir / "ck"
+
+
+RESUMED = ["s1", "s2", "s3", "s2_off"]
 
 
 @pytest.mark.parametrize("name", ["s1", "s2", "s1_off", "s2_off", "s2_4ranks", "s3", "s3_off",
@@ -154,9 +174,11 @@ def test_stage2_moves_gradients_by_reduce_scatter(job_cache):
     assert ag["path"] == "pairwise" and ag["sent_bytes"] == ag["bytes"]
 
 
-@pytest.mark.parametrize("name", ["s1", "s2", "s3", "s2_off"])
+@pytest.mark.parametrize("name", RESUMED)
 def test_resume_is_bit_identical(job_cache, name):
     full = run(job_cache, name)["losses"]
+    batch(job_cache, {f"resume_{n}": (RUNS[n][1], ("--load", ckpt(job_cache, n))) for n in RESUMED},
+          2)  # the four resumes in one launch
     res = job(job_cache, f"resume_{name}", 2, RUNS[name][1], "--load", ckpt(job_cache, name)).json()
     assert sorted(res["losses"]) == list(range(10, STEPS))
     assert all(res["losses"][k] == full[k] for k in res["losses"])
