@@ -97,13 +97,16 @@ def test_bf16_close_to_plain_zero3(out):
 
 def test_comm_stats_split_intra_and_inter_host(out):
     """hpZ: only the first forward gather of a step crosses hosts (the 2nd micro-step's forward
-    and both backwards read the secondary shards on the host); MiCS with shard groups = hosts:
+    and both backwards read the secondary shards on the host), under a third of plain's; MiCS with shard groups = hosts:
     parameter gathers never cross, the gradients' replica all-reduce does."""
     plain, hpz, mics = out["plain"], out["hpz"], out["mics"]
     assert _links(plain, "all_gather", "intra_host") == 0  # the world spans both hosts
     across_plain = _links(plain, "all_gather", "inter_host")
     assert across_plain == plain["comm"]["all_gather"]["sent_bytes"] > 0
-    assert _links(hpz, "all_gather", "inter_host") * 4 == across_plain
+    # hpZ: one forward's gathers cross hosts; plain: both micro-steps' forwards and backwards,
+    # less the last units of each forward, which stay gathered into backward (prefetch window)
+    across_hpz = _links(hpz, "all_gather", "inter_host")
+    assert 3 * across_hpz < across_plain < 4 * across_hpz
     assert _links(hpz, "all_gather", "intra_host") > 0
     assert _links(hpz, "reduce_scatter", "inter_host") == _links(plain, "reduce_scatter",
                                                                  "inter_host")

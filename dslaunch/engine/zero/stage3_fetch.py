@@ -14,9 +14,10 @@ the unit's gradients are reduced). The first training forward records the order 
 later passes prefetch the next units along that order asynchronously
 (``stage3_prefetch_bucket_size`` elements in flight at most), keep a unit gathered past its
 forward when its next use (in backward) comes within ``stage3_max_reuse_distance`` elements of
-other units, and neither prefetch nor keep beyond ``stage3_max_live_parameters`` gathered
-elements (a unit a module needs right now is always gathered). Past the prefetched units, a store
-whose shards take time to read (NVMe) is told the next units (``read_ahead``).
+other units or within the prefetch window (it would be gathered again at once), and neither
+prefetch nor keep beyond ``stage3_max_live_parameters`` gathered elements (a unit a module needs
+right now is always gathered). Past the prefetched units, a store whose shards take time to read
+(NVMe) is told the next units (``read_ahead``).
 """
 
 from __future__ import annotations
@@ -284,8 +285,14 @@ class FetchCoordinator:
 
     def post_forward(self, m, backward_follows: bool):
         i = self.stack.pop() if self.stack else None
-        keep = (backward_follows and self.on_trace and i is not None and i < len(self.after)
-                and 2 * self.after[i] < self.zero.stage3_max_reuse_distance)
+        # Elements gathered between this forward use and the backward one. Within the reuse
+        # distance, or within the prefetch window (the prefetcher would gather it again at once:
+        # the last units of forward are the first of backward), it stays gathered, as DeepSpeed
+        # keeps a parameter whose next use its prefetcher has already reached.
+        reuse = 2 * self.after[i] if i is not None and i < len(self.after) else None
+        keep = (backward_follows and self.on_trace and reuse is not None
+                and reuse < max(self.zero.stage3_max_reuse_distance,
+                                self.zero.stage3_prefetch_bucket_size))
         for k in self.plan.fetch[m]:
             self.active[k] -= 1
             if self.active[k] > 0:
