@@ -49,7 +49,9 @@ def test_hpz_and_mics_across_two_hosts(cluster, jobdir):
         assert max(abs(a - b) / abs(a) for a, b in zip(ref, out[name]["losses"])) <= 1e-5, name
     plain, hpz, mics = out["plain"], out["hpz"], out["mics"]
     assert _across(plain, "all_gather") == plain["comm"]["all_gather"]["sent_bytes"] > 0
-    assert _across(hpz, "all_gather") * 4 == _across(plain, "all_gather")
+    # hpZ: one forward's gathers cross; plain: both micro-steps' forwards and backwards, less the
+    # last units of each forward, kept gathered into backward (tests/test_zero_hier.py)
+    assert 3 * _across(hpz, "all_gather") < _across(plain, "all_gather") < 4 * _across(hpz, "all_gather")
     assert hpz["comm"]["all_gather"]["links"]["intra_host"]["sent_bytes"] > 0
     assert _across(mics, "all_gather") == 0 and _across(mics, "all_reduce") > 0
     cluster.assert_clean(jobdir)
