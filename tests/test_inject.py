@@ -120,6 +120,20 @@ def _reader(proc) -> queue.Queue:
     return q
 
 
+def _drain(q: queue.Queue, seen: list, timeout: float = 30) -> None:
+    """The rest of the output, once the launcher has ended (a rank's lines can come after the
+    line a test waited for: under load, rank 0's step line after rank 1's stack dump)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is None:
+            return
+        seen.append(line)
+
+
 def _wait_for(q: queue.Queue, pattern: str, seen: list, timeout: float = 90) -> re.Match:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -146,6 +160,10 @@ def test_hang_blocks_the_rank_in_injected_hang(tmp_path):
                              "hang:rank=1,step=2", str(SCRIPT), "--steps", "50"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     seen: list = []
+    errs: list = []
+    # stdout is read by _reader's thread only (communicate() beside it would take some lines)
+    err_reader = threading.Thread(target=lambda: errs.extend(proc.stderr), daemon=True)
+    err_reader.start()
     try:
         q = _reader(proc)
         m = _wait_for(q, r"\[rank 1\] dslaunch inject: hang:rank=1,step=2: rank 1 \(pid (\d+)\) "
@@ -153,12 +171,15 @@ def test_hang_blocks_the_rank_in_injected_hang(tmp_path):
         os.kill(int(m.group(1)), signal.SIGUSR1)
         _wait_for(q, r"\[rank 1\] +File .*fault_injection\.py\", line \d+ in _injected_hang", seen)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    err_reader.join(timeout=30)
+    err = "".join(errs)
     assert proc.returncode == 143, err
+    _drain(q, seen)
     out = "".join(seen)
     assert "[rank 0] STEP 0 2 " in out and "STEP 0 3 " not in out  # rank 0 waits for rank 1
     assert "[rank 1] STEP 1 2 " not in out  # stuck inside engine.step() of step 2
