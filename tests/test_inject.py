@@ -120,29 +120,32 @@ def _reader(proc) -> queue.Queue:
     return q
 
 
+def _lines(q: queue.Queue, seen: list, timeout: float):
+    """The launcher's stdout lines as they come (each also kept in ``seen``), until ``timeout``;
+    None once it has ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is not None:
+            seen.append(line)
+        yield line
+        if line is None:
+            return
+
+
 def _drain(q: queue.Queue, seen: list, timeout: float = 30) -> None:
     """The rest of the output, once the launcher has ended (a rank's lines can come after the
     line a test waited for: under load, rank 0's step line after rank 1's stack dump)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = q.get(timeout=1)
-        except queue.Empty:
-            continue
-        if line is None:
-            return
-        seen.append(line)
+    for _ in _lines(q, seen, timeout):
+        pass
 
 
 def _wait_for(q: queue.Queue, pattern: str, seen: list, timeout: float = 90) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = q.get(timeout=1)
-        except queue.Empty:
-            continue
+    for line in _lines(q, seen, timeout):
         assert line is not None, "launcher ended early:\n" + "".join(seen[-40:])
-        seen.append(line)
         m = re.search(pattern, line)
         if m:
             return m
