@@ -36,8 +36,10 @@ def _age() -> float:
 _T0 = time.monotonic() - _age()
 
 
-def _injected_hang(rank: int, step: int) -> None:
-    """Blocks forever outside any collective: the name is what a stack dump shows."""
+def _injected_hang(announce: str) -> None:
+    """Blocks forever outside any collective: the name is what a stack dump shows. The
+    announcement is written from inside, so whoever reads it and dumps the stack finds this frame."""
+    _say(announce)
     while True:
         time.sleep(3600)
 
@@ -88,8 +90,7 @@ class RankFaults:
             _say(f"{spec}: rank {self.rank} (pid {os.getpid()}) kills itself (SIGKILL) at step {step}")
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "hang":
-            _say(f"{spec}: rank {self.rank} (pid {os.getpid()}) hangs in _injected_hang at step {step}")
-            _injected_hang(self.rank, step)
+            _injected_hang(f"{spec}: rank {self.rank} (pid {os.getpid()}) hangs in _injected_hang at step {step}")
         else:
             self.slow = float(fault["seconds"])
             _say(f"{spec}: rank {self.rank} sleeps {self.slow:g} s at every step from step {step}")
