@@ -285,14 +285,17 @@ class FetchCoordinator:
 
     def post_forward(self, m, backward_follows: bool):
         i = self.stack.pop() if self.stack else None
-        # Elements gathered between this forward use and the backward one. Within the reuse
-        # distance, or within the prefetch window (the prefetcher would gather it again at once:
-        # the last units of forward are the first of backward), it stays gathered, as DeepSpeed
-        # keeps a parameter whose next use its prefetcher has already reached.
-        reuse = 2 * self.after[i] if i is not None and i < len(self.after) else None
-        keep = (backward_follows and self.on_trace and reuse is not None
-                and reuse < max(self.zero.stage3_max_reuse_distance,
-                                self.zero.stage3_prefetch_bucket_size))
+        # Elements gathered between this forward use and the backward one: the units after it in
+        # forward, and again in backward. Within the reuse distance it stays gathered. It stays
+        # too when the units still to be fetched before its backward use fit the prefetch window,
+        # as DeepSpeed keeps a parameter whose next use its prefetcher has already reached: the
+        # prefetcher skips gathered units, and those after this one in forward are kept by the
+        # same rule, so only forward's later units count (the last units of forward are the
+        # first of backward).
+        later = self.after[i] if i is not None and i < len(self.after) else None
+        keep = (backward_follows and self.on_trace and later is not None
+                and (2 * later < self.zero.stage3_max_reuse_distance
+                     or later < self.zero.stage3_prefetch_bucket_size))
         for k in self.plan.fetch[m]:
             self.active[k] -= 1
             if self.active[k] > 0:
