@@ -100,9 +100,12 @@ def test_comm_stats_split_intra_and_inter_host(out):
     and both backwards read the secondary shards on the host), under a third of plain's; MiCS with shard groups = hosts:
     parameter gathers never cross, the gradients' replica all-reduce does."""
     plain, hpz, mics = out["plain"], out["hpz"], out["mics"]
-    assert _links(plain, "all_gather", "intra_host") == 0  # the world spans both hosts
+    # the world spans both hosts, and its gathers take the hierarchical path (engine/comm_hier.py):
+    # of the 3 pieces each rank sends, 1 crosses hosts
     across_plain = _links(plain, "all_gather", "inter_host")
-    assert across_plain == plain["comm"]["all_gather"]["sent_bytes"] > 0
+    assert plain["comm"]["all_gather"]["path"] == "hierarchical"
+    assert 3 * across_plain == plain["comm"]["all_gather"]["sent_bytes"] > 0
+    assert _links(plain, "all_gather", "intra_host") == 2 * across_plain
     # hpZ: one forward's gathers cross hosts; plain: both micro-steps' forwards and backwards,
     # less the last units of each forward, which stay gathered into backward (prefetch window)
     across_hpz = _links(hpz, "all_gather", "inter_host")

@@ -26,20 +26,26 @@ object/barrier collectives.
 ``link`` (set once the hosts are known, ``host_groups.py``): ``"intra_host"`` for a group on one
 host, ``"inter_host"`` for one that crosses hosts; each record then also counts its calls, bytes
 and sent_bytes under ``links[link]``, so the stats say how much went over groups that cross hosts.
+On the hierarchical path (below) a call's sent_bytes are split between the two by where its
+pieces went: (H - 1) of every N - 1 cross hosts.
 
 On gloo, ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` need not run as gloo's own
 collectives, which move each byte several times slower than its all_reduce over TCP
-(``benchmarks/bench_collectives.py``). Two other paths compute the same result:
+(``benchmarks/bench_collectives.py``). Other paths compute the same result:
 
 - ``pairwise`` (``comm_pairwise.py``): every rank exchanges its pieces with every other rank by
   isend/irecv, all posted at once; the same bytes as the ring algorithms;
+- ``hierarchical`` (``comm_hier.py``): the pairwise exchange over a group that spans hosts with
+  several ranks on each (``hosts``, set with ``link``): each piece crosses to each other host
+  once and is passed on over that host's loopback; the same bytes per rank, fewer across hosts;
 - ``all_reduce``: the reduce-scatter all-reduces the input bucket and copies this rank's chunk
   out; the all-gather zero-fills the output except this rank's chunk and all-reduces it (exact:
   ``x + 0 == x`` for every finite value, inf and NaN; only a ``-0.0`` comes back as ``+0.0``).
   Twice the bytes of the pairwise path, kept as the measured baseline.
 
 ``DSLAUNCH_GLOO_COLLECTIVES`` chooses: ``native``, ``pairwise``, ``allreduce`` or ``auto``
-(default: the measured fastest per collective, ``GLOO_AUTO``). NCCL (and any other backend)
+(default: the measured fastest per collective, ``GLOO_AUTO``; ``pairwise`` goes hierarchical
+where the group knows its hosts). NCCL (and any other backend)
 always runs the native collectives. A call is booked under its own name (``reduce_scatter`` /
 ``all_gather``) with its ``path``; on the all_reduce path ``sent_bytes`` is that of the all_reduce
 it ran (``2(N-1)/N x`` the whole buffer).
@@ -58,8 +64,9 @@ import torch
 import torch.distributed as dist
 
 from dslaunch import progress_record
-from dslaunch.engine import comm_pairwise
+from dslaunch.engine import comm_hier, comm_pairwise
 from dslaunch.engine.comms_logger import COMMS_LOGGER
+from dslaunch.engine.host_groups import INTER, INTRA
 
 # torch 2.13 renamed the flat collectives (the old names warn, FutureWarning); older torch has only
 # the old names. Same signatures.
@@ -283,6 +290,15 @@ class Comm:
         # "intra_host" / "inter_host" once the hosts are known (engine/host_groups.py): each
         # record then splits its counts under "links" by that kind of group
         self.link = None
+        # the group's ranks by host (comm_hier.HostLayout), set with ``link`` where the group
+        # spans hosts with several ranks on each: the pairwise path then goes hierarchical
+        self.hosts = None
+        self._relay = None
+
+    def _relayer(self):
+        if self._relay is None:
+            self._relay = comm_hier.Relay()
+        return self._relay
 
     def paths_for(self, tensor) -> dict:
         """The collective paths for a tensor on its device (gloo's choices for a CPU tensor)."""
@@ -291,8 +307,8 @@ class Comm:
     # -- accounting ---------------------------------------------------------------------------
     def _book(self, name: str, nbytes: int, path: str | None = None,
               sent_nbytes: int | None = None) -> dict:
-        """``path`` (for collectives that may be emulated): "native", "pairwise" or
-        "all_reduce"; for the last, ``sent_nbytes`` is the payload of the all_reduce that ran."""
+        """``path`` (for collectives that may be emulated): "native", "pairwise", "hierarchical"
+        or "all_reduce"; for the last, ``sent_nbytes`` is the payload of the all_reduce that ran."""
         rec = self._stats[name]
         if path is None:
             sent = sent_bytes(name, int(nbytes), self.world_size)
@@ -301,15 +317,26 @@ class Comm:
             payload = nbytes if sent_nbytes is None else sent_nbytes
             sent = sent_bytes(algo, int(payload), self.world_size)
             rec["path"] = path if rec.get("path", path) == path else "mixed"
-        books = [rec]
+        rec["calls"] += 1
+        rec["bytes"] += int(nbytes)
+        rec["sent_bytes"] += sent
         if self.link is not None:
-            books.append(rec.setdefault("links", {}).setdefault(
-                self.link, {"calls": 0, "bytes": 0, "sent_bytes": 0}))
-        for book in books:
-            book["calls"] += 1
-            book["bytes"] += int(nbytes)
-            book["sent_bytes"] += sent
+            links = rec.setdefault("links", {})
+            for link, part in self._split_by_link(sent, path).items():
+                book = links.setdefault(link, {"calls": 0, "bytes": 0, "sent_bytes": 0})
+                book["calls"] += 1
+                book["bytes"] += int(nbytes)
+                book["sent_bytes"] += part
         return rec
+
+    def _split_by_link(self, sent: int, path: str | None) -> dict:
+        """{link: bytes of ``sent`` that went over it}: all of it over the group's link, except on
+        the hierarchical path, where (H - 1) of every N - 1 pieces cross hosts (comm_hier.py)."""
+        if path != "hierarchical" or self.hosts is None:
+            return {self.link: sent}
+        n_hosts = len(self.hosts.hosts)
+        across = sent * (n_hosts - 1) // (self.world_size - 1)
+        return {INTER: across, INTRA: sent - across}
 
     def _run(self, name, nbytes, fn, async_op, path=None, sent_nbytes=None, then=None):
         rec = self._book(name, nbytes, path, sent_nbytes)
@@ -390,6 +417,11 @@ class Comm:
         if output.numel() != c * self.world_size or not output.is_contiguous():
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
                              f"expected {self.world_size} x {c} contiguous")
+        if path == "pairwise" and self.hosts is not None:
+            return self._run("all_gather", self._nbytes(input),
+                             lambda a: comm_hier.all_gather(output, input, self.group,
+                                                            self.hosts, self._relayer(), a),
+                             async_op, path="hierarchical")
         if path == "pairwise":
             return self._run("all_gather", self._nbytes(input),
                              lambda a: comm_pairwise.all_gather(output, input, self.group,
@@ -421,6 +453,11 @@ class Comm:
         if input.numel() != c * self.world_size:
             raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements, "
                              f"expected {self.world_size} x {c}")
+        if path == "pairwise" and op == dist.ReduceOp.SUM and self.hosts is not None:
+            return self._run("reduce_scatter", self._nbytes(input),
+                             lambda a: comm_hier.reduce_scatter(output, input, self.group,
+                                                                self.hosts, self._relayer(), a),
+                             async_op, path="hierarchical")
         if path == "pairwise" and op == dist.ReduceOp.SUM:  # other ops: the all_reduce path
             return self._run("reduce_scatter", self._nbytes(input),
                              lambda a: comm_pairwise.reduce_scatter(output, input, self.group,

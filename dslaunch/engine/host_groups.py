@@ -24,7 +24,8 @@ process group made once and cached; its ``link`` says whether the group stays on
   every such block (MiCS's replicate group);
 - ``host_layout()``: the same as raw process groups (``intra``, ``inter``, sizes and indices),
   for code that calls torch.distributed itself (qgZ's hierarchical reduce);
-- ``label(comm)``: set ``comm.link`` from the topology (the engine's world comm);
+- ``label(comm)``: set ``comm.link`` (and ``comm.hosts``, the group's ranks by host, where it
+  spans hosts with several ranks on each) from the topology (the engine's world comm);
 - ``comm_of(groups, what)``: the comm of this rank among ``groups`` (a partition of the world
   into rank lists, made on every rank).
 
@@ -146,8 +147,22 @@ def comm_of(all_groups: list, what: str):
                 _GROUPS[key] = (group, topo.link(ranks))
     group, link = _GROUPS[key]
     comm = Comm(group)
-    comm.link = link
+    _place(comm, sorted(next(g for g in all_groups if topo.rank in g)), topo)
     return comm
+
+
+def _place(comm, ranks, topo: HostTopology) -> None:
+    """Tell ``comm`` (over the global ``ranks``, in group order) its link and, where it spans
+    hosts with several ranks on each, its ranks by host (its gathers and reduce-scatters then
+    cross hosts once per piece: comm_hier.py)."""
+    from dslaunch.engine.comm_hier import HostLayout
+
+    comm.link = topo.link(ranks)
+    by_host: dict = {}
+    for i, r in enumerate(ranks):
+        by_host.setdefault(topo.host_of[r], []).append(i)
+    hosts = [by_host[h] for h in sorted(by_host)]
+    comm.hosts = HostLayout(hosts, comm.rank) if HostLayout.usable(hosts) else None
 
 
 def blocks(world: int, size: int) -> list:
@@ -201,9 +216,9 @@ def host_layout() -> HostLayout:
 
 
 def label(comm) -> None:
-    """Set ``comm.link`` (the world comm, or any other) from the topology."""
+    """Set ``comm.link`` and ``comm.hosts`` (the world comm, or any other) from the topology."""
     if not dist.is_initialized():
         return
     ranks = list(range(dist.get_world_size())) if comm.group in (None, dist.group.WORLD) \
         else dist.get_process_group_ranks(comm.group)
-    comm.link = topology().link(ranks)
+    _place(comm, ranks, topology())

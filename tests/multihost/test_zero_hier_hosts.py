@@ -2,8 +2,8 @@
 no DSLAUNCH_FAKE_HOSTS): plain ZeRO-3, hpZ (zero_hpz_partition_size 2 = the ranks per host) and
 MiCS with a shard group per host, trained one after the other in one job
 (tests/scripts/zero_hier_train.py). hpZ and MiCS give plain ZeRO-3's losses (fp32, <= 1e-5
-relative), and the comm stats show hpZ's parameter gathers crossing hosts 4x less (1 of the 4
-gathers of a step of 2 micro-steps) and MiCS's never."""
+relative), and the comm stats show hpZ's parameter gathers crossing hosts 3-4x less (1 of the 4
+gathers of a step of 2 micro-steps, less what plain keeps gathered) and MiCS's never."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_hpz_and_mics_across_two_hosts(cluster, jobdir):
     for name in ("hpz", "mics"):
         assert max(abs(a - b) / abs(a) for a, b in zip(ref, out[name]["losses"])) <= 1e-5, name
     plain, hpz, mics = out["plain"], out["hpz"], out["mics"]
-    assert _across(plain, "all_gather") == plain["comm"]["all_gather"]["sent_bytes"] > 0
+    # hierarchical gathers (engine/comm_hier.py): of the 3 pieces each rank sends, 1 crosses
+    assert 3 * _across(plain, "all_gather") == plain["comm"]["all_gather"]["sent_bytes"] > 0
     # hpZ: one forward's gathers cross; plain: both micro-steps' forwards and backwards, less the
     # last units of each forward, kept gathered into backward (tests/test_zero_hier.py)
     assert 3 * _across(hpz, "all_gather") < _across(plain, "all_gather") < 4 * _across(hpz, "all_gather")
