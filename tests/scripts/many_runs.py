@@ -16,6 +16,8 @@ them instead of once per run (~3 s of CPU per rank process on the test machine).
   only that run (so does clean_exit.exit_cleanly(), whose ``os._exit`` would end the ranks);
 - every rank waits for the others, then rank 0 writes ``<dir>/.done``.
 
+Under torchrun too (the reference jobs of tests/test_frameworks_ddp.py).
+
 An exception in a run ends the job (the runs after it are not started).
 """
 
@@ -68,3 +70,7 @@ for run in spec:
 if dist.is_initialized():
     dist.barrier()
     destroy()
+    if "DSLAUNCH_RESTART_COUNT" not in os.environ:  # not dslaunch's rank (torchrun's): leave as
+        sys.stdout.flush()  # clean_exit does, past the interpreter's teardown (gloo's race)
+        sys.stderr.flush()
+        os._exit(0)
