@@ -2,12 +2,13 @@
 transformers models built from configs: one 2-rank launch (tests/scripts/moe_autoep_ranks.py)
 trains each model 3 SGD steps as it is, with AutoEP at autoep_size 1 and at 2: the same losses
 (1e-6 relative; measured equal to the printed digits) and the same final expert weights (1e-5).
-Its ranks then run tests/scripts/moe_autoep_engine.py (the same launch, JobCache.run_many:
-transformers and torch imported once per rank for both)."""
+tests/scripts/moe_autoep_engine.py runs in the same launch, beside the other MoE test files'
+2-rank jobs (tests/moe_jobs.py)."""
 
 from __future__ import annotations
 
 import pytest
+from moe_jobs import two_rank_job
 
 pytest.importorskip("transformers")
 
@@ -19,19 +20,8 @@ def test_presets_are_the_configs_choices():
     assert set(EXPERT_PARALLEL.fields["preset_model"].choices) == {None, *PRESETS}
 
 
-AUTOEP_RUNS = {"autoep_ranks": (("--out", "{dir}/o"), None),
-               "autoep_engine": (("--out", "{dir}/o"), None, "moe_autoep_engine.py")}
-
-
-def _autoep_job(job_cache, name):
-    job_cache.run_many("moe_autoep", "moe_autoep_ranks.py", AUTOEP_RUNS, timeout=300)
-    args, config, *script = AUTOEP_RUNS[name]
-    return job_cache.run(name, script[0] if script else "moe_autoep_ranks.py", *args,
-                         config=config, timeout=300)
-
-
 def test_autoep_same_losses_at_sizes_1_and_2(job_cache):
-    for res in _autoep_job(job_cache, "autoep_ranks").results(sub="o"):
+    for res in two_rank_job(job_cache, "autoep_ranks").results(sub="o"):
         for name, blocks in (("mixtral", 2), ("qwen2_moe", 2), ("deepseek_v3", 1)):
             ref = res[f"{name}_ref"]
             assert ref[-1] < ref[0]  # it trains
@@ -50,7 +40,7 @@ def test_autoep_through_initialize(job_cache):
 
     if any(f.path == "expert_parallel.enabled" for f in NOT_SUPPORTED_YET):
         pytest.skip("expert_parallel is refused until the engine reduces expert gradients")
-    for res in _autoep_job(job_cache, "autoep_engine").results(sub="o"):
+    for res in two_rank_job(job_cache, "autoep_engine").results(sub="o"):
         ref, _ = res["ref"]
         for size in (1, 2):
             losses, experts = res[f"ep{size}"]
