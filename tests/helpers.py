@@ -283,50 +283,64 @@ class JobCache:
         return self._get(name, key, argv_of, rank_env(env), timeout, check)
 
     def run_many(self, label: str, script, runs: dict, nproc: int = 2, env: dict | None = None,
-                 timeout: int = 300) -> None:
+                 timeout: int = 300, flags: tuple = (), config_flag: str = "--config") -> None:
         """Start the runs of ``runs`` ({name: (args, config)}) that are not cached yet, all in
         ONE ``dslaunch run`` of ``nproc`` ranks (tests/scripts/many_runs.py runs them one after
         the other in the same rank processes: torch imported once per rank, not once per run),
         and cache each as the Job that ``run(name, script, *args, config=config, nproc=nproc,
         env=env)`` returns: its own directory, config file and log, ok when it finished. A run
         that failed fails its tests, and the runs after it (not started) fail theirs saying
-        so. ``timeout``: per run. Not for what depends on a fresh process (peak RSS)."""
+        so. ``timeout``: per run. Not for what depends on a fresh process (peak RSS).
+        A run given as ``(args, config, other_script)`` runs ``other_script`` instead (rank
+        scripts that share the ranks' imports, e.g. transformers, and any global state they
+        leave: each must start from its own seed). ``flags``: launcher options for the one
+        launch, as ``run``'s (``("--as-deepspeed",)``: each run gets its ``--local_rank``);
+        ``config_flag``: as ``run``'s (another than ``--config``: the config file is a script
+        argument of each run, e.g. ``--deepspeed`` for the Hugging Face Trainer)."""
         todo = []
-        for name, (args, config) in runs.items():
+        for name, (args, config, *other) in runs.items():
+            run_script = other[0] if other else script
             args = [str(a) for a in args]
-            key = self._run_key(script, args, config, nproc, env)
+            key = self._run_key(run_script, args, config, nproc, env, config_flag=config_flag,
+                                flags=flags)
             if key not in self.jobs:
                 d = self.root / f"{name}-{key}"
                 d.mkdir(parents=True, exist_ok=True)
-                todo.append((name, key, d, args, config))
+                todo.append((name, key, d, args, config, run_script))
         if not todo:
             return
         if len(todo) == 1:  # nothing to share: the plain launch
-            name, _, _, args, config = todo[0]
-            self.run(name, script, *args, config=config, nproc=nproc, env=env, timeout=timeout,
-                     check=False)
+            name, _, _, args, config, run_script = todo[0]
+            self.run(name, run_script, *args, config=config, nproc=nproc, env=env,
+                     timeout=timeout, check=False, flags=flags, config_flag=config_flag)
             return
-        spec = [{"name": name, "dir": str(d),
-                 "argv": [str(_script(script)), *_fill(args, str(d))],
-                 "config_path": (str(self._write_config(config, str(d)))
-                                 if config is not None else None)}
-                for name, _, d, args, config in todo]
+        spec = []
+        for name, _, d, args, config, s in todo:
+            cfg = self._write_config(config, str(d))
+            argv = [str(_script(s)), *_fill(args, str(d))]
+            if cfg is not None and config_flag != "--config":  # a script argument instead
+                argv, cfg = [*argv, config_flag, str(cfg)], None
+            spec.append({"name": name, "dir": str(d), "argv": argv,
+                         "config_path": str(cfg) if cfg is not None else None})
         spec_file = todo[0][2] / "many_runs.json"
         spec_file.write_text(json.dumps(spec))
+        at = len(DSLAUNCH) + 1  # launcher flags right after `run`
         argv = run_argv("many_runs.py", ["--spec", spec_file], None, nproc, None)
-        self._split([t[:4] for t in todo], argv, rank_env(env), timeout,
-                    lambda args: run_argv(script, args, None, nproc, None))
+        argv[at:at] = flags
+        self._split([(name, key, d, run_argv(s, args, None, nproc, None))
+                     for name, key, d, args, _, s in todo], argv, rank_env(env), timeout)
 
-    def _split(self, todo, argv, env, timeout, argv_of_run) -> None:
+    def _split(self, todo, argv, env, timeout) -> None:
         """Run the many_runs job ``argv`` and cache one Job per run of ``todo`` ((name, key, dir,
-        args) each): its part of the log, ok when its ``.done`` is there."""
+        the argv that runs it alone) each): its part of the log, ok when its ``.done`` is
+        there."""
         t0 = time.perf_counter()
         proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout * len(todo))
         seconds = (time.perf_counter() - t0) / len(todo)
         out, err = _cut_log(proc.stdout), _cut_log(proc.stderr)
         failed = None
-        for name, key, d, args in todo:
+        for name, key, d, run_alone in todo:
             done = (d / ".done").exists()
             rc = 0 if done else (proc.returncode or 1)
             text = out.get(name, "")
@@ -335,7 +349,7 @@ class JobCache:
             if not done and failed is None:
                 failed = name
             run_proc = subprocess.CompletedProcess([*argv, "#", name], rc, text, err.get(name, ""))
-            self.jobs[key] = Job(name, key, d, argv_of_run(args), run_proc, seconds)
+            self.jobs[key] = Job(name, key, d, run_alone, run_proc, seconds)
 
     @staticmethod
     def _python_env() -> dict:
@@ -363,8 +377,8 @@ class JobCache:
         spec_file = todo[0][2] / "many_runs.json"
         spec_file.write_text(json.dumps(spec))
         argv = [sys.executable, str(SCRIPTS / "many_runs.py"), "--spec", str(spec_file)]
-        self._split(todo, argv, self._python_env(), timeout,
-                    lambda args: [sys.executable, str(_script(script)), *args])
+        self._split([(name, key, d, [sys.executable, str(_script(script)), *args])
+                     for name, key, d, args in todo], argv, self._python_env(), timeout)
 
     def python(self, name: str, script, *args, timeout: int = 120, check: bool = True) -> Job:
         args = [str(a) for a in args]

@@ -31,9 +31,7 @@ ELASTIC = {"elasticity": {"enabled": True, "max_train_batch_size": 24, "micro_ba
 
 
 def _run(tmp_path, cfg, name, save_dir, nproc=2, env=None, check=True, **kw):
-    args = ["--out", tmp_path / name, "--save-dir", save_dir]
-    for k, v in kw.items():
-        args += [f"--{k.replace('_', '-')}", v]
+    args = _args(tmp_path, name, save_dir, **kw)
     return launch(tmp_path, cfg, "ckpt_resume.py", args, nproc=nproc, env=env, check=check,
                   timeout=240)
 
@@ -53,25 +51,49 @@ def _tensors_equal(a, b, where=""):
         assert a == b, where
 
 
-@pytest.mark.parametrize("point,async_save", [("after_files@1", 0), ("after_files@1", 1)])
-def test_rank_killed_mid_save_leaves_latest_on_the_previous_checkpoint(tmp_path, point, async_save):
-    ck = tmp_path / "ck"
+def _args(tmp_path, name, save_dir, **kw):
+    args = ["--out", tmp_path / name, "--save-dir", save_dir]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}", v]
+    return args
+
+
+def _together(job_cache, label, runs, nproc):
+    """The runs ({name: (args, config)}, writing under a test's tmp_path) in ONE launch of
+    ``nproc`` ranks, in order (JobCache.run_many); fails with the log of one that failed."""
+    job_cache.run_many(label, "ckpt_resume.py", runs, nproc=nproc, timeout=240)
+    return {name: job_cache.run(name, "ckpt_resume.py", *args, config=cfg, nproc=nproc,
+                                timeout=240)
+            for name, (args, cfg) in runs.items()}
+
+
+def test_rank_killed_mid_save_leaves_latest_on_the_previous_checkpoint(job_cache, tmp_path):
+    """Sync (0) and async (1) save, each its own checkpoint directory; the first jobs (2 steps)
+    of both modes share one launch, as do the resumed ones: only the killed jobs are apart."""
+    point, modes = "after_files@1", (0, 1)
     cfg = {**BASE, "train_batch_size": 6, "zero_optimization": {"stage": 1}}
-    _run(tmp_path, cfg, "a", ck, nproc=3, steps=2, async_save=async_save)
-    assert (ck / "latest").read_text() == "global_step2"
-    died = _run(tmp_path, cfg, "b", ck, nproc=3, steps=4, async_save=async_save, check=False,
-                env={"DSLAUNCH_TEST_CRASH_IN_SAVE": point})
-    assert died.returncode != 0, died.stdout[-2000:]
-    assert (ck / "latest").read_text() == "global_step2"
-    assert not (ck / "global_step4").exists()
-    if point.startswith("after"):  # it really died mid-save: the other ranks' files are there
-        assert (ck / ".global_step4.tmp" / "rank_0_optim_states.pt").exists()
-    _run(tmp_path, cfg, "c", ck, nproc=3, steps=4, async_save=async_save)
-    c = results(tmp_path / "c", nproc=3)
-    assert c[0]["start"] == 2 and c[0]["loaded"] == str(ck / "global_step2")
-    assert c[0]["client_state"] == {"samples_seen": 12}
-    assert (ck / "latest").read_text() == "global_step4"
-    assert not (ck / ".global_step4.tmp").exists()
+    ck = {m: tmp_path / f"ck{m}" for m in modes}
+    _together(job_cache, "ckpt_kill_first", {
+        f"kill_a{m}": (_args(tmp_path, f"a{m}", ck[m], steps=2, async_save=m), cfg)
+        for m in modes}, nproc=3)
+    for m in modes:
+        assert (ck[m] / "latest").read_text() == "global_step2"
+        died = _run(tmp_path, cfg, f"b{m}", ck[m], nproc=3, steps=4, async_save=m, check=False,
+                    env={"DSLAUNCH_TEST_CRASH_IN_SAVE": point})
+        assert died.returncode != 0, (m, died.stdout[-2000:])
+        assert (ck[m] / "latest").read_text() == "global_step2", m
+        assert not (ck[m] / "global_step4").exists(), m
+        # it really died mid-save: the other ranks' files are there
+        assert (ck[m] / ".global_step4.tmp" / "rank_0_optim_states.pt").exists(), m
+    _together(job_cache, "ckpt_kill_resumed", {
+        f"kill_c{m}": (_args(tmp_path, f"c{m}", ck[m], steps=4, async_save=m), cfg)
+        for m in modes}, nproc=3)
+    for m in modes:
+        c = results(tmp_path / f"c{m}", nproc=3)
+        assert c[0]["start"] == 2 and c[0]["loaded"] == str(ck[m] / "global_step2"), m
+        assert c[0]["client_state"] == {"samples_seen": 12}, m
+        assert (ck[m] / "latest").read_text() == "global_step4", m
+        assert not (ck[m] / ".global_step4.tmp").exists(), m
 
 
 ASYNC_STAGES = (0, 2, 3)
@@ -114,14 +136,18 @@ def test_async_save_writes_the_same_files_as_sync(job_cache, stage):
 
 
 @pytest.mark.parametrize("stage", [3])  # stages 1-2 reshard in test_checkpoint_reshape.py too
-def test_elastic_resume_4_to_2_to_3_ranks_keeps_the_global_batch(tmp_path, stage):
+def test_elastic_resume_4_to_2_to_3_ranks_keeps_the_global_batch(job_cache, tmp_path, stage):
     ck = tmp_path / "ck"
     cfg = {**ELASTIC, "zero_optimization": {"stage": stage}}
-    _run(tmp_path, cfg, "ref", tmp_path / "ref_ck", nproc=2, steps=8, save_every=100)
     _run(tmp_path, cfg, "r4", ck, nproc=4, steps=4)
     meta = json.loads((ck / "global_step4" / "metadata.json").read_text())
     assert (meta["world_size"], meta["train_batch_size"], meta["gradient_accumulation_steps"]) == (4, 24, 3)
-    out2 = _run(tmp_path, cfg, "r2", ck, nproc=2, steps=6)
+    # the uninterrupted 2-rank reference and the resumed 2-rank job: one launch, in this order
+    out2 = _together(job_cache, f"elastic_2ranks_s{stage}", {
+        f"elastic_ref_s{stage}": (_args(tmp_path, "ref", tmp_path / "ref_ck", steps=8,
+                                        save_every=100), cfg),
+        f"elastic_r2_s{stage}": (_args(tmp_path, "r2", ck, steps=6), cfg)},
+        nproc=2)[f"elastic_r2_s{stage}"].proc
     assert ("saved with world size 4, micro 2 x accumulation 3 x data-parallel 4 = batch 24; now "
             "world size 2, micro 4 x accumulation 3 x data-parallel 2 = batch 24 (optimizer state "
             "resharded); the global batch is the same") in out2.stdout

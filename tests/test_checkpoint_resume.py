@@ -3,6 +3,7 @@
 A: 6 uninterrupted steps. B: 3 steps, save. Then a job that loads B, trains to step 5 and dies
 in the middle of saving (every rank exits after writing its files, before the rename). C: loads
 `latest` (still B's checkpoint), trains steps 3-5: its losses must equal A's bit for bit (fp32).
+A and B run one after the other in the same two ranks (JobCache.run_many).
 D: one rank loads the same 2-rank stage 0 checkpoint (stage 0's optimizer state is the same on
 every rank, so any job size reads it): losses within 1e-5 relative of A's (one rank sums the
 micro-batch gradients in another order than two; observed ~1e-7), the same learning rates.
@@ -20,11 +21,15 @@ CFG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
        "gradient_clipping": 1.0}
 
 
-def test_resume_is_bit_identical_and_crash_leaves_previous(tmp_path):
+def test_resume_is_bit_identical_and_crash_leaves_previous(job_cache, tmp_path):
     ckpt = tmp_path / "ckpt"
-    launch(tmp_path, CFG, "engine_train.py", ["--out", tmp_path / "a", "--steps", 6])
-    launch(tmp_path, CFG, "engine_train.py", ["--out", tmp_path / "b", "--steps", 3,
-                                              "--save-dir", ckpt, "--save-at", 3])
+    # A and B in one launch (JobCache.run_many: torch imported once per rank for both)
+    runs = {"resume_a": (("--out", tmp_path / "a", "--steps", 6), CFG),
+            "resume_b": (("--out", tmp_path / "b", "--steps", 3, "--save-dir", ckpt,
+                          "--save-at", 3), CFG)}
+    job_cache.run_many("resume_ab", "engine_train.py", runs)
+    for name, (args, cfg) in runs.items():
+        job_cache.run(name, "engine_train.py", *args, config=cfg)  # raises with the log if failed
     assert (ckpt / "latest").read_text() == "global_step3"
     meta = json.loads((ckpt / "global_step3" / "metadata.json").read_text())
     assert meta["world_size"] == 2 and meta["zero_stage"] == 0 and meta["dtype"] == "fp32"

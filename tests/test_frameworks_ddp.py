@@ -2,8 +2,10 @@
 2 CPU ranks (gloo), a tiny model, the same per-step losses on each rank and the same final
 parameters, and the same layout detected by the framework (tests/scripts/frameworks_ddp.py)."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,19 +16,32 @@ FRAMEWORKS = ["lightning", "accelerate"]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{(framework, launcher): [rank 0 result, rank 1 result]}, each job run once."""
-    out = {}
-    for framework in FRAMEWORKS:
-        for launcher, argv in (("dslaunch", [sys.executable, "-c", "import sys; from dslaunch.cli import main; "
-                                             "sys.exit(main())", "run", "--nproc-per-node", "2",
-                                             "--omp-threads", "1"]),
-                               ("torchrun", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                             "--nproc-per-node", "2"])):
-            d = tmp_path_factory.mktemp(f"{framework}-{launcher}")
-            cmd = [*argv, str(SCRIPTS / "frameworks_ddp.py"), "--framework", framework, "--out", str(d)]
-            proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=180)
-            assert proc.returncode == 0, _tails(cmd, proc)
-            out[framework, launcher] = results(d, 2)
+    """{(framework, launcher): [rank 0 result, rank 1 result]}. One launch per launcher runs both
+    frameworks, Accelerate then Lightning, one after the other in the same two ranks
+    (tests/scripts/many_runs.py: torch and both frameworks imported once per rank)."""
+    out, spec = {}, []
+    for framework in FRAMEWORKS[::-1]:
+        d = tmp_path_factory.mktemp(framework)
+        spec.append({"name": framework, "dir": str(d), "config_path": None,
+                     "argv": [str(SCRIPTS / "frameworks_ddp.py"), "--framework", framework,
+                              "--out", str(d)]})
+    for launcher, argv in (("dslaunch", [sys.executable, "-c", "import sys; from dslaunch.cli import main; "
+                                         "sys.exit(main())", "run", "--nproc-per-node", "2",
+                                         "--omp-threads", "1"]),
+                           ("torchrun", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                         "--nproc-per-node", "2"])):
+        runs = [{**r, "dir": str(Path(r["dir"]) / launcher),
+                 "argv": [*r["argv"][:-1], str(Path(r["argv"][-1]) / launcher)]} for r in spec]
+        for r in runs:
+            Path(r["dir"]).mkdir()
+        spec_file = tmp_path_factory.mktemp(f"spec-{launcher}") / "spec.json"
+        spec_file.write_text(json.dumps(runs))
+        cmd = [*argv, str(SCRIPTS / "many_runs.py"), "--spec", str(spec_file)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, _tails(cmd, proc)
+        for r in runs:
+            assert Path(r["dir"], ".done").exists(), _tails(cmd, proc)
+            out[r["name"], launcher] = results(r["dir"], 2)
     return out
 
 

@@ -19,6 +19,7 @@ import torch
 from helpers import DSLAUNCH, ROOT, SCRIPTS, _tails, rank_env, results
 
 FIXTURES_DIR = ROOT / "tests" / "fixtures"
+AS_DS = ("--as-deepspeed",)
 
 
 def _run(out, script, *args, nproc, as_deepspeed=True, check=True):
@@ -59,10 +60,19 @@ def test_accelerate_deepspeed_on_two_cpu_processes_is_refused_clearly(tmp_path):
             "train_micro_batch_size_per_gpu=4 * gradient_accumulation_steps=1 * world size 2 = 8") in proc.stderr
 
 
+LIGHTNING_RUNS = {f"lightning_ds_s{stage}": (("--stage", stage, "--out", "{dir}"), None)
+                  for stage in (2, 3)}
+
+
 @pytest.mark.parametrize("stage", [2, 3])
-def test_lightning_deepspeed_strategy_on_our_engine(tmp_path, stage):
-    _run(tmp_path, "lightning_deepspeed.py", "--stage", stage, nproc=2)
-    ranks = results(tmp_path, 2)
+def test_lightning_deepspeed_strategy_on_our_engine(job_cache, stage):
+    """Both stages in one launch (JobCache.run_many: Lightning imported once per rank)."""
+    job_cache.run_many("lightning_ds", "lightning_deepspeed.py", LIGHTNING_RUNS, flags=AS_DS,
+                       timeout=240)
+    args, _ = LIGHTNING_RUNS[f"lightning_ds_s{stage}"]
+    job = job_cache.run(f"lightning_ds_s{stage}", "lightning_deepspeed.py", *args, flags=AS_DS,
+                        timeout=240)
+    ranks = job.results()
     for res in ranks:
         assert res["trainer_error"] == ("The DeepSpeed strategy is only supported on CUDA GPUs but "
                                         "`CPUAccelerator` is used.")
@@ -79,7 +89,7 @@ def test_lightning_deepspeed_strategy_on_our_engine(tmp_path, stage):
     assert converted["converted_names"] and converted["converted_max_diff"] < 1e-6
     assert converted["converted_client"] == {"epoch": 0, "global_step": 5, "loops": {"fit_loop": {"step": 5}}}
     assert {"epoch", "global_step", "pytorch-lightning_version"} <= set(converted["converted_keys"])
-    full = torch.load(tmp_path / "fp32.pt", weights_only=False)
+    full = torch.load(job.dir / "fp32.pt", weights_only=False)
     assert sorted(full["state_dict"]) == ["net.0.bias", "net.0.weight", "net.2.bias", "net.2.weight"]
 
 

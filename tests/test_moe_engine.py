@@ -3,8 +3,9 @@ ZeRO 1/2 expert optimizer states partitioned within it, clipping counting each e
 checkpoints keeping experts per global id (resumed at another ep size, consolidated by
 ``dslaunch ckpt to-fp32``).
 
-Two real gloo launches of tests/scripts/moe_engine_train.py (a tiny model with two dslaunch.moe
-MoE layers, 4 experts, top-1 dropless deterministic routing, fp32, AdamW, gradient clipping that
+Two real gloo launches of tests/scripts/moe_engine_train.py (the 2-rank one, tests/moe_jobs.py,
+also runs examples/train_moe_gpt.py and the other MoE test files' 2-rank scripts) (a tiny model
+with two dslaunch.moe MoE layers, 4 experts, top-1 dropless deterministic routing, fp32, AdamW, gradient clipping that
 clips every step), each training several configurations in turn for 20 steps beside a plain
 single-process torch reference (all experts, the whole global batch, torch's AdamW and
 clip_grad_norm_):
@@ -24,14 +25,14 @@ import sys
 
 import pytest
 import torch
+from moe_jobs import SAVE_AT, STEPS, two_rank_job
 
-from helpers import ROOT, SCRIPTS, dslaunch
+from helpers import SCRIPTS, dslaunch
 
 sys.path.insert(0, str(SCRIPTS))
 import moe_engine_train as net
 
 TOL = 1e-5
-STEPS, SAVE_AT = 20, 10
 
 
 def _job(job_cache, nproc, runs, *extra):
@@ -42,9 +43,7 @@ def _job(job_cache, nproc, runs, *extra):
 
 
 def _two(job_cache):
-    return _job(job_cache, 2, "1:1,2:0,2:1,2:2,2:0:resumed", "--save-run", "2:0", "--save",
-                "{dir}/ck", "--save-at", SAVE_AT, "--load-run", "2:0:resumed", "--load",
-                "{dir}/ck")
+    return two_rank_job(job_cache, "moe_engine_2")
 
 
 def _four(job_cache):
@@ -120,13 +119,7 @@ def test_optimizer_groups_split_and_stage3_refused():
 def test_example_logs_aux_loss_and_dropped_tokens(job_cache):
     """examples/train_moe_gpt.py with configs/moe_gpt_zero1.json, EP 2 on 2 ranks: every logged
     step shows the aux loss and the fraction of tokens dropped; the JSON counts the all-to-alls."""
-    import json
-
-    config = json.loads((ROOT / "configs" / "moe_gpt_zero1.json").read_text())
-    job = job_cache.run("moe_example", ROOT / "examples" / "train_moe_gpt.py", "--experts", 4,
-                        "--ep", 2, "--steps", 4, "--log-every", 1, "--warmup", 1, "--n-layer", 2,
-                        "--d-model", 32, "--n-head", 2, "--seq-len", 16, "--json",
-                        "{dir}/out.json", config=config, nproc=2)
+    job = two_rank_job(job_cache, "moe_example")
     lines = [ln for ln in job.log.splitlines() if "| aux " in ln]
     assert len(lines) == 4, job.log[-3000:]
     assert all("| dropped " in ln and "tokens/s" in ln for ln in lines)

@@ -1,32 +1,26 @@
 """The ragged dropless dispatch (dslaunch/engine/moe/ragged.py) on 2 real gloo ranks
-(tests/scripts/moe_ragged_ranks.py, one ``dslaunch run``): at EP 2 with 4 experts, top-1, top-2,
-top-1 with an expert no token picks and top-1 with unused tokens (``used_token``), it gives the
-padded dispatch's outputs, l_aux and gradients (input and every parameter) to 1e-6 relative,
-routes every used token's choices, and its all-to-alls
-carry exactly the routed tokens: per forward + backward a rank sends its routed choices and the
+(tests/scripts/moe_ragged_ranks.py, in the one ``dslaunch run`` of tests/moe_jobs.py): at EP 2
+with 4 experts, top-1, top-2, top-1 with an expert no token picks and top-1 with unused tokens
+(``used_token``), it gives the padded dispatch's outputs, l_aux and gradients (input and every
+parameter) to 1e-6 relative, routes every used token's choices, and its all-to-alls carry
+exactly the routed tokens: per forward + backward a rank sends its routed choices and the
 gradients of its experts' outputs (2 x routed x hidden x 4 bytes, fp32) and its experts' outputs
-and its choices' input gradients (2 x received x hidden x 4), plus one exchange of the E
-per-expert counts (over both ranks: 4 x all routed choices x hidden x 4, no padding); the padded
+and its choices' input gradients (2 x received x hidden x 4), plus one exchange of the E per-
+expert counts (over both ranks: 4 x all routed choices x hidden x 4, no padding); the padded
 path sends 4 x E x the busiest expert's count x hidden x 4."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-
-from helpers import DSLAUNCH, ROOT, SCRIPTS, rank_env, results
+from moe_jobs import two_rank_job
 
 CASES = ("top1", "top2", "top1_idle_expert", "top1_used_token")
 
 
-def test_ragged_matches_padded_and_sends_no_padding(tmp_path):
-    cmd = [*DSLAUNCH, "run", "--nproc-per-node", "2", "--omp-threads", "1",
-           str(SCRIPTS / "moe_ragged_ranks.py"), "--out", str(tmp_path / "o")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for r, res in enumerate(results(tmp_path / "o", 2)):
+def test_ragged_matches_padded_and_sends_no_padding(job_cache):
+    # one launch with the other MoE test files' 2-rank jobs (tests/moe_jobs.py)
+    ranks = two_rank_job(job_cache, "moe_ragged").results(sub="o")
+    for r, res in enumerate(ranks):
         for name in CASES:
             c = res[name]
             for what in ("out", "aux", "x_grad", "param_grad"):
@@ -44,5 +38,5 @@ def test_ragged_matches_padded_and_sends_no_padding(tmp_path):
         assert res["top1_idle_expert"]["expert_3_tokens"] == 0
     assert res["top1_used_token"]["used"] < res["top1_used_token"]["tokens"]
     for name in CASES:
-        both = [res[name] for res in results(tmp_path / "o", 2)]
+        both = [res[name] for res in ranks]
         assert sum(c["received"] for c in both) == sum(c["routed"] for c in both)
