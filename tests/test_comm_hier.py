@@ -18,7 +18,7 @@ def _worker(rank, init, out):
     os.environ["DSLAUNCH_FAKE_HOSTS"] = "2"  # ranks 0, 1 on host 0; 2, 3 on host 1
     from dslaunch.engine import host_groups
     from dslaunch.engine.comm import Comm
-    from dslaunch.engine.comm_hier import HostLayout
+    from dslaunch.engine.comm_hier import HostRanks
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     host_of = host_groups.topology().host_of
@@ -36,7 +36,7 @@ def _worker(rank, init, out):
     rec["layout"] = labelled.hosts.hosts if labelled.hosts else None
     # the same hosts, with the group's ranks interleaved across them
     interleaved = Comm()
-    interleaved.hosts = HostLayout([[0, 2], [1, 3]], rank)
+    interleaved.hosts = HostRanks([[0, 2], [1, 3]], rank)
     host_of = (0, 0, 1, 1)
     flat = Comm()
     for name, comm in (("labelled", labelled), ("flat", flat)):

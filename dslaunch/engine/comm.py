@@ -290,15 +290,18 @@ class Comm:
         # "intra_host" / "inter_host" once the hosts are known (engine/host_groups.py): each
         # record then splits its counts under "links" by that kind of group
         self.link = None
-        # the group's ranks by host (comm_hier.HostLayout), set with ``link`` where the group
+        # the group's ranks by host (comm_hier.HostRanks), set with ``link`` where the group
         # spans hosts with several ranks on each: the pairwise path then goes hierarchical
         self.hosts = None
-        self._relay = None
 
-    def _relayer(self):
-        if self._relay is None:
-            self._relay = comm_hier.Relay()
-        return self._relay
+    def _exchange(self, name: str):
+        """The point-to-point form of ``name`` ("all_gather" / "reduce_scatter") on this group:
+        hierarchical where it knows its hosts, else flat. (fn(output, input, async_op), path)."""
+        if self.hosts is not None:
+            fn = getattr(comm_hier, name)
+            return (lambda o, i, a: fn(o, i, self.group, self.hosts, a)), "hierarchical"
+        fn = getattr(comm_pairwise, name)
+        return (lambda o, i, a: fn(o, i, self.group, self.rank, self.world_size, a)), "pairwise"
 
     def paths_for(self, tensor) -> dict:
         """The collective paths for a tensor on its device (gloo's choices for a CPU tensor)."""
@@ -417,16 +420,10 @@ class Comm:
         if output.numel() != c * self.world_size or not output.is_contiguous():
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
                              f"expected {self.world_size} x {c} contiguous")
-        if path == "pairwise" and self.hosts is not None:
-            return self._run("all_gather", self._nbytes(input),
-                             lambda a: comm_hier.all_gather(output, input, self.group,
-                                                            self.hosts, self._relayer(), a),
-                             async_op, path="hierarchical")
         if path == "pairwise":
+            exchange, path = self._exchange("all_gather")
             return self._run("all_gather", self._nbytes(input),
-                             lambda a: comm_pairwise.all_gather(output, input, self.group,
-                                                                self.rank, self.world_size, a),
-                             async_op, path="pairwise")
+                             lambda a: exchange(output, input, a), async_op, path=path)
         flat = output.view(-1)
         lo, hi = self.rank * c, (self.rank + 1) * c
         mine = flat[lo:hi]
@@ -453,16 +450,10 @@ class Comm:
         if input.numel() != c * self.world_size:
             raise ValueError(f"reduce_scatter_tensor: input has {input.numel()} elements, "
                              f"expected {self.world_size} x {c}")
-        if path == "pairwise" and op == dist.ReduceOp.SUM and self.hosts is not None:
-            return self._run("reduce_scatter", self._nbytes(input),
-                             lambda a: comm_hier.reduce_scatter(output, input, self.group,
-                                                                self.hosts, self._relayer(), a),
-                             async_op, path="hierarchical")
         if path == "pairwise" and op == dist.ReduceOp.SUM:  # other ops: the all_reduce path
+            exchange, path = self._exchange("reduce_scatter")
             return self._run("reduce_scatter", self._nbytes(input),
-                             lambda a: comm_pairwise.reduce_scatter(output, input, self.group,
-                                                                    self.rank, self.world_size, a),
-                             async_op, path="pairwise")
+                             lambda a: exchange(output, input, a), async_op, path=path)
         buf = input.reshape(-1) if input_is_scratch and input.is_contiguous() else \
             input.reshape(-1).clone()
         mine = buf[self.rank * c: (self.rank + 1) * c]

@@ -18,9 +18,9 @@ Every rank sends (N - 1)/N of the reduce-scatter input and N - 1 times the all-g
 same bytes as the flat exchange; only which links carry them changes.
 
 The second half of each collective needs the first half's pieces, so it runs on one relay thread
-per comm, in the order the collectives were issued (the same on every rank, so the thread's
-messages pair up across ranks without waiting on the caller's ``wait`` order). Tags sit above
-``comm_pairwise``'s, one per half.
+per process group (whichever ``Comm`` issued it), in the order the collectives were issued on
+that group (the same on every rank, so the thread's messages pair up across ranks without
+waiting on the caller's ``wait`` order). Tags sit above ``comm_pairwise``'s, one per half.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import threading
 import torch
 import torch.distributed as dist
 
-from dslaunch.engine.comm_pairwise import PairwiseWork
+from dslaunch.engine.comm_pairwise import PairwiseWork, global_rank
 
 DIRECT_TAG = 0x10000 + 3  # the first half, posted by the caller
 RELAY_TAG = 0x10000 + 4  # the second half, posted by the relay thread
 
 
-class HostLayout:
+class HostRanks:
     """The group's ranks by host: ``hosts[h][l]`` is the group rank of local index ``l`` on host
     ``h`` (every host the same number of ranks)."""
 
@@ -81,6 +81,18 @@ class Relay:
             work.done.set()
 
 
+_RELAYS: dict = {}  # process group -> its Relay
+
+
+def relay_for(group) -> Relay:
+    """The one relay of ``group`` (None: the default group): every comm over a group shares it,
+    so the second halves on that group keep their issue order."""
+    key = dist.group.WORLD if group is None else group
+    if key not in _RELAYS:
+        _RELAYS[key] = Relay()
+    return _RELAYS[key]
+
+
 class RelayWork:
     def __init__(self):
         self.done = threading.Event()
@@ -96,37 +108,33 @@ class RelayWork:
         return self.done.is_set()
 
 
-def _global(group, r: int) -> int:
-    return r if group is None else dist.get_global_rank(group, r)
-
-
 def _exchange(pairs, group, tag) -> list:
     """Post (send tensor, to, recv tensor, from) exchanges; the works."""
     works = []
     for send, dst, recv, src in pairs:
-        works.append(dist.isend(send, _global(group, dst), group=group, tag=tag))
-        works.append(dist.irecv(recv, _global(group, src), group=group, tag=tag))
+        works.append(dist.isend(send, global_rank(group, dst), group=group, tag=tag))
+        works.append(dist.irecv(recv, global_rank(group, src), group=group, tag=tag))
     return works
 
 
-def _finish(works, relay: Relay, second_half, async_op: bool, keep=()):
-    """Run ``second_half`` on the relay once ``works`` are done; the caller's handle (None when
-    synchronous, the torch.distributed convention)."""
+def _finish(works, group, second_half, async_op: bool, keep=()):
+    """Run ``second_half`` on ``group``'s relay once ``works`` are done; the caller's handle
+    (None when synchronous, the torch.distributed convention)."""
     first = PairwiseWork(works, keep=keep)
 
     def job():
         first.wait()
         second_half()
 
-    work = relay.submit(job)
+    work = relay_for(group).submit(job)
     if async_op:
         return work
     work.wait()
     return None
 
 
-def all_gather(output: torch.Tensor, input: torch.Tensor, group, layout: HostLayout,
-               relay: Relay, async_op: bool = False):
+def all_gather(output: torch.Tensor, input: torch.Tensor, group, layout: HostRanks,
+               async_op: bool = False):
     """``output`` (world x ``input``, contiguous) gets every rank's ``input`` in rank order."""
     c = input.numel()
     flat = output.view(-1)
@@ -152,11 +160,11 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group, layout: HostLay
                    for g in range(len(hosts)) if g != h]
         PairwiseWork(_exchange(relayed, group, RELAY_TAG)).wait()
 
-    return _finish(works, relay, forward, async_op, keep=(flat,))
+    return _finish(works, group, forward, async_op, keep=(flat,))
 
 
-def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group, layout: HostLayout,
-                   relay: Relay, async_op: bool = False):
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group, layout: HostRanks,
+                   async_op: bool = False):
     """``output`` (one chunk) gets the sum over ranks of this rank's chunk of ``input``."""
     c = output.numel()
     flat = input.reshape(-1)
@@ -189,4 +197,4 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group, layout: Hos
             piece = partial[h] if g == h else owned[g]
             out.copy_(piece) if g == 0 else out.add_(piece)
 
-    return _finish(works, relay, reduce, async_op, keep=(flat, got))
+    return _finish(works, group, reduce, async_op, keep=(flat, got))

@@ -65,7 +65,7 @@ def _peers(rank: int, world: int):
     return [((rank + k) % world, (rank - k) % world) for k in range(1, world)]
 
 
-def _global(group, r: int) -> int:
+def global_rank(group, r: int) -> int:
     return r if group is None else dist.get_global_rank(group, r)
 
 
@@ -80,9 +80,9 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group, rank: int, 
     pieces = {rank: flat[rank * c:(rank + 1) * c]}
     works = []
     for k, (dst, src) in enumerate(_peers(rank, world)):
-        works.append(dist.isend(flat[dst * c:(dst + 1) * c], _global(group, dst), group=group,
+        works.append(dist.isend(flat[dst * c:(dst + 1) * c], global_rank(group, dst), group=group,
                                 tag=REDUCE_SCATTER_TAG))
-        works.append(dist.irecv(recv[k], _global(group, src), group=group,
+        works.append(dist.irecv(recv[k], global_rank(group, src), group=group,
                                 tag=REDUCE_SCATTER_TAG))
         pieces[src] = recv[k]
 
@@ -108,7 +108,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group, rank: int, worl
         mine.copy_(src_t)
     works = []
     for dst, src in _peers(rank, world):
-        works.append(dist.isend(mine, _global(group, dst), group=group, tag=ALL_GATHER_TAG))
-        works.append(dist.irecv(flat[src * c:(src + 1) * c], _global(group, src), group=group,
+        works.append(dist.isend(mine, global_rank(group, dst), group=group, tag=ALL_GATHER_TAG))
+        works.append(dist.irecv(flat[src * c:(src + 1) * c], global_rank(group, src), group=group,
                                 tag=ALL_GATHER_TAG))
     return _started(PairwiseWork(works, keep=(flat,)), async_op)

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from dslaunch.engine.comm_hier import HostRanks
+
 FAKE_HOSTS_ENV = "DSLAUNCH_FAKE_HOSTS"
 INTRA, INTER = "intra_host", "inter_host"
 
@@ -155,14 +157,12 @@ def _place(comm, ranks, topo: HostTopology) -> None:
     """Tell ``comm`` (over the global ``ranks``, in group order) its link and, where it spans
     hosts with several ranks on each, its ranks by host (its gathers and reduce-scatters then
     cross hosts once per piece: comm_hier.py)."""
-    from dslaunch.engine.comm_hier import HostLayout
-
     comm.link = topo.link(ranks)
     by_host: dict = {}
     for i, r in enumerate(ranks):
         by_host.setdefault(topo.host_of[r], []).append(i)
     hosts = [by_host[h] for h in sorted(by_host)]
-    comm.hosts = HostLayout(hosts, comm.rank) if HostLayout.usable(hosts) else None
+    comm.hosts = HostRanks(hosts, comm.rank) if HostRanks.usable(hosts) else None
 
 
 def blocks(world: int, size: int) -> list:
