@@ -25,6 +25,8 @@ import torch.distributed as dist
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from train_steps import micro_steps  # noqa: E402
+
 import dslaunch  # noqa: E402
 from examples.gpt import GPT, GPTConfig, TextBatches, bench_config, stdlib_bytes  # noqa: E402
 
@@ -103,13 +105,7 @@ for step in range(start, a.steps):
                 model.head.weight[0].fill_(0.0 if rank == 0 else 123.0)
         with dslaunch.zero.GatheredParameters(model.head.weight):
             modified = {"right_after": model.head.weight[0].float().abs().max().item()}
-    tot = torch.zeros(1)
-    for m in range(gas):
-        tok, tgt = batches.batch_at(step * gas + m, rank, world)
-        loss = engine(tok, tgt)
-        engine.backward(loss)
-        engine.step()
-        tot += loss.detach().float() / gas
+    tot = micro_steps(engine, batches, step, gas, rank, world)
     dist.all_reduce(tot)
     losses[step] = tot.item() / world
     if step == a.modify:

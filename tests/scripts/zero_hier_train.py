@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from train_steps import micro_steps  # noqa: E402
+
 import dslaunch  # noqa: E402
 from examples.gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
 
@@ -74,13 +76,7 @@ for name, run in json.loads(a.runs).items():
     gas = engine.gradient_accumulation_steps()
     losses = []
     for step in range(a.steps):
-        tot = torch.zeros(1)
-        for m in range(gas):
-            tok, tgt = batches.batch_at(step * gas + m, rank, world)
-            loss = engine(tok, tgt)
-            engine.backward(loss)
-            engine.step()
-            tot += loss.detach().float() / gas
+        tot = micro_steps(engine, batches, step, gas, rank, world)
         dist.all_reduce(tot)
         losses.append(tot.item() / world)
     rec = {"losses": losses, "comm": engine.comm_stats(), "memory": engine.memory_breakdown(),

@@ -16,6 +16,8 @@ import torch.distributed as dist
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from train_steps import micro_steps  # noqa: E402
+
 import dslaunch  # noqa: E402
 from examples.gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
 
@@ -41,13 +43,7 @@ if a.load:
     start = engine.global_steps
 losses = {}
 for step in range(start, a.steps):
-    tot = torch.zeros(1)
-    for m in range(gas):
-        tok, tgt = batches.batch_at(step * gas + m, rank, world)
-        loss = engine(tok, tgt)
-        engine.backward(loss)
-        engine.step()
-        tot += loss.detach().float() / gas
+    tot = micro_steps(engine, batches, step, gas, rank, world)
     dist.all_reduce(tot)
     losses[step] = tot.item() / world
     if step + 1 == a.save_at and a.save:
