@@ -225,7 +225,8 @@ class PipelineEngine(DSLaunchEngine):
         counting = st.train and self.measure_activations
         with _count_saved(st.act_bytes, m, self.module) if counting else \
                 contextlib.nullcontext():
-            out = self.module(st.inputs[m])
+            out = self.module(_for_forward(st.inputs[m]) if st.train and not st.first
+                              else st.inputs[m])
         if counting:
             st.live_bytes += st.act_bytes[m]
             self.peak_activation_bytes = max(self.peak_activation_bytes, st.live_bytes)
@@ -363,6 +364,15 @@ def _input_grads(x):
     a tuple when the inputs were one."""
     grads = tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in _floats(x))
     return grads if isinstance(x, (tuple, list)) else grads[0]
+
+
+def _for_forward(x):
+    """A stage's received inputs as its forward gets them in training: clones, so a first layer
+    that works in place (``ReLU(inplace=True)``) does not write into the leaves whose gradients
+    go back to the previous stage (autograd refuses that); DeepSpeed clones them too."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(t.clone() if isinstance(t, torch.Tensor) else t for t in x)
+    return x.clone() if isinstance(x, torch.Tensor) else x
 
 
 def _detach(out):
