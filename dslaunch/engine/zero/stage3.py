@@ -14,6 +14,9 @@ parameters a module owns directly, ``stage3_units.py``):
   accumulated (post-accumulate-grad hooks), the bucket's gradients are reduce-scattered into this
   rank's gradient shard, freed, and the bucket's parameters released. So whole gradients never
   exist for more than the units in backward at that moment;
+- a parameter read by a forward other than its module's (``F.linear(x, self.out_proj.weight)``
+  in ``nn.MultiheadAttention``, a tied weight, a parent reading a child's weight) is gathered at
+  that read and fetched with the reading module from then on (``stage3_access.py``);
 - small parameters (``stage3_param_persistence_threshold``) stay gathered on every rank; their
   gradients are reduce-scattered like the others and the parameters re-gathered after the step.
 
@@ -38,6 +41,7 @@ from dslaunch.engine.zero.common import get_comm, offloads_optimizer
 from dslaunch.engine.zero.nvme.param_store import nvme_param_store
 from dslaunch.engine.zero.param_status import attach_ds_attributes
 from dslaunch.engine.zero.quantized_comm import ZeroPPComm
+from dslaunch.engine.zero.stage3_access import gather_on_read
 from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
 from dslaunch.engine.zero.stage3_groups import Stage3Comms
 from dslaunch.engine.zero.stage3_units import plan_units
@@ -198,10 +202,11 @@ class Stage3Strategy(ZeroStage12Strategy):
 
     def _install_module_hooks(self, model):
         self._module_hooks = [model.register_forward_pre_hook(self._begin_forward, prepend=True)]
-        for m in self.plan.fetch:
+        for m in self.plan.modules:
             self._module_hooks.append(m.register_forward_pre_hook(self._pre_forward))
             self._module_hooks.append(m.register_forward_hook(self._post_forward))
         self._module_hooks.append(model.register_forward_hook(self._end_forward))
+        self._module_hooks.append(gather_on_read(self, model))
 
     # -- forward / backward hooks ------------------------------------------------------------
     def _begin_forward(self, module, args):
@@ -214,8 +219,8 @@ class Stage3Strategy(ZeroStage12Strategy):
         self.fetcher.pre_forward(module)
 
     def _post_forward(self, module, args, output):
-        outs = [t for t in _tensors(output) if t.requires_grad] if torch.is_grad_enabled() \
-            else []
+        outs = [t for t in _tensors(output) if t.requires_grad] \
+            if torch.is_grad_enabled() and self.plan.fetch.get(module) else []
         self.fetcher.post_forward(module, bool(outs) and module.training)
         for t in outs:
             t.register_hook(self._pre_backward_hook(module))

@@ -233,6 +233,7 @@ class FetchCoordinator:
         self.ahead = 0  # forward: trace positions below this were prefetched
         self.behind = None  # backward: trace positions from this on were prefetched
         self.stack = []
+        self.running = []  # the hooked modules whose forward runs now, innermost last
         self.kept = []  # keys kept gathered past their forward for reuse, oldest first
 
     def _make_room(self, keys):
@@ -254,7 +255,7 @@ class FetchCoordinator:
     def begin_forward(self, training: bool):
         # a forward without backward before (evaluation) may have left units gathered
         self.store.release_all()
-        self.pos, self.ahead, self.stack, self.kept = 0, 0, [], []
+        self.pos, self.ahead, self.stack, self.kept, self.running = 0, 0, [], [], []
         self.recording = training and not self.recorded
         self.on_trace = self.recorded and training
 
@@ -268,22 +269,49 @@ class FetchCoordinator:
         self.behind = None
 
     def pre_forward(self, m):
+        self.running.append(m)
+        keys = self.plan.fetch.get(m, ())
+        if not keys or (self.recorded and m not in self.index):
+            # a module with no unit, or one whose unit was found after the recorded pass (a
+            # parameter read outside its module, ``stage3_access.py``): gathered when it runs,
+            # off the trace (no prefetch, the trace's positions unchanged)
+            self.stack.append(None)
+            self._acquire(keys)
+            return
         if self.recording:
             self.trace.append(m)
         elif self.on_trace and (self.pos >= len(self.trace) or self.trace[self.pos] is not m):
             self.on_trace = False  # this pass runs another order: no prefetch, no keeping
         self.stack.append(self.pos)
         self.pos += 1
-        self._make_room(self.plan.fetch[m])
-        for k in self.plan.fetch[m]:
-            self.active[k] = self.active.get(k, 0) + 1
-            self.store.gather(k)
+        self._acquire(keys)
         if self.on_trace:
             self.ahead = self._prefetch(range(max(self.ahead, self.pos), len(self.trace)),
                                         self.ahead)
             self._read_ahead(range(max(self.ahead, self.pos), len(self.trace)))
 
+    def _acquire(self, keys):
+        """Gather ``keys`` for a module that starts running with them (now, synchronously)."""
+        self._make_room(keys)
+        for k in keys:
+            self.active[k] = self.active.get(k, 0) + 1
+            self.store.gather(k)
+
+    def read_outside(self, key):
+        """A parameter of bucket ``key`` is read by a forward running now, not its module's:
+        the innermost running module fetches ``key`` from now on (DeepSpeed registers such a
+        parameter as external to that module). Outside any forward nothing is gathered."""
+        if not self.running:
+            return
+        m = self.running[-1]
+        if self.plan.add_to_unit(m, key):
+            self._acquire([key])  # released with m's other units at its post-forward
+        else:
+            self.store.gather(key)  # in m's unit already (gathered unless a prefetch is in flight)
+
     def post_forward(self, m, backward_follows: bool):
+        if self.running:
+            self.running.pop()
         i = self.stack.pop() if self.stack else None
         # Elements gathered between this forward use and the backward one: the units after it in
         # forward, and again in backward. Within the reuse distance it stays gathered. It stays
@@ -296,7 +324,7 @@ class FetchCoordinator:
         keep = (backward_follows and self.on_trace and later is not None
                 and (2 * later < self.zero.stage3_max_reuse_distance
                      or later < self.zero.stage3_prefetch_bucket_size))
-        for k in self.plan.fetch[m]:
+        for k in self.plan.fetch.get(m, ()):
             self.active[k] -= 1
             if self.active[k] > 0:
                 continue  # an enclosing module still runs with it (tied weights)

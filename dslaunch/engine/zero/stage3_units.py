@@ -8,7 +8,8 @@ unit is one ``all_gather_into_tensor`` per bucket and its gradients one ``reduce
 A parameter registered under two modules (tied weights) belongs to the first one in
 ``named_modules()`` order, but both modules fetch its bucket. A module that uses another module's
 parameter in its forward names it with ``dslaunch.zero.register_external_parameter(module, p)``
-(DeepSpeed's call): it is then fetched with that module too. A module marked a ZeRO-3 leaf
+(DeepSpeed's call): it is then fetched with that module too; a module whose forward reads it
+without saying so gets it added to its unit at that first read (``stage3_access.py``). A module marked a ZeRO-3 leaf
 (``leaf_modules.py``, ``dslaunch.utils.set_z3_leaf_modules``) is one unit with every parameter of
 its subtree, and the modules inside it get none of their own.
 
@@ -37,6 +38,20 @@ class UnitPlan:
     persistent: set  # {(group, bucket)} that stay gathered
     fetch: dict  # module -> sorted [(group, bucket)] its forward needs (non-persistent)
     key_of: dict  # parameter name -> (group, bucket)
+    # the modules the strategy hooks: every module but those inside a leaf (a module with no unit
+    # of its own is hooked too, so that a parameter its forward reads can join it:
+    # ``stage3_access.py``)
+    modules: list
+
+    def add_to_unit(self, module, key) -> bool:
+        """``module``'s forward reads the parameters of bucket ``key`` (outside their own
+        module): fetch it with ``module`` from now on. False if it already was."""
+        keys = self.fetch.setdefault(module, [])
+        if key in keys:
+            return False
+        keys.append(key)
+        keys.sort()
+        return True
 
     def numel(self, key) -> int:
         gi, bi = key
@@ -80,9 +95,11 @@ def plan_units(model, named_groups, world: int, cap: int, persistence_threshold:
     owned = []  # (module, [[(name, p)] per group]) for the parameters it owns first
     persist = [[] for _ in named_groups]
     inside_leaf = set()  # modules under a leaf: gathered with it, no unit of their own
+    hooked = []
     for _, m in model.named_modules():
         if m in inside_leaf:
             continue
+        hooked.append(m)
         members = [m]
         if z3_leaf_module(m):
             members = list(m.modules())
@@ -121,4 +138,4 @@ def plan_units(model, named_groups, world: int, cap: int, persistence_threshold:
         keys = {key_of[where[id(p)][1]] for p in ps} - persistent
         if keys:
             fetch[m] = sorted(keys)
-    return UnitPlan(layouts, persistent, dict(fetch), key_of)
+    return UnitPlan(layouts, persistent, dict(fetch), key_of, hooked)
