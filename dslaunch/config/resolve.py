@@ -48,6 +48,7 @@ class ResolvedConfig:
         self.notes = notes
         self.origin = origin
         self.auto_lines: list = []
+        self.rewrites: list = []  # dotted top-level keys read as nested ones (dotted.py)
         self._typed = None
 
     @property
@@ -157,7 +158,7 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
                   model_num_params)
     if dp_world_size is None and world_size is not None:
         dp = _data_parallel_size(values, world_size)
-    notes: list = []
+    notes: list = list(checked.rewrites)
     no_batch = not require_batch and all(values[key] is None for key in TRIAD)
     if values["elasticity"]["enabled"] is True:  # the elastic solver sets the triad
         if not any(p.startswith("elasticity") for p in problems):
@@ -173,6 +174,7 @@ def resolve_config(source_or_raw: Any, world_size: Optional[int] = None,
 
     cfg = ResolvedConfig(values, sources, world_size, dp, notes, origin)
     cfg.auto_lines = auto_lines
+    cfg.rewrites = checked.rewrites
     if check_supported:
         problems.extend(unsupported_problems(cfg.get))
     if problems:

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dotted import expand_dotted_keys
 from .schema import (
     DEEPSPEED_OPTIMIZERS,
     SCHEDULER_PARAMS,
@@ -34,6 +35,7 @@ class Checked:
     sources: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)
     autos: list = field(default_factory=list)  # dotted paths whose value is "auto"
+    rewrites: list = field(default_factory=list)  # dotted top-level keys read nested (dotted.py)
 
     def problem(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}")
@@ -49,7 +51,7 @@ def show(value: Any) -> str:
 
 def check_config(raw: dict) -> Checked:
     ck = Checked()
-    raw = dict(raw)
+    raw = expand_dotted_keys(dict(raw), ck.problems, ck.rewrites)
     # DeepSpeed's oldest spelling: "zero_optimization": true means stage 1.
     if isinstance(raw.get("zero_optimization"), bool):
         raw["zero_optimization"] = {"stage": int(raw["zero_optimization"])}

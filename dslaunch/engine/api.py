@@ -9,6 +9,7 @@ import argparse
 import os
 
 from .comm import init_distributed
+from .log import log_dist
 
 CONFIG_ENV = "DSLAUNCH_CONFIG"
 
@@ -95,10 +96,13 @@ def _resolve(source, model, mpu=None, origin=None):
     from dslaunch.config import resolve_config
 
     dp, stages, tp = _layout(model, mpu)
-    return resolve_config(source, world_size=dist.get_world_size(), dp_world_size=dp,
-                          model_num_params=sum(p.numel() for p in model.parameters()),
-                          pipeline_stages=stages, tensor_parallel_size=tp, origin=origin,
-                          fills={"hidden_size": model_hidden_size(model)})
+    resolved = resolve_config(source, world_size=dist.get_world_size(), dp_world_size=dp,
+                              model_num_params=sum(p.numel() for p in model.parameters()),
+                              pipeline_stages=stages, tensor_parallel_size=tp, origin=origin,
+                              fills={"hidden_size": model_hidden_size(model)})
+    for line in resolved.rewrites:  # dotted top-level keys (TRL's): say how they were read
+        log_dist(f"config: {line}", ranks=[0])
+    return resolved
 
 
 def _configure_activation_checkpointing(resolved, layout) -> None:
