@@ -1,50 +1,125 @@
-# A test fixture: DeepSpeedExamples' training/cifar/cifar10_deepspeed.py (deepspeedai/
-# DeepSpeedExamples, Apache License 2.0, Copyright (c) Microsoft Corporation) as a user ports it
-# to dslaunch. The code below is the original's, in its order, except for these edits:
+# A test fixture: DeepSpeedExamples' training/cifar/cifar10_deepspeed.py
+# (deepspeedai/DeepSpeedExamples, Apache License 2.0, Copyright (c) Microsoft Corporation) as a
+# user ports it to dslaunch. The code below is the original's, in its order (line ends LF),
+# except for these edits, each also applied by benchmarks/conformance.py when it runs the
+# original:
 #
-# - the port itself: `import deepspeed` -> `import dslaunch as deepspeed`, and
-#   `from deepspeed.accelerator import ...` -> `from dslaunch.accelerator import ...`;
-# - the import of `deepspeed.moe.utils` moved from the top of the file into
-#   create_moe_param_groups (the only user, reached with --moe-param-group): dslaunch's MoE comes
-#   with issue 22, and a top-level import would stop the non-MoE runs too;
-# - no download: torchvision (and its transforms and CIFAR10 download) is replaced by SYNTHETIC, a
-#   small seeded tensor dataset of CIFAR-10's shapes (3x32x32 images, 10 classes) whose classes
-#   are learnable (a per-class pattern plus noise), so a short run shows the loss falling;
-# - the tutorial's comment blocks and help texts are shortened.
+# - the port itself: `import deepspeed` -> `import dslaunch as deepspeed`, and each
+#   `from deepspeed.X import Y` -> `from dslaunch.X import Y`;
+# - no-download: torchvision's CIFAR10 downloads 170 MB; a seeded synthetic dataset of its
+#   shapes (10 learnable classes) replaces it;
+# - no-download: the transforms belong to the torchvision dataset;
+# - no-download: synthetic train set;
+# - no-download: synthetic test set;
+# - compare: the original leaves the initial weights unseeded; the two runs must start from the
+#   same weights for their losses to be compared.
 import argparse
+import os
 
 import dslaunch as deepspeed
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+def _synthetic_cifar10(n, seed):  # conformance edit (no download): CIFAR-10's shapes
+    g = torch.Generator().manual_seed(1234)
+    patterns = torch.rand(10, 3, 32, 32, generator=g) * 2 - 1
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 10
+    images = (0.6 * patterns[labels] + 0.4 * torch.randn(n, 3, 32, 32, generator=g)).clamp(-1, 1)
+    return torch.utils.data.TensorDataset(images, labels)
 from dslaunch.accelerator import get_accelerator
+from dslaunch.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
 
 def add_argument():
     parser = argparse.ArgumentParser(description="CIFAR")
 
     # For train.
-    parser.add_argument("-e", "--epochs", default=30, type=int, help="number of total epochs")
-    parser.add_argument("--local_rank", type=int, default=-1, help="local rank")
-    parser.add_argument("--log-interval", type=int, default=2000, help="logging interval")
+    parser.add_argument(
+        "-e",
+        "--epochs",
+        default=30,
+        type=int,
+        help="number of total epochs (default: 30)",
+    )
+    parser.add_argument(
+        "--local_rank",
+        type=int,
+        default=-1,
+        help="local rank passed from distributed launcher",
+    )
+    parser.add_argument(
+        "--log-interval",
+        type=int,
+        default=2000,
+        help="output logging information at a given interval",
+    )
 
     # For mixed precision training.
-    parser.add_argument("--dtype", default="fp16", type=str, choices=["bf16", "fp16", "fp32"],
-                        help="Datatype used for training")
+    parser.add_argument(
+        "--dtype",
+        default="fp16",
+        type=str,
+        choices=["bf16", "fp16", "fp32"],
+        help="Datatype used for training",
+    )
 
     # For ZeRO Optimization.
-    parser.add_argument("--stage", default=0, type=int, choices=[0, 1, 2, 3],
-                        help="Datatype used for training")
+    parser.add_argument(
+        "--stage",
+        default=0,
+        type=int,
+        choices=[0, 1, 2, 3],
+        help="Datatype used for training",
+    )
 
     # For MoE (Mixture of Experts).
-    parser.add_argument("--moe", default=False, action="store_true")
-    parser.add_argument("--ep-world-size", default=1, type=int)
-    parser.add_argument("--num-experts", type=int, nargs="+", default=[1, ])
-    parser.add_argument("--mlp-type", type=str, default="standard")
-    parser.add_argument("--top-k", default=1, type=int)
-    parser.add_argument("--min-capacity", default=0, type=int)
-    parser.add_argument("--noisy-gate-policy", default=None, type=str)
-    parser.add_argument("--moe-param-group", default=False, action="store_true")
+    parser.add_argument(
+        "--moe",
+        default=False,
+        action="store_true",
+        help="use deepspeed mixture of experts (moe)",
+    )
+    parser.add_argument(
+        "--ep-world-size", default=1, type=int, help="(moe) expert parallel world size"
+    )
+    parser.add_argument(
+        "--num-experts",
+        type=int,
+        nargs="+",
+        default=[
+            1,
+        ],
+        help="number of experts list, MoE related.",
+    )
+    parser.add_argument(
+        "--mlp-type",
+        type=str,
+        default="standard",
+        help="Only applicable when num-experts > 1, accepts [standard, residual]",
+    )
+    parser.add_argument(
+        "--top-k", default=1, type=int, help="(moe) gating top 1 and 2 supported"
+    )
+    parser.add_argument(
+        "--min-capacity",
+        default=0,
+        type=int,
+        help="(moe) minimum capacity of an expert regardless of the capacity_factor",
+    )
+    parser.add_argument(
+        "--noisy-gate-policy",
+        default=None,
+        type=str,
+        help="(moe) noisy gating (only supported with top-1). Valid values are None, RSample, and Jitter",
+    )
+    parser.add_argument(
+        "--moe-param-group",
+        default=False,
+        action="store_true",
+        help="(moe) create separate moe param groups, required when using ZeRO w. MoE",
+    )
 
     # Include DeepSpeed configuration arguments.
     parser = deepspeed.add_config_arguments(parser)
@@ -56,8 +131,6 @@ def add_argument():
 
 def create_moe_param_groups(model):
     """Create separate parameter groups for each expert."""
-    from dslaunch.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
     parameters = {"params": [p for p in model.parameters()], "name": "parameters"}
     return split_params_into_different_moe_groups_for_optimizer(parameters)
 
@@ -158,9 +231,29 @@ class Net(nn.Module):
 
 
 def test(model_engine, testset, local_device, target_dtype, test_batch_size=4):
-    """Test the network on the test data."""
+    """Test the network on the test data.
+
+    Args:
+        model_engine (deepspeed.runtime.engine.DeepSpeedEngine): the DeepSpeed engine.
+        testset (torch.utils.data.Dataset): the test dataset.
+        local_device (str): the local device name.
+        target_dtype (torch.dtype): the target datatype for the test data.
+        test_batch_size (int): the test batch size.
+
+    """
     # The 10 classes for CIFAR10.
-    classes = ("plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+    classes = (
+        "plane",
+        "car",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
+    )
 
     # Define the test dataloader.
     testloader = torch.utils.data.DataLoader(
@@ -205,27 +298,44 @@ def test(model_engine, testset, local_device, target_dtype, test_batch_size=4):
             )
 
 
-def SYNTHETIC(n, seed):
-    """CIFAR-10's shapes, no download: image = its class's pattern + noise, in [-1, 1] like the
-    original's normalized images; every class appears equally often."""
-    g = torch.Generator().manual_seed(1234)  # the same patterns in every set
-    patterns = torch.rand(10, 3, 32, 32, generator=g) * 2 - 1
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.arange(n) % 10
-    images = (0.6 * patterns[labels] + 0.4 * torch.randn(n, 3, 32, 32, generator=g)).clamp(-1, 1)
-    return torch.utils.data.TensorDataset(images, labels)
-
-
 def main(args):
     # Initialize DeepSpeed distributed backend.
     deepspeed.init_distributed()
+    _local_rank = int(os.environ.get("LOCAL_RANK"))
+    get_accelerator().set_device(_local_rank)
 
-    # Step 1. Data (synthetic: see the top of the file).
-    torch.manual_seed(0)  # the original leaves the weights unseeded; a test wants them repeatable
-    trainset = SYNTHETIC(64, seed=1)
-    testset = SYNTHETIC(40, seed=2)
+    ########################################################################
+    # Step1. Data Preparation.
+    #
+    # The output of torchvision datasets are PILImage images of range [0, 1].
+    # We transform them to Tensors of normalized range [-1, 1].
+    #
+    # Note:
+    #     If running on Windows and you get a BrokenPipeError, try setting
+    #     the num_worker of torch.utils.data.DataLoader() to 0.
+    ########################################################################
+    transform = None
 
+    if torch.distributed.get_rank() != 0:
+        # Might be downloading cifar data, let rank 0 download first.
+        torch.distributed.barrier()
+
+    # Load or download cifar data.
+    trainset = _synthetic_cifar10(64, seed=1)
+    testset = _synthetic_cifar10(40, seed=2)
+
+    if torch.distributed.get_rank() == 0:
+        # Cifar data is downloaded, indicate other ranks can proceed.
+        torch.distributed.barrier()
+
+    ########################################################################
     # Step 2. Define the network with DeepSpeed.
+    #
+    # First, we define a Convolution Neural Network.
+    # Then, we define the DeepSpeed configuration dictionary and use it to
+    # initialize the DeepSpeed engine.
+    ########################################################################
+    torch.manual_seed(0)
     net = Net(args)
 
     # Get list of parameters that require gradients.
@@ -262,7 +372,14 @@ def main(args):
     # Define the Classification Cross-Entropy loss function.
     criterion = nn.CrossEntropyLoss()
 
+    ########################################################################
     # Step 3. Train the network.
+    #
+    # This is when things start to get interesting.
+    # We simply have to loop over our data iterator, and feed the inputs to the
+    # network and optimize. (DeepSpeed handles the distributed details for us!)
+    ########################################################################
+
     for epoch in range(args.epochs):  # loop over the dataset multiple times
         running_loss = 0.0
         for i, data in enumerate(trainloader):
@@ -290,7 +407,9 @@ def main(args):
                 running_loss = 0.0
     print("Finished Training")
 
+    ########################################################################
     # Step 4. Test the network on the test data.
+    ########################################################################
     test(model_engine, testset, local_device, target_dtype)
 
 

@@ -1,30 +1,31 @@
 #!/usr/bin/env python3
-# A test fixture: DeepSpeedExamples' training/pipeline_parallelism/train.py (deepspeedai/
-# DeepSpeedExamples, Apache License 2.0, Copyright (c) Microsoft Corporation) as a user ports it
-# to dslaunch. The code below is the original's, in its order, except for these edits:
+# A test fixture: DeepSpeedExamples' training/pipeline_parallelism/train.py
+# (deepspeedai/DeepSpeedExamples, Apache License 2.0, Copyright (c) Microsoft Corporation) as a
+# user ports it to dslaunch. The code below is the original's, in its order (line ends LF),
+# except for these edits, each also applied by benchmarks/conformance.py when it runs the
+# original:
 #
-# - the port itself: `import deepspeed` -> `import dslaunch as deepspeed`, and the
-#   `from deepspeed.X import Y` lines -> `from dslaunch.X import Y`;
-# - no torchvision (not installed, and no download): cifar_trainset returns a small seeded tensor
-#   dataset instead of CIFAR-10 behind Resize/CenterCrop (64x64 images, 10 learnable classes), and
+# - the port itself: `import deepspeed` -> `import dslaunch as deepspeed`, and each
+#   `from deepspeed.X import Y` -> `from dslaunch.X import Y`;
+# - no torchvision (not installed, and no download); CPU time (the tests run 60 + 20 steps):
 #   AlexNet is a stand-in with torchvision's AlexNet layout (features, avgpool, classifier with
-#   its dropouts) at a fraction of its width, so that join_layers works on it unchanged;
-# - CPU: `torch.cuda.set_device(...)` is skipped where there is no GPU, and the test passes
-#   `--backend gloo` (the script's own flag) instead of the default nccl.
+#   its dropouts) at 1/8 of its width, so that join_layers works on it unchanged, and the images
+#   are 64x64 instead of 224x224; vgg19 is unused;
+# - no download: cifar_trainset returns 64 seeded synthetic images of 10 learnable classes
+#   instead of CIFAR-10 (its barriers stay);
+# - no download: the transforms belong to the torchvision dataset;
+# - cpu: no CUDA device to select.
+
 import os
 import argparse
 
 import torch
 import torch.distributed as dist
+
 import torch.nn as nn
 
-import dslaunch as deepspeed
-from dslaunch.pipe import PipelineModule
-from dslaunch.utils import RepeatingLoader
-
-
-class AlexNet(nn.Module):
-    """torchvision's AlexNet layout, narrow (channels / 8, hidden 4096 -> 128)."""
+class AlexNet(nn.Module):  # test edit (CPU time): torchvision's AlexNet layout, narrow
+    """channels / 8, hidden 4096 -> 128; the layer list join_layers reads is the same."""
 
     def __init__(self, num_classes=1000, dropout=0.5):
         super().__init__()
@@ -49,13 +50,30 @@ class AlexNet(nn.Module):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
-def cifar_trainset(local_rank, dl_path='/tmp/cifar10-data'):
-    # synthetic (see the top of the file): image = its class's pattern + noise
+def _synthetic_cifar10_64(n=64):  # test edit (no download, CPU time): 64x64 images
     g = torch.Generator().manual_seed(1234)
     patterns = torch.rand(10, 3, 64, 64, generator=g) * 2 - 1
-    labels = torch.arange(64) % 10
-    images = 0.6 * patterns[labels] + 0.4 * torch.randn(64, 3, 64, 64, generator=g)
+    labels = torch.arange(n) % 10
+    images = 0.6 * patterns[labels] + 0.4 * torch.randn(n, 3, 64, 64, generator=g)
     return torch.utils.data.TensorDataset(images, labels)
+
+import dslaunch as deepspeed
+from dslaunch.pipe import PipelineModule
+from dslaunch.utils import RepeatingLoader
+
+
+def cifar_trainset(local_rank, dl_path='/tmp/cifar10-data'):
+
+    # Ensure only one rank downloads.
+    # Note: if the download path is not on a shared filesytem, remove the semaphore
+    # and switch to args.local_rank
+    dist.barrier()
+    if local_rank != 0:
+        dist.barrier()
+    trainset = _synthetic_cifar10_64()
+    if local_rank == 0:
+        dist.barrier()
+    return trainset
 
 
 def get_args():
@@ -125,6 +143,7 @@ def train_base(args):
                 print(f'step: {step:3d} / {args.steps:3d} loss: {loss}')
 
 
+
 def join_layers(vision_model):
     layers = [
         *vision_model.features,
@@ -169,7 +188,7 @@ if __name__ == '__main__':
 
     deepspeed.init_distributed(dist_backend=args.backend)
     args.local_rank = int(os.environ['LOCAL_RANK'])
-    if torch.cuda.is_available():  # CPU edit (see the top of the file)
+    if torch.cuda.is_available():
         torch.cuda.set_device(args.local_rank)
 
     if args.pipeline_parallel_size == 0:
