@@ -18,6 +18,10 @@
 - ``--local_rank`` is NOT added to argv here (torchrun does not either): LOCAL_RANK is in the env,
   and a script that declares ``--local_rank`` with a default keeps working. ``dslaunch run
   --as-deepspeed`` has the agent add it, as DeepSpeed's launcher does.
+- With a progress record to write (``DSLAUNCH_PROGRESS_FILE``, set by the agent), every
+  ``torch.distributed`` collective the script's main thread calls is recorded there for the hang
+  watchdog, from the moment the script imports torch (``dslaunch/torch_progress.py``): plain
+  torch, HF Trainer, Lightning or Accelerate scripts are watched as dslaunch's engine is.
 - With DSLAUNCH_AS_DEEPSPEED set (``--as-deepspeed``), ``import deepspeed`` means dslaunch before
   the script runs (dslaunch/as_deepspeed.py), whether or not the package's .pth is installed.
 
@@ -104,6 +108,9 @@ def main(argv: list | None = None) -> None:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     _register_stack_file()
+    from dslaunch.torch_progress import install_on_import  # imports no torch
+
+    install_on_import()
     if os.environ.get("DSLAUNCH_AS_DEEPSPEED"):
         from dslaunch.as_deepspeed import install_from_env  # imports no torch
 
