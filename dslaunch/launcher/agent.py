@@ -28,6 +28,7 @@ from dslaunch import progress_record
 from dslaunch.launcher import errors, events, inject
 from dslaunch.launcher.bootstrap import STACK_FILE_ENV
 from dslaunch.launcher.cores import CoreListError, format_cores, rank_cores
+from dslaunch.launcher.idleness import Idleness, cpu_ticks
 from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
 
 TAIL_LINES = 20
@@ -70,10 +71,7 @@ class Rank:
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.reader: threading.Thread | None = None
         self.exited = False
-        # the hang watchdog's idleness: when its progress record last changed (our clock)
-        self.record: dict | None = None
-        self.changed_at = self.looked_at = time.monotonic()
-        self.ticks: int | None = None  # its CPU time (clock ticks) while it has no record
+        self.idleness = Idleness(time.monotonic())  # the hang watchdog's input (idleness.py)
 
 
 class Agent:
@@ -203,28 +201,15 @@ class Agent:
 
     def progress(self) -> tuple:
         """({rank: its last progress record} for the running ranks that wrote one, {rank: seconds
-        since its record last changed, or, before its first record, since its CPU time last
-        advanced} for every running rank)."""
+        without progress (idleness.py)} for every running rank)."""
         found, idle = {}, {}
         now, wall = time.monotonic(), time.time()
         for r in self.ranks:
             if r.proc.poll() is None:
                 rec = progress_record.read(self.progress_file(r.rank))
-                if rec is None:
-                    # no record yet (imports, or a script outside dslaunch's comm layer): it
-                    # progresses while it uses CPU time; a rank blocked in a wait uses none
-                    ticks = _cpu_ticks(r.proc.pid)
-                    if ticks != r.ticks:
-                        r.ticks, r.changed_at = ticks, now
-                else:
+                if rec is not None:
                     found[str(r.rank)] = rec
-                    if rec != r.record:
-                        # changed since the last look: when exactly, the rank's stamp says (this
-                        # host's clock), never earlier than that last look
-                        ago = min(max(wall - rec["updated"], 0.0), now - r.looked_at)
-                        r.record, r.changed_at = rec, now - ago
-                r.looked_at = now
-                idle[str(r.rank)] = round(now - r.changed_at, 3)
+                idle[str(r.rank)] = r.idleness.update(rec, cpu_ticks(r.proc.pid), now, wall)
         return found, idle
 
     def dump_stacks(self, wanted: set) -> None:
@@ -456,16 +441,6 @@ class Agent:
     def _reap_all(self) -> None:
         # A rank's leftover children (same process group) must not outlive the job.
         self._signal_groups(signal.SIGKILL, self.ranks)
-
-
-def _cpu_ticks(pid: int) -> int | None:
-    """The CPU time (user + system, clock ticks) a process has used, from /proc; None elsewhere."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _read_new(path: str, start: int) -> str:
