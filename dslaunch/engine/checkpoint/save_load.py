@@ -59,6 +59,13 @@ from .files import (
 )
 from .retention import prune
 from .rng import rng_state, set_rng_state
+from .zero3_module import (
+    PARTITIONED,
+    full_module_state,
+    load_shard_weights,
+    partitioned_module_state,
+)
+from .zero3_module import shapes as zero3_shapes
 from .zero_shards import STAGING
 
 # -- save --------------------------------------------------------------------------------------
@@ -129,7 +136,11 @@ def async_saver(engine) -> AsyncSaver:
 def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> dict:
     """``{path: object}`` this rank writes (every rank calls it: stage 3 gathers the weights)."""
     strategy, rank = engine.strategy, engine.global_rank
-    module_sd = strategy.module_state_dict()
+    strategy_sd = strategy.state_dict()
+    # stage 3: the weights are in the rank files' shards; model_states only names them
+    # (zero3_module.py). Elsewhere every rank takes part in the gather of the whole weights
+    partitioned = partitioned_module_state(strategy, strategy_sd)
+    module_sd, part = partitioned if partitioned else (strategy.module_state_dict(), None)
     if exclude_frozen_parameters:
         module_sd = without_frozen(module_sd, engine.module)
     # MoE: each expert in a file of its own (expert_files.py), written by one of its replicas
@@ -150,12 +161,14 @@ def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> di
             "client_state": client,
             "dslaunch_version": dslaunch_version(),
         }
+        if part:
+            states[PARTITIONED] = part
         # the client state at the top level too, where DeepSpeed puts it and readers of its
         # files look (Lightning's zero-to-fp32 conversion); pickled once, the objects are shared
         states.update({k: v for k, v in client.items() if k not in states})
         files[model_file(tmp)] = states
     # "optimizer_state_dict"/"zero_stage": where readers of DeepSpeed's files find the stage
-    files[rank_file(tmp, rank)] = {"strategy": strategy.state_dict(), "rng": rng_state(),
+    files[rank_file(tmp, rank)] = {"strategy": strategy_sd, "rng": rng_state(),
                                    "rank": rank, "world_size": engine.world_size,
                                    "optimizer_state_dict": {"zero_stage": engine.zero_stage}}
     return files
@@ -229,17 +242,21 @@ def _record_saved(step: int) -> None:
 
 # -- load --------------------------------------------------------------------------------------
 
-def check_module(sd: dict, model: torch.nn.Module, path: str, strict: bool) -> None:
-    """Raise naming the first tensor whose name or shape does not match the model."""
+def check_module(sd: dict, model: torch.nn.Module, path: str, strict: bool,
+                 shapes: dict | None = None) -> None:
+    """Raise naming the first tensor whose name or shape does not match the model (``shapes``:
+    the real shapes of placeholders, ``zero3_module.py``)."""
     own = model.state_dict()
+    shapes = shapes or {}
     for name, t in own.items():
         if name not in sd:
             if strict:
                 raise CheckpointError(f"{path}: model tensor {name!r} is missing from the "
                                       "checkpoint")
             continue
-        if tuple(sd[name].shape) != tuple(t.shape):
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(sd[name].shape)} in "
+        shape = shapes.get(name, tuple(sd[name].shape))
+        if tuple(shape) != tuple(t.shape):
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(shape)} in "
                                   f"the checkpoint but {list(t.shape)} in the model")
     if strict:
         for name in sd:
@@ -279,9 +296,9 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     if not isinstance(states, dict) or "module" not in states:
         raise CheckpointError(f"{mpath}: not a dslaunch model checkpoint (no 'module')")
     module_sd = with_local_experts(engine, states["module"], path)  # MoE: this rank's experts
-    check_module(module_sd, engine.module, mpath, strict)
-    engine.strategy.load_module_state_dict(module_sd, strict=strict)
-    engine.strategy.sync_from_model()
+    part = states.get(PARTITIONED) or {}
+    check_module(module_sd, engine.module, mpath, strict, zero3_shapes(part))
+    _load_module(engine, path, meta, module_sd, part, strict)
     if load_module_only:
         return path, states.get("client_state", {})
 
@@ -307,6 +324,22 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     if engine.global_rank == 0:
         _log_layout_change(path, meta, states, engine)
     return path, states.get("client_state", {})
+
+
+def _load_module(engine, path: str, meta: dict, module_sd: dict, part: dict, strict) -> None:
+    """The weights into the engine. A stage-3 checkpoint's partitioned weights are in its
+    shards (``zero3_module.py``): a stage-3 engine reads only its own shard of them, any other
+    gets them whole."""
+    world = int(meta.get("world_size", 1))
+    if part and load_shard_weights(engine.strategy, path, world):
+        with torch.no_grad():  # buffers and frozen parameters: whole in model_states
+            engine.module.load_state_dict({k: v for k, v in module_sd.items() if k not in part},
+                                          strict=False)
+        return
+    if part:
+        module_sd = full_module_state(path, world, module_sd, part)
+    engine.strategy.load_module_state_dict(module_sd, strict=strict)
+    engine.strategy.sync_from_model()
 
 
 def _log_layout_change(path: str, meta: dict, states: dict, engine) -> None:

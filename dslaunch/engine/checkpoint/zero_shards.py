@@ -149,11 +149,8 @@ def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict,
     """Put one group's shard values (fp32 weights, optimizer states) in place. ``own``: the state
     tensors were built for this call (resharded), so the optimizer keeps views of them instead of
     copies (the rank file's tensors are copied: they may be views of a mapped file)."""
+    put_master(g, master)
     with torch.no_grad():
-        if g.master is not None:
-            g.master.copy_(master)
-        for c, m in zip(g.chunks, P.shard_chunks(master, g.layout)):
-            c.copy_(m)
         opt_state = strategy.optimizer.state
         pieces = {k: P.shard_chunks(full, g.layout) for k, full in state.items()}
         for sp_i, sp in enumerate(g.shard_params):
@@ -164,6 +161,15 @@ def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict,
             for k, v in scalars.items():
                 st[k] = _scalar_state(strategy.optimizer, k, v, sp.device)
             opt_state[sp] = st
+
+
+def put_master(g, master: torch.Tensor) -> None:
+    """Set group ``g``'s shard values: its fp32 masters (when kept) and parameter chunks."""
+    with torch.no_grad():
+        if g.master is not None:
+            g.master.copy_(master)
+        for c, m in zip(g.chunks, P.shard_chunks(master, g.layout)):
+            c.copy_(m)
 
 
 def _scalar_state(optimizer, key: str, v: torch.Tensor, device: torch.device):

@@ -20,7 +20,8 @@ dslaunch's ``engine/checkpoint/zero_to_fp32_script.py``; dslaunch's own consolid
 its output writer and page release from there.
 
 Formats: ZeRO 0-3 (``model_states.pt``; for ZeRO 1-3 the fp32 masters are put back together from
-the ranks' shards in ``rank_{r}_optim_states.pt``; MoE experts from their
+the ranks' shards in ``rank_{r}_optim_states.pt``: at ZeRO 3 ``model_states.pt`` keeps only
+empty placeholders of those weights, listed under ``zero3_partitioned``; MoE experts from their
 ``layer_{l}_expert_{e}_mp_rank_00_model_states.pt`` files and shards, under their global expert
 ids) and pipeline / tensor parallel
 (``layer_stage{S}_tp{T}_model_states.pt``; tensor-parallel slices merged, fp32 masters in
@@ -37,6 +38,7 @@ copy of the model.
 import argparse
 import ctypes
 import json
+import math
 import mmap
 import os
 import re
@@ -194,19 +196,22 @@ def zero_checkpoint(path, meta, exclude=(), alloc=None):
     out."""
     model = Mapped(os.path.join(path, "model_states.pt"))
     sources = [(model, model.obj["module"])]
+    # ZeRO 3: {key: [name in the shards, shape]} of the empty placeholders in "module"
+    part = model.obj.get("zero3_partitioned") or {}
     for fname in sorted(os.listdir(path)):
         if EXPERT_FILES.match(fname):
             expert = Mapped(os.path.join(path, fname))
             sources.append((expert, expert.obj))
     sharded = _sharded_names(path, meta) if meta.get("zero_stage") in (1, 2, 3) else {}
-    specs = {name: (tuple(t.shape), torch.float32 if t.is_floating_point() else t.dtype)
+    specs = {name: (tuple(part[name][1]) if name in part else tuple(t.shape),
+                    torch.float32 if t.is_floating_point() else t.dtype)
              for _, module in sources for name, t in module.items() if name not in exclude}
     out, dst = alloc(specs) if alloc else (
         {n: torch.empty(shape, dtype=dtype) for n, (shape, dtype) in specs.items()}, None)
     filled = {}
     for mapped, module in sources:
         for name, saved in module.items():
-            if name in out and name not in sharded:
+            if name in out and name not in sharded and name not in part:
                 copy_released(out[name].view(-1), saved.reshape(-1), mapped, dst)
     del model, sources, module
     for rank in range(int(meta.get("world_size", 1)) if sharded else 0):
@@ -226,6 +231,11 @@ def zero_checkpoint(path, meta, exclude=(), alloc=None):
                             sharded[name] != out[name].numel()):
             raise ValueError(f"{path}: tensor {name!r}: the shards hold {filled.get(name, 0)} of "
                              f"its {out[name].numel()} elements")
+    for key, (name, _shape) in part.items():  # a tied weight's other names
+        if key in out and key != name:
+            if name not in out or name not in sharded:
+                raise ValueError(f"{path}: tensor {key!r} names {name!r}, which no shard holds")
+            out[key].copy_(out[name])
     return out
 
 
@@ -460,9 +470,11 @@ def write_zero_checkpoint(path, meta, out, max_shard_size=None, safe_serializati
 
 def _model_bytes(path, exclude):
     """Bytes of the consolidated output (fp32 for floating point), from the model file's shapes."""
-    module = Mapped(os.path.join(path, "model_states.pt")).obj["module"]
-    return sum(t.numel() * (4 if t.is_floating_point() else t.element_size())
-               for n, t in module.items() if n not in exclude)
+    obj = Mapped(os.path.join(path, "model_states.pt")).obj
+    part = obj.get("zero3_partitioned") or {}
+    numel = {k: math.prod(shape) for k, (_, shape) in part.items()}
+    return sum(numel.get(n, t.numel()) * (4 if t.is_floating_point() else t.element_size())
+               for n, t in obj["module"].items() if n not in exclude)
 
 
 def frozen_of(meta):
