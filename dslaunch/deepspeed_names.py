@@ -64,6 +64,27 @@ COLLECTIVE = "collective under ZeRO 1-3: every data-parallel rank calls it, in t
 LOCAL = ("this rank's elements of the parameter, 1-D, under ZeRO 1-3 (DeepSpeed: ZeRO-3 only); "
          "None under stage 0")
 
+OP_BUILDER_FILES = ("DeepSpeed's per-op and per-accelerator builder files; import the builders "
+                    "from deepspeed.ops.op_builder (AsyncIOBuilder, CPUAdamBuilder, ...)")
+OPS_FILES = ("DeepSpeed's file behind the optimizer class; import the class from its package "
+             "(deepspeed.ops.adam.DeepSpeedCPUAdam, ...): the same class")
+ENGINE_INTERNAL = ("DeepSpeed's engine internals (optimizer wrappers, config classes, swappers, "
+                   "checkpoint engines): dslaunch's engine is its own; scripts use the engine's "
+                   "methods and the config dict")
+ZERO_INTERNAL = ("DeepSpeed's ZeRO internals (its optimizer classes, parameter coordinator, config "
+                 "models): dslaunch's ZeRO is its own; use deepspeed.zero's names, "
+                 "deepspeed.utils' safe_get_* and the engine's methods")
+UTILS_INTERNAL = ("DeepSpeed's internal helpers; the deepspeed.utils names scripts use (logger, "
+                  "log_dist, groups, safe_get_full_*, set_z3_leaf_modules, ...) are provided")
+COMM_INTERNAL = ("DeepSpeed's communication backends and their helpers; deepspeed.comm's functions "
+                 "(torch.distributed underneath) are the interface")
+ZENFLOW = "not planned yet: DeepSpeed's ZenFlow (stall-free CPU offload)"
+
+
+def _all_missing(parent: str, names: str, why: str) -> list:
+    """Missing rows ``<parent>.<name>`` for each name of ``names`` (space-separated)."""
+    return [_missing(f"{parent}.{name}", why) for name in names.split()]
+
 
 def _groups(axis: str, why: str = "") -> list:
     """The three accessors DeepSpeed's ``utils.groups`` has per parallel axis."""
@@ -223,9 +244,35 @@ NAMES: list[Name] = [
     _present("deepspeed.ops.lamb.FusedLamb", "dslaunch.engine.optim.lamb:Lamb",
              "torch ops on any device (no compiled op); max_grad_norm is accepted and not "
              "applied: clip with gradient_clipping"),
-    _missing("deepspeed.ops.op_builder",
-             "not provided as a module: get_accelerator().create_op_builder(\"CPUAdamBuilder\") "
-             "(or get_op_builder) builds and loads dslaunch's own ops"),
+    _present("deepspeed.ops.op_builder", "dslaunch.ops.op_builder",
+             "the builders of dslaunch's ops by DeepSpeed's class names; `load()` returns "
+             "dslaunch's op module (AsyncIOBuilder: one with `aio_handle`)"),
+    _present("deepspeed.ops.op_builder.AsyncIOBuilder",
+             "dslaunch.ops.op_builder:AsyncIOBuilder",
+             "`.load().aio_handle(block_size, queue_depth, single_submit, overlap_events, "
+             "intra_op_parallelism)` is dslaunch.nvme.aio.AsyncIOHandle: DeepSpeed's calls "
+             "(sync_/async_pread, pwrite, read, write, wait, new_cpu_locked_tensor, ...) on "
+             "host tensors; kernel AIO or a thread pool, O_DIRECT where the file system allows"),
+    *[_present(f"deepspeed.ops.op_builder.{name}", f"dslaunch.ops.op_builder:{name}", why)
+      for name, why in (
+        ("CPUAdamBuilder", "`.load()` is dslaunch's compiled op, not DeepSpeed's binding "
+         "(use deepspeed.ops.adam.DeepSpeedCPUAdam to step)"),
+        ("CPUAdagradBuilder", "as CPUAdamBuilder"), ("CPULionBuilder", "as CPUAdamBuilder"),
+        ("FusedAdamBuilder", "the CUDA multi-tensor Adam; is_compatible() is False without a "
+         "GPU"),
+        ("GDSBuilder", "importable; is_compatible() is False and load() says to use "
+         "AsyncIOBuilder: dslaunch has no GPUDirect Storage op"),
+        ("FusedLambBuilder", "importable; no compiled op: load() points to "
+         "deepspeed.ops.lamb.FusedLamb"),
+        ("FusedLionBuilder", "importable; no compiled op: load() points to "
+         "deepspeed.ops.lion.FusedLion"))],
+    *[_missing(f"deepspeed.ops.op_builder.{name}", OP_BUILDER_FILES) for name in (
+        "async_io", "builder", "cpu", "dc", "evoformer_attn", "fp_quantizer", "fused_adam",
+        "fused_lamb", "fused_lion", "gds", "hpu", "inference_core_ops",
+        "inference_cutlass_builder", "klxpu", "mlu", "mps", "npu", "pin_memory",
+        "pin_memory_load", "quantizer", "ragged_ops", "ragged_utils", "random_ltd", "sdaa",
+        "spatial_inference", "stochastic_transformer", "supa", "transformer",
+        "transformer_inference", "utils", "xpu")],
     _missing("deepspeed.ops.sparse_attention",
              "not planned: DeepSpeed's block-sparse attention kernels"),
     _missing("deepspeed.ops.transformer",
@@ -494,6 +541,109 @@ NAMES: list[Name] = [
     _missing("deepspeed.launcher.runner", "the launcher is the `dslaunch run` command; "
              "`python -m dslaunch` takes a `deepspeed` command line as typed (its flags, "
              "`.deepspeed_env`; docs/launcher.md)"),
+    # -- deepspeed.monitor ------------------------------------------------------------------------
+    _present("deepspeed.monitor", "dslaunch.monitor",
+             "the monitors the engine writes with (csv_monitor, tensorboard, wandb, comet "
+             "sections), under DeepSpeed's class names and constructors"),
+    _present("deepspeed.monitor.monitor", "dslaunch.monitor.monitor"),
+    _present("deepspeed.monitor.monitor.Monitor", "dslaunch.monitor.monitor:Monitor"),
+    _present("deepspeed.monitor.monitor.MonitorMaster", "dslaunch.monitor.monitor:MonitorMaster",
+             "MonitorMaster(get_monitor_config(config_dict)); rank 0 writes, as DeepSpeed's"),
+    _present("deepspeed.monitor.config", "dslaunch.monitor.config"),
+    _present("deepspeed.monitor.config.get_monitor_config",
+             "dslaunch.monitor.config:get_monitor_config",
+             "the config dict's csv_monitor, tensorboard, wandb and comet sections, checked as "
+             "dslaunch.initialize checks them"),
+    _present("deepspeed.monitor.config.DeepSpeedMonitorConfig",
+             "dslaunch.monitor.config:DeepSpeedMonitorConfig",
+             "built by get_monitor_config (not a pydantic model)"),
+    *[_present(f"deepspeed.monitor.{module}", f"dslaunch.monitor.{module}") for module in (
+        "csv_monitor", "tensorboard", "wandb", "comet")],
+    *[_present(f"deepspeed.monitor.{module}.{name}", f"dslaunch.monitor.monitor:{name}", why)
+      for module, name, why in (
+        ("csv_monitor", "csvMonitor", "one CSV file per event under output_path/job_name"),
+        ("tensorboard", "TensorBoardMonitor", "needs the tensorboard package"),
+        ("wandb", "WandbMonitor", "needs the wandb package"),
+        ("comet", "CometMonitor", "needs the comet_ml package"))],
+    _missing("deepspeed.monitor.utils", "DeepSpeed's package checks for the monitors; a monitor "
+             "whose package is missing says so when it is made"),
+    # -- deepspeed.elasticity ----------------------------------------------------------------------
+    _present("deepspeed.elasticity", "dslaunch.elasticity",
+             "the solver of the config's elasticity section (the one dslaunch.initialize uses); "
+             "DeepSpeed 0.19.8's wheel no longer ships this package, earlier releases do and "
+             "scripts (ms-swift) import it"),
+    _present("deepspeed.elasticity.compute_elastic_config",
+             "dslaunch.elasticity.elasticity:compute_elastic_config",
+             "DeepSpeed's arguments and return values; target_deepspeed_version is accepted and "
+             "not compared (the solver is dslaunch's, versions 0.1 and 0.2)"),
+    _present("deepspeed.elasticity.elasticity_enabled",
+             "dslaunch.elasticity.elasticity:elasticity_enabled"),
+    _present("deepspeed.elasticity.ensure_immutable_elastic_config",
+             "dslaunch.elasticity.elasticity:ensure_immutable_elastic_config",
+             "compares with the DEEPSPEED_ELASTICITY_CONFIG variable the launcher exports, "
+             "as DeepSpeed's"),
+    _present("deepspeed.elasticity.config", "dslaunch.elasticity.config"),
+    *[_present(f"deepspeed.elasticity.config.{name}", f"dslaunch.elasticity.config:{name}")
+      for name in ("ElasticityError", "ElasticityConfigError", "ElasticityIncompatibleWorldSize")],
+    _missing("deepspeed.elasticity.elastic_agent", "not provided: DeepSpeed's torchelastic agent; "
+             "`dslaunch run --min_elastic_nodes N --max_elastic_nodes M` restarts the job on the hosts "
+             "that remain (docs/launcher.md)"),
+    # -- modules `import deepspeed` loads as its own machinery (deepspeed_imports.py) ----------
+    *_all_missing("deepspeed.accelerator", "abstract_accelerator cpu_accelerator",
+                  "DeepSpeed's accelerator classes; dslaunch's are dslaunch.accelerator.Accelerator "
+                  "and its CPU and CUDA subclasses (get_accelerator() returns one)"),
+    _missing("deepspeed.autotuning", "DeepSpeed's autotuner classes are not provided; the "
+             "autotuner is the `dslaunch autotune` command"),
+    *_all_missing("deepspeed.checkpoint", "affine autoep_affine autoep_zero3_metadata constants "
+                  "deepspeed_checkpoint ds_to_universal reshape_3d_utils reshape_meg_2d "
+                  "reshape_utils universal_checkpoint zero_checkpoint", UCP),
+    *_all_missing("deepspeed.comm", "backend ccl comm config constants pg_utils reduce_op torch "
+                  "utils", COMM_INTERNAL),
+    _missing("deepspeed.compile", "not planned yet: DeepSpeed's DeepCompile graph passes"),
+    _missing("deepspeed.constants", "not provided: DeepSpeed's launcher constants (default "
+             "ports, timeouts); dslaunch's launcher has its own (docs/launcher.md)"),
+    _missing("deepspeed.datastates", "not planned: DeepSpeed's DataStates asynchronous "
+             "checkpoint engine"),
+    *_all_missing("deepspeed", "git_version_info git_version_info_installed",
+                  "not provided: DeepSpeed's build record; use deepspeed.__version__"),
+    _missing("deepspeed.io", "not provided: DeepSpeed's FastFileWriter (torch.save through "
+             "DeepNVMe); move tensors to files with AsyncIOBuilder().load().aio_handle() "
+             "(deepspeed.ops.op_builder)"),
+    _missing("deepspeed.linear", "not planned yet: DeepSpeed's OptimizedLinear (LoRA, quantized "
+             "base weights)"),
+    _missing("deepspeed.model_implementations", INFERENCE),
+    _missing("deepspeed.moe.mappings", "not provided: DeepSpeed's gather/drop helpers for expert "
+             "tensor parallelism, which dslaunch's MoE does not have"),
+    *_all_missing("deepspeed.ops.adam", "cpu_adam fused_adam multi_tensor_apply", OPS_FILES),
+    *_all_missing("deepspeed.ops.adam", "zenflow_cpu_adam zenflow_torch_adam", ZENFLOW),
+    _missing("deepspeed.ops.adagrad.cpu_adagrad", OPS_FILES),
+    _missing("deepspeed.ops.lamb.fused_lamb", OPS_FILES),
+    *_all_missing("deepspeed.ops.lion", "cpu_lion fused_lion multi_tensor_apply", OPS_FILES),
+    _missing("deepspeed.ops.fp_quantizer", "not planned: DeepSpeed's FP8/FP6 quantization kernels"),
+    _missing("deepspeed.ops.random_ltd", DATA_EFFICIENCY),
+    *_all_missing("deepspeed.profiling", "config constants",
+                  "DeepSpeed's parsing of the flops_profiler config section; the engine reads the "
+                  "section itself (deepspeed.profiling.flops_profiler is provided)"),
+    *_all_missing("deepspeed.runtime.activation_checkpointing", "config offload_activations",
+                  ENGINE_INTERNAL),
+    *_all_missing("deepspeed.runtime", "bf16_optimizer checkpoint_engine comm compiler config "
+                  "config_utils constants fp16 keep_in_fp32 model_checkpointing precision_config "
+                  "sparse_tensor state_dict_factory swap_tensor torch_autocast weight_quantizer",
+                  ENGINE_INTERNAL),
+    *_all_missing("deepspeed.runtime", "hybrid_engine hybrid_engine_graph",
+                  "not planned: DeepSpeed-Chat's hybrid engine (inference kernels inside RLHF "
+                  "training); " + INFERENCE),
+    _missing("deepspeed.runtime.tensor_parallel", AUTOTP),
+    _missing("deepspeed.runtime.zenflow", ZENFLOW),
+    _missing("deepspeed.runtime.pipe.module", "use deepspeed.pipe's (or deepspeed.runtime.pipe's) "
+             "PipelineModule, LayerSpec and TiedLayerSpec: the same classes"),
+    *_all_missing("deepspeed.runtime.pipe", "p2p dualpipev", ENGINE_INTERNAL),
+    *_all_missing("deepspeed.runtime.zero", "config leaf_module_config linear offload_states "
+                  "parameter_offload partitioned_param_coordinator partitioned_param_profiler "
+                  "stage3 stage_1_and_2 tiling utils", ZERO_INTERNAL),
+    *_all_missing("deepspeed.utils", "bwc comms_logging config debug exceptions init_on_device "
+                  "mixed_precision_linkage module_utils numa nvtx pin_memory_tracker "
+                  "tensor_fragment torch types", UTILS_INTERNAL),
 ]
 
 BY_NAME = {n.deepspeed: n for n in NAMES}
@@ -531,12 +681,38 @@ def missing_attribute(module_name: str, attr: str) -> AttributeError:
                           f"{deepspeed_name} {_why(deepspeed_name)}")
 
 
+def face_getattr(module_name: str):
+    """A PEP 562 ``__getattr__`` for the face package ``module_name``: ``dslaunch.X.<name>`` is
+    what ``deepspeed.X.<name>`` is after a plain ``import deepspeed`` (DeepSpeed imports its
+    submodules eagerly, scripts reach them as attributes): a module the table names, imported on
+    first use (so ``import dslaunch`` stays cheap); a missing row's name fails with its reason."""
+
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        found = BY_NAME.get("deepspeed" + module_name[len("dslaunch"):] + "." + name)
+        if found is not None and found.present and ":" not in found.ours:
+            return resolve(found)
+        raise missing_attribute(module_name, name)
+
+    return __getattr__
+
+
 def porting_table() -> str:
-    """The Markdown table of docs/porting.md."""
+    """The Markdown table of docs/porting.md: one line per row, and one line for a run of
+    missing rows that share their reason (the modules DeepSpeed loads as its own machinery)."""
     lines = ["| DeepSpeed name | dslaunch | status |", "|---|---|---|"]
+    runs: list[list[Name]] = []
     for n in NAMES:
+        if runs and not n.present and not runs[-1][0].present and runs[-1][0].why == n.why:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    for run in runs:
+        n = run[0]
         status = ("yes" + (f": {n.why}" if n.why else "")) if n.present else f"no: {n.why}"
-        lines.append(f"| `{n.deepspeed}` | `{n.dslaunch_name}` | {status} |")
+        ours = f"`{n.dslaunch_name}`" if len(run) == 1 else "—"
+        lines.append(f"| {', '.join(f'`{m.deepspeed}`' for m in run)} | {ours} | {status} |")
     return "\n".join(lines) + "\n"
 
 

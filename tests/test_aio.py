@@ -186,10 +186,10 @@ def test_offsets_and_dtypes(disk_dir):
     with aio.AsyncIOHandle(block_size=64 * 1024) as h:
         a = torch.arange(3000, dtype=torch.float32)
         b = torch.arange(5000, dtype=torch.bfloat16)
-        h.sync_pwrite(a, disk_dir / "o.bin", offset=0)
-        h.sync_pwrite(b, disk_dir / "o.bin", offset=16384)
+        h.sync_pwrite(a, disk_dir / "o.bin", file_offset=0)
+        h.sync_pwrite(b, disk_dir / "o.bin", file_offset=16384)
         a2, b2 = torch.empty_like(a), torch.empty_like(b)
-        h.sync_pread(b2, disk_dir / "o.bin", offset=16384)
+        h.sync_pread(b2, disk_dir / "o.bin", file_offset=16384)
         h.sync_pread(a2, disk_dir / "o.bin")
         assert torch.equal(a, a2) and torch.equal(b, b2)
 

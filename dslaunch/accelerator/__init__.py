@@ -9,11 +9,8 @@ interface, and what follows from a device's answers), ``cpu.py``, ``cuda.py``,
 
 from dslaunch.accelerator.abstract import Accelerator
 from dslaunch.accelerator.real_accelerator import get_accelerator, set_accelerator
+from dslaunch.deepspeed_names import face_getattr
 
 __all__ = ["Accelerator", "get_accelerator", "set_accelerator"]
 
-
-def __getattr__(name):  # a DeepSpeed name we do not provide: say so
-    from dslaunch.deepspeed_names import missing_attribute
-
-    raise missing_attribute(__name__, name)
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them

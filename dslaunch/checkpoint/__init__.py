@@ -4,12 +4,10 @@ DeepSpeed's universal-checkpoint names are not provided (see docs/porting.md).
 A face: the checkpoint room is ``dslaunch/engine/checkpoint/`` (its ``__init__`` maps it).
 """
 
+from dslaunch.deepspeed_names import face_getattr
+
 from . import utils
 
 __all__ = ["utils"]
 
-
-def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
-    from dslaunch.deepspeed_names import missing_attribute
-
-    raise missing_attribute(__name__, name)
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them

@@ -20,6 +20,18 @@ DEEPSPEED_BUILDERS = {
     "AsyncIOBuilder": "async_io",
     "FusedAdamBuilder": "cuda_fused_adam",
 }
+# what load() returns where DeepSpeed's module has Python-level names over the op (AsyncIOBuilder:
+# ``.aio_handle(...)``), instead of the compiled op itself
+LOADS = {"AsyncIOBuilder": "dslaunch.nvme.aio"}
+# DeepSpeed's builders with no dslaunch op: importable, never compatible, load() says what to use
+NO_OP = {
+    "GDSBuilder": "dslaunch has no GPUDirect Storage (cuFile) op; AsyncIOBuilder().load()"
+                  ".aio_handle(...) takes the same calls (on host tensors)",
+    "FusedLambBuilder": "dslaunch has no compiled LAMB op; deepspeed.ops.lamb.FusedLamb "
+                        "(dslaunch.ops.lamb) runs LAMB in torch ops on any device",
+    "FusedLionBuilder": "dslaunch has no CUDA Lion op; deepspeed.ops.lion.FusedLion "
+                        "(dslaunch.ops.lion) runs the CPU op or torch ops",
+}
 
 
 class OpBuilder:
@@ -48,10 +60,15 @@ class OpBuilder:
         return bool(status["compatible"])
 
     def load(self, verbose: bool = True):
-        """The op's module, built first if the cache has none."""
+        """The op's module, built first if the cache has none (for a name in ``LOADS``: that
+        Python module, once the op is built)."""
+        import importlib
+
         from dslaunch.kernels import builder
 
-        return builder.load(self.NAME, quiet=not verbose)
+        op = builder.load(self.NAME, quiet=not verbose)
+        wrapper = LOADS.get(type(self).__name__)
+        return importlib.import_module(wrapper) if wrapper else op
 
     def jit_load(self, verbose: bool = True):
         return self.load(verbose)
@@ -60,12 +77,39 @@ class OpBuilder:
         return f"<{type(self).__name__}: dslaunch op {self.NAME} ({self.KIND})>"
 
 
+class NoOpBuilder(OpBuilder):
+    """A DeepSpeed builder dslaunch has no op for (``NO_OP``): ``is_compatible()`` is False and
+    ``load()`` raises OpUnavailable saying what to use instead."""
+
+    KIND = "none"
+
+    def absolute_name(self) -> str:
+        return f"dslaunch.kernels.{type(self).__name__}"
+
+    def sources(self) -> list[str]:
+        return []
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        if verbose:
+            print(f"{type(self).__name__}: {NO_OP[type(self).__name__]}")
+        return False
+
+    def load(self, verbose: bool = True):
+        from dslaunch.kernels.builder import OpUnavailable
+
+        raise OpUnavailable(f"{type(self).__name__}: {NO_OP[type(self).__name__]}")
+
+
 _CLASSES: dict[str, type] = {}
 
 
 def builder_class(name: str):
     """The builder class for a DeepSpeed builder name or one of our op names; None when we have
-    no such op."""
+    no such op (a ``NO_OP`` name gets a NoOpBuilder, whose KIND no accelerator runs)."""
+    if name in NO_OP:
+        if name not in _CLASSES:
+            _CLASSES[name] = type(name, (NoOpBuilder,), {"__module__": __name__})
+        return _CLASSES[name]
     op = DEEPSPEED_BUILDERS.get(name, name if name in OPS else None)
     if op is None:
         return None

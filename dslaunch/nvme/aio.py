@@ -61,6 +61,40 @@ def _check_int(name, value, minimum):
     return value
 
 
+def _path(filename) -> str:
+    """A path, or an open file descriptor's (DeepSpeed's handles take an fd in async_pwrite)."""
+    if isinstance(filename, int) and not isinstance(filename, bool):
+        return f"/proc/self/fd/{filename}"
+    return os.fspath(filename)
+
+
+def _async_keyword(async_op, kwargs: dict, what: str) -> bool:
+    """DeepSpeed names the flag ``async`` (a keyword in Python: ``**{"async": True}``)."""
+    if "async" in kwargs:
+        async_op = kwargs.pop("async")
+    if kwargs:
+        raise TypeError(f"{what}() got unexpected keyword arguments {sorted(kwargs)}")
+    return bool(async_op)
+
+
+def _validate(is_read: bool, tensor, path: str, offset: int) -> None:
+    """The bytes of `tensor` equal the file's at `offset` (read back with plain os.pread)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        on_file = os.pread(fd, nbytes, offset)
+    finally:
+        os.close(fd)
+    import torch
+
+    ours = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    if on_file != ours:
+        first = next((i for i, (a, b) in enumerate(zip(on_file, ours)) if a != b),
+                     min(len(on_file), len(ours)))
+        raise OSError(f"validate: {'read' if is_read else 'write'} of {nbytes} bytes at offset "
+                      f"{offset} of {path}: the buffer and the file differ from byte {first} on")
+
+
 def _tensor_span(tensor, what: str) -> tuple[int, int]:
     import torch
 
@@ -97,6 +131,7 @@ class AsyncIOHandle:
                                        backend)
         self.backend, self.backend_note = self._eng.backend(self._h)
         self._pending: dict[int, object] = {}   # op id -> tensor kept alive
+        self._validate: dict[int, tuple] = {}   # op id -> what pread/pwrite(validate=True) checks
         self._locked: dict[int, tuple] = {}     # data_ptr -> (base tensor, nbytes, mlocked)
 
     # DeepSpeed's getters
@@ -115,58 +150,100 @@ class AsyncIOHandle:
                 "use_gds": False}
 
     # ---- I/O -------------------------------------------------------------------------------------
+    # DeepSpeed's argument names (buffer, filename, validate, file_offset); filename may also be
+    # an open file descriptor (an int), as DeepSpeed's async_pwrite(buffer, fd) takes.
 
-    def _submit(self, is_read: bool, tensor, path, offset: int) -> int:
+    def _submit(self, is_read: bool, tensor, path, offset: int, validate: bool = False) -> int:
         ptr, nbytes = _tensor_span(tensor, "pread" if is_read else "pwrite")
-        _check_int("offset", offset, 0)
-        op_id = self._eng.submit(self._h, is_read, ptr, nbytes, os.fspath(path), offset)
+        _check_int("file_offset", offset, 0)
+        path = _path(path)
+        op_id = self._eng.submit(self._h, is_read, ptr, nbytes, path, offset)
         self._pending[op_id] = tensor
+        if validate:
+            self._validate[op_id] = (is_read, tensor, path, offset)
         return op_id
 
-    def _sync(self, is_read, tensor, path, offset) -> int:
-        op_id = self._submit(is_read, tensor, path, offset)
+    def _sync(self, is_read, tensor, path, offset, validate=False) -> int:
+        op_id = self._submit(is_read, tensor, path, offset, validate)
         try:
             self._eng.wait_op(self._h, op_id)
         finally:
             self._pending.pop(op_id, None)
+        check = self._validate.pop(op_id, None)
+        if check:
+            _validate(*check)
         return 1
 
-    def sync_pread(self, tensor, path, offset: int = 0) -> int:
-        """Read the file range into `tensor` now; returns 1 (ops completed)."""
-        return self._sync(True, tensor, path, offset)
+    def sync_pread(self, buffer, filename, file_offset: int = 0) -> int:
+        """Read the file range into `buffer` now; returns 1 (ops completed)."""
+        return self._sync(True, buffer, filename, file_offset)
 
-    def sync_pwrite(self, tensor, path, offset: int = 0) -> int:
-        """Write `tensor` to the file (created if absent, not truncated); returns 1."""
-        return self._sync(False, tensor, path, offset)
+    def sync_pwrite(self, buffer, filename, file_offset: int = 0) -> int:
+        """Write `buffer` to the file (created if absent, not truncated); returns 1."""
+        return self._sync(False, buffer, filename, file_offset)
 
-    def async_pread(self, tensor, path, offset: int = 0) -> int:
-        """Start reading into `tensor`; returns 0 at once. Do not touch `tensor` before wait()."""
-        self._submit(True, tensor, path, offset)
+    def async_pread(self, buffer, filename, file_offset: int = 0) -> int:
+        """Start reading into `buffer`; returns 0 at once. Do not touch `buffer` before wait()."""
+        self._submit(True, buffer, filename, file_offset)
         return 0
 
-    def async_pwrite(self, tensor, path, offset: int = 0) -> int:
-        """Start writing `tensor`; returns 0 at once. Do not modify `tensor` before wait()."""
-        self._submit(False, tensor, path, offset)
+    def async_pwrite(self, buffer, filename, file_offset: int = 0) -> int:
+        """Start writing `buffer`; returns 0 at once. Do not modify `buffer` before wait()."""
+        self._submit(False, buffer, filename, file_offset)
         return 0
 
-    def pread(self, tensor, path, validate: bool = False, async_op: bool = False, offset: int = 0):
-        del validate  # accepted for DeepSpeed compatibility
-        return (self.async_pread if async_op else self.sync_pread)(tensor, path, offset)
+    def pread(self, buffer, filename, validate: bool = False, async_op: bool = False,
+              file_offset: int = 0, **kwargs) -> int:
+        """sync_pread, or async_pread with ``async_op`` (DeepSpeed's keyword ``async`` too).
+        ``validate``: compare what was read with a plain read of the file (at wait() for an async
+        op); a difference raises OSError."""
+        is_async = _async_keyword(async_op, kwargs, "pread")
+        if not is_async:
+            return self._sync(True, buffer, filename, file_offset, validate)
+        self._submit(True, buffer, filename, file_offset, validate)
+        return 0
 
-    def pwrite(self, tensor, path, validate: bool = False, async_op: bool = False, offset: int = 0):
-        del validate
-        return (self.async_pwrite if async_op else self.sync_pwrite)(tensor, path, offset)
+    def pwrite(self, buffer, filename, validate: bool = False, async_op: bool = False,
+               file_offset: int = 0, **kwargs) -> int:
+        """sync_pwrite, or async_pwrite with ``async_op`` (``async``); ``validate`` reads the file
+        back after the write and compares."""
+        is_async = _async_keyword(async_op, kwargs, "pwrite")
+        if not is_async:
+            return self._sync(False, buffer, filename, file_offset, validate)
+        self._submit(False, buffer, filename, file_offset, validate)
+        return 0
 
-    read = pread
-    write = pwrite
+    def read(self, buffer, filename, validate: bool, file_offset: int = 0) -> int:
+        """DeepSpeed's plain synchronous read of ``buffer.nbytes`` bytes at ``file_offset``;
+        returns 0 (as DeepSpeed's does). ``validate`` as in pread."""
+        self._sync(True, buffer, filename, file_offset, validate)
+        return 0
+
+    def write(self, buffer, filename, validate: bool, file_offset: int = 0) -> int:
+        """DeepSpeed's plain synchronous write; returns 0. ``validate`` as in pwrite."""
+        self._sync(False, buffer, filename, file_offset, validate)
+        return 0
 
     def wait(self) -> int:
         """Block until every async op is done; return how many completed. OSError (after all
-        are done) names the first op that failed."""
+        are done) names the first op that failed, or the first validated op whose bytes differ."""
         try:
-            return self._eng.wait_all(self._h)
+            done = self._eng.wait_all(self._h)
         finally:
             self._pending.clear()
+            checks, self._validate = list(self._validate.values()), {}
+        for check in checks:
+            _validate(*check)
+        return done
+
+    def get_alignment(self) -> int:
+        """Bytes that buffers, sizes and offsets align to for O_DIRECT transfers (4096); other
+        sizes work too (their tail goes through buffered I/O)."""
+        return ALIGN
+
+    def is_pinned(self, buffer) -> bool:
+        """Whether `buffer` is pinned (CUDA's allocator) or a locked tensor of this handle."""
+        return bool(buffer.is_pinned() or self.is_locked(buffer))
 
     def pending(self) -> int:
         return self._eng.pending(self._h)

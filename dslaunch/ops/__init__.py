@@ -7,12 +7,9 @@ A face: the implementation is ``dslaunch/engine/optim/`` (``cpu_adam.py`` over t
 of ``dslaunch/kernels``, ``fused.py``, ``lamb.py``).
 """
 
+from dslaunch.deepspeed_names import face_getattr
 from dslaunch.ops import adagrad, adam, lamb, lion
 
 __all__ = ["adam", "adagrad", "lion", "lamb"]
 
-
-def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
-    from dslaunch.deepspeed_names import missing_attribute
-
-    raise missing_attribute(__name__, name)
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them

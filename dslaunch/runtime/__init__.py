@@ -5,15 +5,6 @@ import by their runtime path (``runtime.engine``, ``runtime.pipe``, ``runtime.lr
 package. Which names answer, and from where, is ``dslaunch/deepspeed_names.py``.
 """
 
-_SUBMODULES = ("activation_checkpointing", "base_optimizer", "dataloader", "engine", "lr_schedules",
-               "pipe", "sequence_parallel", "utils", "zero")
+from dslaunch.deepspeed_names import face_getattr
 
-
-def __getattr__(name):  # deepspeed.runtime.engine.X after `import deepspeed` works too
-    import importlib
-
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    from dslaunch.deepspeed_names import missing_attribute
-
-    raise missing_attribute(__name__, name)
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them

@@ -8,6 +8,7 @@ A face: the implementations are ``engine/log.py``, ``engine/parallel_groups.py``
 ``engine/checkpoint/fp32_state.py``.
 """
 
+from dslaunch.deepspeed_names import face_getattr
 from dslaunch.engine.dataloader import RepeatingLoader
 from dslaunch.engine.log import log_dist, logger
 from dslaunch.engine.zero.leaf_modules import (
@@ -36,8 +37,4 @@ __all__ = ["logger", "log_dist", "groups", "logging", "zero_to_fp32", "Repeating
            "set_z3_leaf_modules", "unset_z3_leaf_modules", "z3_leaf_module",
            "get_z3_leaf_modules"]
 
-
-def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
-    from dslaunch.deepspeed_names import missing_attribute
-
-    raise missing_attribute(__name__, name)
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them

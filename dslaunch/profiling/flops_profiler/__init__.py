@@ -2,6 +2,7 @@
 forward FLOPs, MACs, parameters and latency. A face: the implementation is
 ``dslaunch/engine/profiling/flops_profiler.py`` over ``counting.py`` (ATen-level counting)."""
 
+from dslaunch.deepspeed_names import face_getattr
 from dslaunch.engine.profiling.flops_profiler import (
     FlopsProfiler,
     bytes_to_string,
@@ -19,3 +20,5 @@ from dslaunch.engine.profiling.flops_profiler import (
 __all__ = ["FlopsProfiler", "get_model_profile", "get_module_flops", "get_module_macs",
            "get_module_duration", "number_to_string", "macs_to_string", "flops_to_string",
            "bytes_to_string", "params_to_string", "duration_to_string"]
+
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them

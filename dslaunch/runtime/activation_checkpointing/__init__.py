@@ -2,12 +2,6 @@
 its ``checkpointing`` module is ``dslaunch.checkpointing`` (the same module object, as
 ``deepspeed.checkpointing`` is DeepSpeed's)."""
 
+from dslaunch.deepspeed_names import face_getattr
 
-def __getattr__(name):
-    import importlib
-
-    if name == "checkpointing":
-        return importlib.import_module(f"{__name__}.checkpointing")
-    from dslaunch.deepspeed_names import missing_attribute
-
-    raise missing_attribute(__name__, name)
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them

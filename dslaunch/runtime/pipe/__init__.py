@@ -5,17 +5,10 @@
 A face: the implementation is ``dslaunch/engine/pipe/`` and ``dslaunch/engine/topology.py``.
 """
 
+from dslaunch.deepspeed_names import face_getattr
 from dslaunch.engine.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec
 from dslaunch.engine.topology import ProcessTopology
 
 __all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology"]
 
-
-def __getattr__(name):
-    import importlib
-
-    if name == "engine":
-        return importlib.import_module(f"{__name__}.engine")
-    from dslaunch.deepspeed_names import missing_attribute
-
-    raise missing_attribute(__name__, name)
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them

@@ -5,18 +5,9 @@
 A face: the implementation is ``dslaunch/engine/zero/``.
 """
 
+from dslaunch.deepspeed_names import face_getattr
 from dslaunch.engine.zero.zero_init import GatheredParameters, Init
 
 __all__ = ["GatheredParameters", "Init"]
 
-_SUBMODULES = ("offload_config", "partition_parameters")
-
-
-def __getattr__(name):
-    import importlib
-
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    from dslaunch.deepspeed_names import missing_attribute
-
-    raise missing_attribute(__name__, name)
+__getattr__ = face_getattr(__name__)  # submodules as DeepSpeed's `import deepspeed` leaves them
