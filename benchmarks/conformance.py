@@ -97,9 +97,11 @@ def _synthetic_cifar10(n, seed):  # conformance edit (no download): CIFAR-10's s
 '''
 
 CIFAR_EDITS = [
-    Edit("import torchvision\nfrom torchvision import transforms\n", SYNTHETIC_CIFAR,
+    Edit("import torchvision\nfrom torchvision import transforms\n", "",
          "no-download: torchvision's CIFAR10 downloads 170 MB; a seeded synthetic dataset of its "
          "shapes (10 learnable classes) replaces it"),
+    Edit("\n\ndef add_argument():", "\n" + SYNTHETIC_CIFAR + "\n\ndef add_argument():",
+         "no-download: the synthetic dataset, defined after the imports"),
     Edit(r"    transform = transforms\.Compose\(\n.*?\n    \)\n", "    transform = None\n",
          "no-download: the transforms belong to the torchvision dataset", regex=True),
     Edit(r"trainset = torchvision\.datasets\.CIFAR10\(\n.*?\n    \)",
@@ -127,9 +129,11 @@ def _synthetic_cifar10_224(n=64):  # conformance edit (no download): the transfo
 PIPE_EDITS = [
     Edit("import torchvision\nfrom torchvision import transforms\nfrom torchvision.models import "
          "AlexNet\nfrom torchvision.models import vgg19\n",
-         "from alexnet import AlexNet\n" + SYNTHETIC_PIPE,
+         "from alexnet import AlexNet\n",
          "no-download: torchvision is not installed; AlexNet comes from the example's own "
          "alexnet.py (its header says train.py can import it from there), vgg19 is unused"),
+    Edit("\n\ndef cifar_trainset(", "\n" + SYNTHETIC_PIPE + "\n\ndef cifar_trainset(",
+         "no-download: the synthetic dataset, defined after the imports"),
     Edit(r"    trainset = torchvision\.datasets\.CIFAR10\(.*?\)\n",
          "    trainset = _synthetic_cifar10_224()\n",
          "no-download: 64 synthetic 3x224x224 images (the shape Resize(256)+CenterCrop(224) "

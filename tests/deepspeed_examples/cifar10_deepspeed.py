@@ -8,6 +8,7 @@
 #   `from deepspeed.X import Y` -> `from dslaunch.X import Y`;
 # - no-download: torchvision's CIFAR10 downloads 170 MB; a seeded synthetic dataset of its
 #   shapes (10 learnable classes) replaces it;
+# - no-download: the synthetic dataset, defined after the imports;
 # - no-download: the transforms belong to the torchvision dataset;
 # - no-download: synthetic train set;
 # - no-download: synthetic test set;
@@ -20,6 +21,9 @@ import dslaunch as deepspeed
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from dslaunch.accelerator import get_accelerator
+from dslaunch.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
 
 def _synthetic_cifar10(n, seed):  # conformance edit (no download): CIFAR-10's shapes
     g = torch.Generator().manual_seed(1234)
@@ -28,8 +32,6 @@ def _synthetic_cifar10(n, seed):  # conformance edit (no download): CIFAR-10's s
     labels = torch.arange(n) % 10
     images = (0.6 * patterns[labels] + 0.4 * torch.randn(n, 3, 32, 32, generator=g)).clamp(-1, 1)
     return torch.utils.data.TensorDataset(images, labels)
-from dslaunch.accelerator import get_accelerator
-from dslaunch.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
 
 def add_argument():

@@ -11,6 +11,7 @@
 #   AlexNet is a stand-in with torchvision's AlexNet layout (features, avgpool, classifier with
 #   its dropouts) at 1/8 of its width, so that join_layers works on it unchanged, and the images
 #   are 64x64 instead of 224x224; vgg19 is unused;
+# - the stand-in AlexNet and the synthetic dataset, defined after the imports;
 # - no download: cifar_trainset returns 64 seeded synthetic images of 10 learnable classes
 #   instead of CIFAR-10 (its barriers stay);
 # - no download: the transforms belong to the torchvision dataset;
@@ -23,6 +24,11 @@ import torch
 import torch.distributed as dist
 
 import torch.nn as nn
+
+import dslaunch as deepspeed
+from dslaunch.pipe import PipelineModule
+from dslaunch.utils import RepeatingLoader
+
 
 class AlexNet(nn.Module):  # test edit (CPU time): torchvision's AlexNet layout, narrow
     """channels / 8, hidden 4096 -> 128; the layer list join_layers reads is the same."""
@@ -56,10 +62,6 @@ def _synthetic_cifar10_64(n=64):  # test edit (no download, CPU time): 64x64 ima
     labels = torch.arange(n) % 10
     images = 0.6 * patterns[labels] + 0.4 * torch.randn(n, 3, 64, 64, generator=g)
     return torch.utils.data.TensorDataset(images, labels)
-
-import dslaunch as deepspeed
-from dslaunch.pipe import PipelineModule
-from dslaunch.utils import RepeatingLoader
 
 
 def cifar_trainset(local_rank, dl_path='/tmp/cifar10-data'):
