@@ -100,6 +100,22 @@ def test_a_minority_never_goes_on():
         p.next_hosts(answering("h1"))
 
 
+def test_with_fenced_agents_min_decides():
+    # the agents the controller cannot reach stop their own ranks (fencing): no split can leave
+    # two halves training, so the majority rule gives way to the MIN the user wrote
+    p = policy(planned=("h1", "h2"), lo=1, hi=2)
+    p.fencing = True
+    p.exclude(0, {"h2": "lost"}, "h2")
+    assert p.next_hosts(answering("h1"))[0] == ["h1"]
+    p = policy(planned=("h1", "h2", "h3", "h4", "h5"), lo=2, hi=5)
+    p.fencing = True
+    p.exclude(0, {"h3": "lost", "h4": "lost", "h5": "lost"}, "h3")
+    assert p.next_hosts(answering("h1", "h2"))[0] == ["h1", "h2"]
+    with pytest.raises(ElasticStop, match="fewer than the minimum 2"):  # MIN still holds
+        p.exclude(1, {"h2": "lost"}, "h2")
+        p.next_hosts(answering("h1"))
+
+
 def test_survivor_that_does_not_answer_is_left_out():
     p = policy(planned=("h1", "h2", "h3", "h4"), lo=2, hi=4)
     p.exclude(0, {"h4": "lost"}, "h4")

@@ -260,6 +260,39 @@ def test_agent_stops_ranks_when_its_stdin_closes(tmp_path):
     assert_no_leftovers(marker)
 
 
+def test_agent_cut_off_from_its_launcher_kills_its_ranks(tmp_path):
+    """Fencing: the connection stays open but carries nothing (a split network, where no EOF
+    comes): an agent that hears no ping for ``fence_timeout`` s kills its ranks and ends; one that
+    keeps hearing pings keeps them running."""
+    import time
+
+    from dslaunch.launcher.plan import build_plan
+
+    marker, env = marker_env()
+    plan = build_plan({"localhost": [0, 1]}, program=[str(SCRIPTS / "launch_sleep.py")],
+                      grace_period=1.0)
+    plan.fence_timeout = 2.0
+    agent = subprocess.Popen([sys.executable, "-m", "dslaunch.launcher.agent", "--plan", plan.encode(),
+                              "--node-rank", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+    seen = []
+    while sum("ready" in line for line in seen) < 2:
+        line = agent.stdout.readline().decode()
+        assert line, "agent ended early"
+        seen.append(line)
+    for _ in range(8):  # 4 s of pings, twice the timeout: the ranks keep running
+        agent.stdin.write(b"ping\n")
+        agent.stdin.flush()
+        time.sleep(0.5)
+    assert agent.poll() is None
+    rest = agent.stdout.read().decode()  # then silence, stdin still open: the agent fences
+    assert agent.wait(timeout=30) != 0
+    assert '"event":"done"' in rest and "SIGKILL" in rest
+    assert "fencing: no word from the launcher for" in agent.stderr.read().decode()
+    agent.stdin.close()
+    assert_no_leftovers(marker)
+
+
 def test_local_launcher_refuses_remote_hosts(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\nnode7 slots=2\n")

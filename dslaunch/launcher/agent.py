@@ -4,7 +4,10 @@ Starts this node's ranks (each under the bootstrap, in its own session so a sign
 whole process group and nothing else), streams their output prefixed for display, reports events,
 and stops everything on request. It talks to the launcher ONLY through stdin/stdout (protocol in
 ``events.py``), so the same agent works as a local subprocess and over ssh, where EOF on stdin is
-how a dead launcher or a broken connection is noticed.
+how a dead launcher or a broken connection is noticed. A connection that stays open but carries
+nothing (a split network) is noticed by fencing: with ``plan.fence_timeout`` the launcher pings
+every heartbeat interval, and an agent that hears nothing for that long kills its ranks and exits,
+so the launcher may restart the job elsewhere without two halves training.
 
 Fail fast on this node: when one of its ranks fails, the agent stops the others itself at once
 (the launcher then stops the other nodes). No torch here: starting ranks must stay cheap.
@@ -323,6 +326,7 @@ class Agent:
     # ---- main loop -----------------------------------------------------------------------------
     def _read_stdin(self) -> None:
         for raw in sys.stdin.buffer:
+            self.heard_at = time.monotonic()
             self.queue.put(("command", raw.decode("utf-8", "replace").strip()))
         self.queue.put(("command", "eof"))
 
@@ -334,9 +338,11 @@ class Agent:
         for r in self.ranks:
             if r.proc.poll() is None:
                 try:
-                    rss[str(r.rank)] = psutil.Process(r.proc.pid).memory_info().rss
+                    value = psutil.Process(r.proc.pid).memory_info().rss
                 except (psutil.Error, OSError):
-                    pass
+                    continue
+                if value:  # 0: exited, not yet reaped (a zombie): no figure
+                    rss[str(r.rank)] = value
         return rss
 
     def _heartbeat(self) -> None:
@@ -392,6 +398,7 @@ class Agent:
         except (OSError, RuntimeError) as exc:
             self.event(events.ERROR, message=f"cannot start ranks on {self.host}: {exc}")
             return 2
+        self.heard_at = time.monotonic()
         threading.Thread(target=self._read_stdin, daemon=True).start()
         # Heartbeats from the start: GPU detection (nvidia-smi) alone can take seconds.
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -412,6 +419,7 @@ class Agent:
             if self.signalled:
                 self.signalled = None
                 self.stop(dump=False)
+            self._fence()
             try:
                 kind, item = self.queue.get(timeout=0.1)
             except queue.Empty:
@@ -437,6 +445,18 @@ class Agent:
         self._reap_all()
         self.event(events.DONE, returncodes=returncodes)
         return 0 if all(rc == 0 for rc in returncodes.values()) else 1
+
+    def _fence(self) -> None:
+        """Cut off from the launcher for ``fence_timeout`` s: kill this node's ranks (the
+        launcher, which stopped hearing us too, restarts the job without this host)."""
+        timeout = self.plan.fence_timeout
+        if timeout <= 0 or self.stopping.is_set():
+            return
+        silent = time.monotonic() - self.heard_at
+        if silent > timeout:
+            self.say(f"fencing: no word from the launcher for {silent:.1f} s (limit "
+                     f"{timeout:g} s); killing this host's ranks")
+            self.stop(dump=False, kill=True)
 
     def _reap_all(self) -> None:
         # A rank's leftover children (same process group) must not outlive the job.

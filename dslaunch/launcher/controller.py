@@ -82,6 +82,8 @@ class JobController:
         self.interrupts = 0
         self.interrupt_name = ""
         self.recovery = Recovery(plan, elastic, getattr(runner, "probe", _all_answer), self._say)
+        self.recovery.policy.fencing = plan.fence_timeout > 0
+        self.fenced_by: float | None = None  # a cut-off agent has stopped its ranks by then
         self.straggler_threshold = straggler_threshold
         self.report_requested = False  # SIGUSR1: print the straggler report now
         self.monitor = None
@@ -114,6 +116,7 @@ class JobController:
                     return stop.code
                 if plan is None:
                     return code
+                self._await_fencing()
                 if self.interrupts:  # Ctrl-C while the next hosts were probed: start nothing
                     outcome = "interrupted"
                     return 130 if self.interrupt_name == "SIGINT" else 143
@@ -132,6 +135,36 @@ class JobController:
             text = self.recovery.end(attempt + 1, outcome, self.plan.world_size)
             if text and self.plan.max_restarts:
                 self._say(text)
+
+    def _await_fencing(self) -> None:
+        """Before the next attempt: a lost host's agent may still run its ranks (a split
+        network); it stops them once it has not heard from us for ``fence_timeout`` s, counted
+        from when we stopped pinging it. Start nothing before that."""
+        if self.fenced_by is None:
+            return
+        left = self.fenced_by - time.monotonic()
+        if left > 0:
+            self._say(f"waiting {left:.1f} s more for the lost host(s)' agents to stop their "
+                      "ranks (an agent cut off from the launcher stops them itself)")
+            while left > 0 and not self.interrupts:
+                time.sleep(min(POLL, left))
+                left = self.fenced_by - time.monotonic()
+        self.fenced_by = None
+
+    def _cut_off(self) -> None:
+        """A host's agent is unreachable from now on (we stop pinging it)."""
+        if self.plan.fence_timeout > 0:
+            self.fenced_by = time.monotonic() + self.plan.fence_timeout + 2 * POLL
+
+    def _ping(self, agents) -> None:
+        """Fencing: every agent hears from us each heartbeat interval."""
+        now = time.monotonic()
+        if self.plan.fence_timeout <= 0 or now < self.next_ping:
+            return
+        self.next_ping = now + self.plan.heartbeat_interval
+        for a in agents:
+            if not a.finished:
+                self.runner.send(a, events.CMD_PING)
 
     def _use_plan(self, plan: WorldPlan) -> None:
         """The next attempts run ``plan`` (an elastic restart): the runner builds its agents from it."""
@@ -178,8 +211,10 @@ class JobController:
             threading.Thread(target=self._read_stderr, args=(a,), daemon=True).start()
 
         lost: set = set()
+        self.next_ping = 0.0
         while not all(a.finished for a in agents):
             self._check_interrupts(agents)
+            self._ping(agents)
             self._watch(agents)
             self._publish()
             now = time.monotonic()
@@ -200,6 +235,7 @@ class JobController:
                     for a in agents:  # its agent is unreachable: drop the connection too
                         if n in a.node_ranks:
                             self._kill_agent(a)
+                    self._cut_off()
             if self.stop_deadline is not None and now > self.stop_deadline:
                 for a in agents:
                     if not a.finished:
@@ -223,6 +259,7 @@ class JobController:
                     host = self.plan.node(missing[0])["host"] if len(a.node_ranks) == 1 else None
                     if host and rc == SSH_DROPPED:  # the connection, not the agent: liveness
                         self.lost_hosts[host] = f"connection to its agent dropped (code {rc})"
+                        self._cut_off()
                     self._fail(Failure(time.time(), "agent",
                                        f"the agent for {a.label} exited (code {rc}) before its ranks "
                                        f"finished", tail, "agent stderr:", host=host), agents)

@@ -14,9 +14,14 @@ The rules, in the order they apply:
   move as little as possible), then takes spares (hostfile ``spare``, and hosts beyond MAX), then
   excluded hosts that answer again, up to MAX hosts. Spares come first so the world size can stay
   the same without waiting for a flaky host.
-- Refused (exit ``NO_HOSTS_EXIT``) when fewer than MIN hosts answer, or when the hosts that answer
-  are not a strict majority of the last plan's hosts plus the spares: a network split then never
-  leaves two halves training (the other half's agents lose their connection and stop).
+- Refused (exit ``NO_HOSTS_EXIT``) when fewer than MIN hosts answer. Two halves of a split
+  network never both train: only this controller starts ranks, and where its agents are fenced
+  (``fencing``: the runner pings every agent, and an agent that hears nothing from the controller
+  for the heartbeat timeout stops its own ranks; the controller starts the next attempt only after
+  a lost host's agent has had that long) the half it cannot reach has stopped. So MIN, which the
+  user wrote, decides: a 2-host job with ``--nnodes 1:2`` heals onto 1 host. Without fencing
+  (pdsh, MPI, SLURM: no per-agent channel to ping) the old rule still guards the split: the hosts
+  that answer must be a strict majority of the last plan's hosts plus the spares.
 - A crash loop stops the job (exit ``CRASH_LOOP_EXIT``): ``CRASH_LOOP_LIMIT`` restarts in a row
   that made no progress, i.e. saved no checkpoint newer than any before and reached no step beyond
   the checkpoint they loaded (progress records; unknown fields are -1 and prove no progress).
@@ -92,6 +97,7 @@ class ElasticPolicy:
     culprit_streak: int = 0
     best_saved: int = -1
     idle_restarts: int = 0  # restarts in a row without progress
+    fencing: bool = False  # agents stop their ranks when cut off (then no majority rule)
 
     @classmethod
     def start(cls, selection: dict, spares: dict, min_nodes: int, max_nodes: int) -> "ElasticPolicy":
@@ -170,11 +176,11 @@ class ElasticPolicy:
                 + (f"; not answering: {', '.join(silent)}" if silent else "")))
         base = set(self.planned) | set(self.spares)
         reached = len([h for h in base if h in answering and h not in self.excluded])
-        if 2 * reached <= len(base):
+        if not self.fencing and 2 * reached <= len(base):
             raise ElasticStop(NO_HOSTS_EXIT, (
                 f"no majority: {reached} of the {len(base)} hosts of the last plan and its "
                 f"spares answer ({', '.join(sorted(base))}); going on could leave two halves of "
-                "a split network training"))
+                "a split network training (this launcher cannot fence its agents)"))
         rejoined = [h for h in chosen if h in back]
         for h in rejoined:
             del self.excluded[h]

@@ -41,6 +41,7 @@ CMD_STOP = "stop"
 CMD_STOP_FAILURE = "stop failure"
 CMD_KILL = "kill"
 CMD_DUMP_STACKS = "dump stacks"
+CMD_PING = "ping"  # the controller is there (fencing: an agent that stops hearing it stops)
 
 
 def format_event(event: str, **fields) -> bytes:

@@ -68,6 +68,10 @@ class WorldPlan:
     omp_threads: int | None = None  # None: cores // local ranks unless OMP_NUM_THREADS is set
     grace_period: float = 5.0
     heartbeat_interval: float = 1.0
+    # > 0: the controller pings each agent every heartbeat_interval, and an agent that hears
+    # nothing from it for this long stops its ranks (fencing: elastic.py); 0: no pings (runners
+    # without a channel to each agent)
+    fence_timeout: float = 0.0
     line_prefix: str = LOCAL_PREFIX
     max_restarts: int = 0
     env_channel: str = ""  # "" (env inside the encoded plan), "stdin" or "environ": see above

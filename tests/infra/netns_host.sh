@@ -5,6 +5,9 @@
 #                              host's network namespace (like a power loss).
 #   netns_host.sh up hostN     link up, restart its sshd (and its slurmd when
 #                              SLURM runs in netns mode).
+#   netns_host.sh split hostN  link down only: the host and its processes live on,
+#                              cut off (a split network, no FIN/RST either way).
+#   netns_host.sh heal hostN   link up again after a split.
 set -euo pipefail
 DIR=${DSL_INFRA_DIR:-/run/dslaunch-infra}
 SDIR=${DSL_SLURM_DIR:-/run/dslaunch-slurm}
@@ -32,5 +35,7 @@ case $op in
     done
     echo "sshd on $h not answering after revive" >&2; exit 1
     ;;
-  *) echo "usage: $0 down|up hostN" >&2; exit 2 ;;
+  split) ip link set "$v" down ;;
+  heal) ip link set "$v" up ;;
+  *) echo "usage: $0 down|up|split|heal hostN" >&2; exit 2 ;;
 esac

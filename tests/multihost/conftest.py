@@ -141,6 +141,12 @@ class Cluster:
                            text=True, timeout=30)
         assert r.returncode == 0, r.stderr
 
+    def split(self, host: str, heal: bool = False) -> None:
+        """Cut ``host``'s link (``heal``: restore it); its processes live on."""
+        r = subprocess.run(["bash", str(INFRA / "netns_host.sh"), "heal" if heal else "split",
+                            host], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+
     def host_up(self, host: str) -> None:
         r = subprocess.run(["bash", str(INFRA / "netns_host.sh"), "up", host], capture_output=True,
                            text=True, timeout=60)

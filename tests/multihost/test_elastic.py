@@ -25,26 +25,34 @@ ALL = ["host1", "host2", "host3", "host4"]
 
 
 class Job:
-    """The real CLI, its output read as it comes; ``wait_for(text)`` blocks until a line has it."""
+    """The real CLI, its output read as it comes; ``wait_for(text)`` blocks until a line of
+    stdout or stderr has it."""
 
     def __init__(self, cluster, jobdir, *args):
         argv = [sys.executable, "-c", "from dslaunch.cli import main; main()", "run", *args]
         self.proc = subprocess.Popen(argv, cwd=jobdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.lines: list = []
+        self.err_lines: list = []
         self.cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.readers = [threading.Thread(target=self._read, args=(s, to), daemon=True)
+                        for s, to in ((self.proc.stdout, self.lines),
+                                      (self.proc.stderr, self.err_lines))]
+        for t in self.readers:
+            t.start()
 
-    def _read(self):
-        for line in self.proc.stdout:
+    def _read(self, stream, into):
+        for line in stream:
             with self.cond:
-                self.lines.append(line)
+                into.append(line)
                 self.cond.notify_all()
 
     def wait_for(self, text: str, timeout: float = 120) -> None:
         with self.cond:
-            if not self.cond.wait_for(lambda: any(text in ln for ln in self.lines), timeout):
-                pytest.fail(f"never printed {text!r}:\n" + "".join(self.lines[-40:]))
+            if not self.cond.wait_for(lambda: any(text in ln for ln in self.lines + self.err_lines),
+                                      timeout):
+                pytest.fail(f"never printed {text!r}:\n" + "".join(self.lines[-40:])
+                            + "".join(self.err_lines[-20:]))
 
     def finish(self, timeout: float = 150) -> tuple:
         try:
@@ -52,7 +60,9 @@ class Job:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             pytest.fail("launcher still running:\n" + "".join(self.lines[-40:]))
-        return self.proc.returncode, "".join(self.lines), self.proc.stderr.read()
+        for t in self.readers:
+            t.join(10)
+        return self.proc.returncode, "".join(self.lines), "".join(self.err_lines)
 
 
 def train_job(cluster, jobdir, hosts: dict, *extra, steps=16):

@@ -43,6 +43,9 @@ class Runner:
     # Whether ``send`` reaches each agent's stdin as a plain line, so that a query (``dump
     # stacks``) can be sent without stopping anything.
     queries = True
+    # whether each agent hears this launcher directly (its own stdin, no relay): then the
+    # controller pings the agents and one cut off stops its ranks (plan.fence_timeout)
+    fences = False
 
     def __init__(self, plan: WorldPlan, options: dict | None = None):
         self.plan = plan
@@ -140,7 +143,9 @@ class Runner:
         """``view``: the live job view's options (``monitor``, ``straggler_threshold``)."""
         from dslaunch.launcher.controller import HEARTBEAT_TIMEOUT, JobController
 
-        return JobController(self.plan, self, heartbeat_timeout=heartbeat_timeout or HEARTBEAT_TIMEOUT,
+        heartbeat_timeout = heartbeat_timeout or HEARTBEAT_TIMEOUT
+        self.plan.fence_timeout = heartbeat_timeout if self.fences else 0.0
+        return JobController(self.plan, self, heartbeat_timeout=heartbeat_timeout,
                              hang_timeout=hang_timeout, elastic=elastic, **view).run()
 
 
