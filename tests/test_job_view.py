@@ -143,3 +143,24 @@ def test_monitored_job_names_the_slowed_rank_live_and_at_the_end(tmp_path):
     job = {r["rank"]: r for r in final["job"]}
     assert job[1]["compute"] > job[1]["collectives"] and job[0]["collectives"] > job[0]["compute"]
     assert job[0]["tokens_per_s"] > 0 and job[1]["tokens_per_s"] > 0
+
+
+def test_last_status_keeps_each_ranks_last_known_memory():
+    """A rank caught between its exit and its reaping is a zombie, whose resident memory reads 0
+    (the cause of a status.json that gave rank 0 an RSS of 0 at the end of a short job): the
+    agent reports no figure then, and the view keeps the last one it had."""
+    import psutil
+
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert psutil.Process(child.pid).memory_info().rss == 0  # the zombie's figure
+    child.wait()
+    view = jobview.JobView({0: "h1", 1: "h2"})
+    beat = {"event": "heartbeat", "idle": {"0": 0.1, "1": 0.1}, "rss": {"0": 1000, "1": 2000}}
+    view.event(beat, 1.0)
+    view.event(dict(beat, rss={"0": 0}), 2.0)  # an old agent's zero, and rank 1 reported none
+    view.event({"event": "exit", "rank": 0, "returncode": 0}, 2.5)
+    rows = {r["rank"]: r for r in view.live(3.0)}
+    assert (rows[0]["rss"], rows[1]["rss"]) == (1000, 2000)

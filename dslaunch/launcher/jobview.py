@@ -120,8 +120,8 @@ class JobView:
                 if view is None:
                     continue
                 view.heard = now
-                if key in rss:
-                    view.rss = int(rss[key])
+                if rss.get(key):  # 0: a rank caught exiting (a zombie has no memory): keep
+                    view.rss = int(rss[key])  # its last known figure
                 rec = (ev.get("progress") or {}).get(key)
                 if rec is not None:
                     view.record(rec, now)
