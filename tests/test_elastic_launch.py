@@ -20,7 +20,9 @@ from dslaunch import progress_record
 restart = int(os.environ["DSLAUNCH_RESTART_COUNT"])
 w = progress_record.writer()
 w.checkpoint_loaded(restart * 10 - 10 if restart else -1)
-w.step(restart * 10 + 5)
+w.step(restart * 10 + 4)
+time.sleep(0.2)
+w.step(restart * 10 + 5)  # a step of about 0.2 s (the goodput's step time)
 time.sleep(2.5)  # two heartbeats carry the record
 sys.exit(1 if os.environ["RANK"] == "0" else 0)
 """
@@ -52,6 +54,15 @@ def test_progress_keeps_restarting_and_is_recorded(tmp_path):
     assert all(x["detector"] == "exit" and x["culprit_host"] == "localhost" for x in recs)
     assert "run summary: 4 fault(s) handled in 4 attempt(s)" in r.stderr
     assert "No host was excluded" in r.stderr  # one host: the job cannot go on without it
+    # per fault: the steps lost and the time back to training, phase by phase
+    for n in (1, 2, 3):
+        line = next(ln for ln in r.stderr.splitlines() if f"dslaunch: fault {n}: " in ln)
+        assert "5 step(s) lost, training again after " in line, line
+        assert all(f" {p} " in line for p in ("detect", "abort", "re-plan", "rebuild")), line
+        assert "state transfer" in line, line
+    good = next(ln for ln in r.stderr.splitlines() if "dslaunch: goodput " in ln)
+    value = float(good.split("goodput ")[1].split(":")[0])
+    assert 0 < value < 1 and "35 step(s) kept x 0.2" in good, good  # 35 - 0: the last step
 
 
 def test_failed_run_without_log_dir_or_restarts_leaves_no_files(tmp_path):

@@ -29,6 +29,10 @@ that does not use the engine leaves them unknown):
 - ``steps_redone``: ``last_step - resumed_from``; ``seconds_to_training``: from the fault to the
   first step of the next attempt beyond the checkpoint it loaded.
 
+The run's summary (``summary``) ends with one line per fault (``breakdown``: steps lost, and the
+time back to training as detect + abort + re-plan + rebuild + state transfer + the first step)
+and the run's goodput (``Goodput``: productive step time over wall time).
+
 No torch, nothing of the engine: pure data and file writing.
 """
 
@@ -90,6 +94,51 @@ class Incident:
             self.seconds_to_training = round(trained_at - self.time, 3)
 
 
+# the phases of a recovery, in order: (label, field)
+PHASES = (("detect", "detect_seconds"), ("abort", "stop_seconds"), ("re-plan", "replan_seconds"),
+          ("rebuild", "restart_seconds"), ("state transfer", "load_seconds"))
+
+
+def breakdown(inc: Incident) -> str:
+    """One fault's cost: steps lost, and the seconds from the fault to training again split into
+    detect / abort (stopping the attempt) / re-plan / rebuild (new ranks up to their first
+    record) / state transfer (the checkpoint loaded), the rest being the first step after it."""
+    parts = [f"{label} {getattr(inc, name):.1f}" for label, name in PHASES
+             if getattr(inc, name) is not None]
+    text = f"{inc.steps_redone} step(s) lost" if inc.steps_redone is not None else ""
+    if inc.seconds_to_training is not None:
+        known = sum(getattr(inc, name) or 0.0 for _, name in PHASES)
+        rest = inc.seconds_to_training - known
+        if rest >= 0.05:
+            parts.append(f"first step {rest:.1f}")
+        text += (", " if text else "") + f"training again after {inc.seconds_to_training:.1f} s"
+        if parts:
+            text += " = " + " + ".join(parts)
+    elif parts:
+        text += (", " if text else "") + " + ".join(parts) + " s"
+    return text
+
+
+@dataclass
+class Goodput:
+    """Productive step time over wall time: the steps the job kept (its last step minus the one
+    it started from) times the median step time its ranks reported, over the launcher's wall
+    time from start to end. Start-up, faults, recoveries and redone steps are what it loses."""
+
+    steps: int
+    step_seconds: float
+    wall_seconds: float
+
+    @property
+    def value(self) -> float:
+        return min(1.0, self.steps * self.step_seconds / self.wall_seconds) \
+            if self.wall_seconds > 0 else 0.0
+
+    def text(self) -> str:
+        return (f"goodput {self.value:.2f}: {self.steps} step(s) kept x {self.step_seconds:.3f} s "
+                f"(median step time) over {self.wall_seconds:.1f} s of wall time")
+
+
 def last_collectives(progress: dict) -> dict:
     """{rank: last collective sequence number} from {rank: progress record}: the one it is in,
     else the last it completed."""
@@ -127,8 +176,9 @@ def read(path: str) -> list:
 
 
 def summary(incidents: list, attempts: int, outcome: str, exclusions: list, world_size: int,
-            path: str | None) -> str:
-    """One paragraph: what happened to the run, for the end of the launcher's output."""
+            path: str | None, goodput=None) -> str:
+    """One paragraph: what happened to the run, for the end of the launcher's output; then one
+    line per fault (``breakdown``) and the job's goodput (a ``Goodput``, when known)."""
     if not incidents:
         return ""
     kinds = ", ".join(f"{i.detector} ({i.reason})" for i in incidents[:3])
@@ -149,4 +199,10 @@ def summary(incidents: list, attempts: int, outcome: str, exclusions: list, worl
     text += f"Final world size {world_size}; {outcome}."
     if path:
         text += f" Records: {path}"
+    for n, inc in enumerate(incidents, 1):
+        line = breakdown(inc)
+        if line:
+            text += f"\nfault {n}: {line}"
+    if goodput is not None:
+        text += f"\n{goodput.text()}"
     return text

@@ -27,6 +27,11 @@ class Recovery:
         self.log = incidents.IncidentLog(incidents.incidents_path(plan.log_dir) if keep else None)
         self.pending: incidents.Incident | None = None  # restarted, not training again yet
         self.restarted: float | None = None  # when its re-plan ended (the next attempt starts)
+        # goodput (incidents.Goodput): the run's wall time, its ranks' step times (one sample
+        # per rank and step), and the step the first attempt started from
+        self.started = time.monotonic()
+        self.step_times: list = []
+        self.start_step: int | None = None
         self.begin()
 
     def begin(self) -> None:
@@ -36,12 +41,20 @@ class Recovery:
         self.heard: set = set()  # hosts whose agents were heard from as the attempt ended
         self.first_record: float | None = None  # when this attempt's ranks were first seen
         self.loaded_seen: float | None = None  # when a record first showed a loaded checkpoint
+        self.sampled: dict = {}  # rank -> the step whose time was last sampled
 
     def on_progress(self, progress: dict) -> None:
         """A heartbeat's {rank: progress record}."""
         for rank, rec in progress.items():
             self.records[str(rank)] = rec
             self.current.update(rec)
+            step, dt = rec.get("step", -1), rec.get("step_dt", 0.0)
+            if dt and dt > 0 and step >= 0 and self.sampled.get(rank) != step:
+                self.sampled[rank] = step
+                if len(self.step_times) < 100_000:
+                    self.step_times.append(dt)
+        if self.start_step is None and self.current.step >= 0:  # the first records seen: the
+            self.start_step = max(self.current.loaded, 0)  # first attempt's resume point
         now = time.time()
         if progress and self.first_record is None:
             self.first_record = now
@@ -120,7 +133,16 @@ class Recovery:
         if self.pending is not None:
             self._close(None)
         return incidents.summary(self.log.written, attempts, outcome, self.policy.history,
-                                 world_size, self.log.path)
+                                 world_size, self.log.path, self.goodput())
+
+    def goodput(self) -> incidents.Goodput | None:
+        """The run's goodput so far (None before any step time was reported)."""
+        if not self.step_times or self.start_step is None or self.current.step < 0:
+            return None
+        times = sorted(self.step_times)
+        return incidents.Goodput(steps=max(0, self.current.step - self.start_step),
+                                 step_seconds=times[len(times) // 2],
+                                 wall_seconds=time.monotonic() - self.started)
 
 
 def config_fits(plan: WorldPlan) -> None:
