@@ -188,3 +188,76 @@ def test_parse_size_and_grid():
     assert len(tune.grid(tune.DEFAULT_SWEEP)) == 144
     sweep = tune.normalize_sweep({"thread_count": [2, 2, 4]})
     assert sweep["intra_op_parallelism"] == [2, 4] and sweep["block_size"] == [1048576]
+
+
+def test_ds_nvme_tune_flags(tmp_path):
+    """DeepSpeed's ds_nvme_tune command line as typed (underscored flags, --nvme_dir with two
+    directories after it, --verbose, --log_dir, --flush_page_cache), same meaning."""
+    a, b, logs = tmp_path / "a", tmp_path / "b", tmp_path / "logs"
+    a.mkdir(), b.mkdir()
+    sweep = tmp_path / "s.json"
+    sweep.write_text(json.dumps({"block_size": ["128K"], "queue_depth": [4, 8],
+                                 "io_parallel": [1], "single_submit": [False],
+                                 "overlap_events": [True]}))
+    r = run_tune("--nvme_dir", a, b, "--io_size", "1M", "--sweep_config", sweep, "--loops", 2,
+                 "--verbose", "--log_dir", logs, "--flush_page_cache", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [d["path"] for d in out["dirs"]] == [str(a.resolve()), str(b.resolve())]
+    assert out["io_size"] == 1 << 20 and out["loops"] == 2
+    assert {(x["op"], x["queue_depth"]) for x in out["results"]} == {
+        (op, qd) for op in ("read", "write") for qd in (4, 8)}
+    runs = (logs / "nvme_tune_runs.log").read_text().splitlines()
+    assert len(runs) == 2 * 2 * 2 and all("GB/s" in line for line in runs)
+    assert "[8/8] read block_size=131072 queue_depth=8" in r.stderr  # --verbose: every run
+    assert json.loads((logs / "nvme_tune.json").read_text()) == out
+    assert list(a.iterdir()) == [] and list(b.iterdir()) == []
+
+    r = run_tune("--nvme_dir", a, "--io_size", "256K", "--sweep_config", sweep, "--no_read",
+                 "--json")
+    assert r.returncode == 0, r.stderr
+    assert {x["op"] for x in json.loads(r.stdout)["results"]} == {"write"}
+    r = run_tune("--nvme_dir", a, "--no_read", "--no_write")
+    assert r.returncode != 0 and "nothing to measure" in r.stderr
+    for flag in ("--gpu", "--gds"):
+        r = run_tune("--nvme_dir", a, flag)
+        assert r.returncode != 0 and "host (CPU) memory" in r.stderr, r.stderr
+
+
+def _resident_pages(path) -> int:
+    """Pages of the file in the page cache (mincore(2) over a read-only shared mapping)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+        try:
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vec)
+
+
+def test_flush_page_cache_evicts_the_files(tmp_path):
+    """--flush_page_cache: after drop_cached_pages the test file's pages are out of the page
+    cache, where a plain read had put them (on a disk file system; tmpfs keeps them)."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    path.read_bytes()
+    if _resident_pages(path) == 0:
+        pytest.skip("the file system does not cache this file")
+    sweep = tune.Sweep([tune.Target(tmp_path, 1 << 20, workdir=tmp_path)], 1 << 20, [])
+    sweep.drop_cached_pages()
+    assert _resident_pages(path) == 0
