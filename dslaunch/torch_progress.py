@@ -23,6 +23,8 @@ with the engine's calls, point-to-point under "p2p" (never compared across ranks
 seen the same way. Not seen: collectives made from C++ (DDP's gradient buckets, functional
 collectives under ``torch.compile``); a rank waiting there is judged by its CPU time.
 
+The record is opened at the first recorded call: until then the agent judges the rank's start
+(imports, rendezvous) by its CPU time (``launcher/idleness.py``).
 ``DSLAUNCH_TORCH_PROGRESS=0`` turns it off. Imports nothing of dslaunch but ``progress_record``.
 """
 
@@ -83,6 +85,15 @@ _torch = None  # the torch module once installed
 
 
 # ---- recording ----------------------------------------------------------------------------------
+def _writer() -> progress_record.ProgressWriter | None:
+    """The record, opened at the first recorded call: until then the rank has none, and the agent
+    judges its start (imports, rendezvous) by its CPU time (launcher/idleness.py)."""
+    global _WRITER
+    if _WRITER is None and _ORIGINALS:
+        _WRITER = progress_record.writer()
+    return _WRITER
+
+
 def _label(group) -> str:
     """The group's label, as engine/comm.group_label makes it (cached per group object)."""
     if group is None:
@@ -156,7 +167,7 @@ def _wrap_function(fn, op: str, p2p: bool):
 
     @functools.wraps(fn)
     def recorded(*args, **kwargs):
-        w = _WRITER
+        w = _WRITER or _writer()
         if w is None or w.v["coll_op"] or threading.get_ident() != _MAIN:
             return fn(*args, **kwargs)  # nested in a recorded call, or off the main thread
         if p2p:
@@ -186,7 +197,7 @@ def _wrap_method(fn, op: str):
 
     @functools.wraps(fn)
     def recorded(self, *args, **kwargs):
-        w = _WRITER
+        w = _WRITER or _writer()
         if w is None or w.v["coll_op"] or threading.get_ident() != _MAIN:
             return fn(self, *args, **kwargs)
         seq = w.enter(op, P2P_GROUP if p2p else _label(self), _nbytes(args[0]) if args else 0)
@@ -234,14 +245,13 @@ def _patch(owner, name: str, new) -> None:
 
 
 def install(writer: progress_record.ProgressWriter | None = None) -> bool:
-    """Wrap torch.distributed's calls (see the module docstring); True when installed. Needs an
-    initialised-or-not ``torch.distributed``; imports it. Does nothing without a progress record
-    (no agent asked) or when already installed."""
+    """Wrap torch.distributed's calls (see the module docstring); True when installed. Imports
+    ``torch.distributed`` (initialised or not). Does nothing without a progress record to write
+    (``writer``, else the agent's ``DSLAUNCH_PROGRESS_FILE``) or when already installed."""
     global _WRITER, _PENDING, _torch
     if _ORIGINALS:
         return True
-    writer = writer or progress_record.writer()
-    if writer is None:
+    if writer is None and not os.environ.get(progress_record.ENV):
         return False
     import torch
     import torch.distributed as dist
@@ -269,7 +279,7 @@ def install(writer: progress_record.ProgressWriter | None = None) -> bool:
             _patch(group_type, name, _wrap_method(group_type.__dict__[name], op))
     if "wait" in work.__dict__:
         _patch(work, "wait", _wrap_wait(work.__dict__["wait"]))
-    _WRITER = writer
+    _WRITER = writer  # None: opened at the first call (_writer)
     return True
 
 

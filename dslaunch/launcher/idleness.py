@@ -10,8 +10,9 @@
   threads (gloo's network loop wakes every few seconds) from counting as work.
 - Inside a collective only its record counts: a waiting rank may spin (gloo's do), so its CPU
   time says nothing about progress.
-- A rank with no record yet (still importing, or a script whose collectives nobody records) is
-  judged by its CPU time alone.
+- A rank with no record yet (starting: imports, rendezvous; or a script whose collectives nobody
+  records) progresses while its CPU time advances at all: an import that waits on the disk of a
+  loaded host uses little, and a start is not a hang.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ class Idleness:
             # clock), never earlier than that last look
             ago = min(max(wall - record["updated"], 0.0), now - self.looked_at)
             self.record, self.changed_at = record, now - ago
-        elif (record is None or not record.get("coll_op")) and self._busy(ticks, now):
+        elif record is None and ticks != self.ticks:
+            self.changed_at = now  # starting
+        elif record is not None and not record.get("coll_op") and self._busy(ticks, now):
             self.changed_at = now  # computing outside a collective
-        if now - self.ticks_at >= MIN_WINDOW or self.ticks is None:
+        if record is None or now - self.ticks_at >= MIN_WINDOW or self.ticks is None:
             self.ticks, self.ticks_at = ticks, now
         self.looked_at = now
         return round(now - self.changed_at, 3)
