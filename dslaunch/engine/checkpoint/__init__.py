@@ -13,6 +13,8 @@ Modules (one idea each):
   on load when the layout differs) and ``save_16bit_model``.
 - ``zero_shards.py``: what a ZeRO 1-3 strategy puts in its rank file and loads back, as saved or
   resharded from another layout (``load_resharded``).
+- ``zero3_module.py``: ZeRO 3's weight-less ``model_states.pt``: placeholders written, and the
+  weights read back from the shards (a stage-3 engine its own shard, others whole).
 - ``shard_index.py``: where each parameter's elements sit in N ranks' shards (``ParamIndex``):
   the range arithmetic behind consolidation and reshaping.
 - ``pipeline.py``: ``PipelineEngine`` checkpoints, one weights file per (stage, TP rank).
@@ -36,7 +38,10 @@ Layout on disk, ``<dir>/<tag>/`` (tag default ``global_step{N}``; ``<dir>/latest
 newest; ``<dir>/zero_to_fp32.py`` consolidates with torch alone):
 - ZeRO 0-3 (``save_load.py``): ``model_states.pt`` (rank 0: weights, counters, scheduler, loss
   scaler, client_state), ``rank_{r}_optim_states.pt`` (every rank: strategy state, its ZeRO
-  shard with layout metadata under ``strategy["zero"]``, RNG), ``metadata.json``.
+  shard with layout metadata under ``strategy["zero"]``, RNG), ``metadata.json``. At ZeRO 3
+  ``model_states.pt`` keeps empty placeholders of the partitioned weights, listed under
+  ``zero3_partitioned`` (``zero3_module.py``): their values are the shards' masters, stored
+  once, as DeepSpeed does (fp32 Adam: 12 bytes per parameter in all).
 - Pipeline / TP (``pipeline.py``, format ``dslaunch-pipe-1``): one
   ``layer_stage{SS}_tp{TT}_model_states.pt`` per (stage, TP rank), ``rank_{r}_optim_states.pt``,
   ``engine_states.pt`` (rank 0: counters, scheduler, loss scaler, client_state),

@@ -13,7 +13,8 @@ built one parameter at a time, ZeRO 1-3 masters gathered by name (``shard_index.
 (the script's ``write_output``).
 
 ZeRO 0-3: stage 0 and stages 1-2 in fp32 keep exact fp32 weights in ``model_states.pt``; for
-ZeRO 1-3 the fp32 master shards (exact in bf16/fp16 too) are reassembled from the rank files.
+ZeRO 1-3 the fp32 master shards (exact in bf16/fp16 too) are reassembled from the rank files
+(ZeRO 3's ``model_states.pt`` holds only placeholders of them, ``zero3_module.py``).
 
 Pipeline / TP, naming: the names a ``PipelineModule`` gives its own parameters (DeepSpeed's too):
 ``N.<param>`` for the layer at index N of the layer list, ``tied_modules.<key>.<param>`` for a

@@ -3,7 +3,8 @@
 
 Layout of ``<dir>/<tag>/`` (default tag ``global_step{N}``):
 - ``model_states.pt`` (rank 0): module weights, step counters, lr scheduler, loss scaler,
-  client_state.
+  client_state. ZeRO 3: the partitioned weights only as empty placeholders (their values are
+  the rank files' shards, ``zero3_module.py``), so nothing is gathered to save.
 - ``rank_{r}_optim_states.pt`` (every rank): that rank's strategy state (optimizer, fp32 masters,
   a ZeRO shard) and its RNG states (torch, CUDA, python ``random``, numpy when imported).
 - ``layer_{l}_expert_{e}_mp_rank_00_model_states.pt`` (MoE): one expert's weights by global id,
