@@ -190,6 +190,12 @@ OPTIMIZER_PARAMS = Section({
     "factor_max": F(None, 0.0),
     "factor_min": F(None, 0.0),
     "factor_threshold": F(None, 0.0),
+    "muon_lr": F(None, 0.0),  # Muon: lr of the Muon half / of the AdamW half
+    "adam_lr": F(None, 0.0),
+    "ns_method": S(None, ("gram", "standard")),
+    "ns_steps": I(None, 1),  # dslaunch's (DeepSpeed's muon_update arguments)
+    "ns_dtype": S(None, ("auto", "fp32", "bf16", "fp16", "fp64")),
+    "per_head_muon": Leaf("bool", None),
 }, open=True, fill=False)
 
 OPTIMIZER = Section({

@@ -4,6 +4,8 @@
   config type "Adam" means decoupled weight decay (AdamW) unless ``adam_w_mode: false`` (then L2
   weight decay added to the gradient, torch's Adam). ``AdamW`` is always decoupled.
 - ``SGD``, ``Adagrad``: torch's. ``Lamb``, ``Lion``: small reference implementations here.
+- ``Muon``: Muon for the hidden matrices with an auxiliary AdamW for the rest (``muon.py``; the
+  model's parameters are tagged ``use_muon`` by DeepSpeed's rule; ZeRO 1-3: ``muon_zero.py``).
 - ``OneBitAdam``, ``ZeroOneAdam``, ``OneBitLamb``: ``engine/onebit/`` (``build_onebit``).
 - Any other name: the ``torch.optim`` class of that name (case-insensitive), params passed as is.
 torch's fused kernels are used where torch has them for the device (Adam/AdamW ``fused=True`` is
@@ -18,6 +20,7 @@ import torch
 from ..onebit import build_onebit
 from .lamb import Lamb
 from .lion import Lion
+from .muon import Muon, build_muon
 
 # DeepSpeed-only knobs that are not torch keyword arguments
 _DS_ONLY = ("adam_w_mode", "torch_adam", "bias_correction", "legacy_fusion", "max_grad_norm")
@@ -37,8 +40,9 @@ def _first_device(model_parameters):
     return torch.device("cpu")
 
 
-def build_optimizer(model_parameters, optimizer_cfg) -> torch.optim.Optimizer:
-    """``optimizer_cfg``: the config's typed ``optimizer`` section (``.type``, ``.params``)."""
+def build_optimizer(model_parameters, optimizer_cfg, model=None) -> torch.optim.Optimizer:
+    """``optimizer_cfg``: the config's typed ``optimizer`` section (``.type``, ``.params``);
+    ``model``: the model the parameters belong to (Muon tags its parameters by name)."""
     model_parameters = list(model_parameters)
     name = str(optimizer_cfg.type)
     kind = name.lower()
@@ -56,6 +60,8 @@ def build_optimizer(model_parameters, optimizer_cfg) -> torch.optim.Optimizer:
         return cls(model_parameters, **kw)
     if kind in ("onebitadam", "zerooneadam", "onebitlamb"):  # 1-bit optimizers: engine/onebit/
         return build_onebit(model_parameters, name, params)
+    if kind == "muon":
+        return build_muon(model_parameters, params, model)
     if kind == "lamb":
         kw = {k: v for k, v in params.items() if k not in ("legacy_fusion",)}
         return Lamb(model_parameters, **kw)
@@ -71,7 +77,7 @@ def build_optimizer(model_parameters, optimizer_cfg) -> torch.optim.Optimizer:
                 and issubclass(cls, torch.optim.Optimizer)):
             return cls(model_parameters, **{k: v for k, v in params.items() if k not in _DS_ONLY})
     raise ValueError(f"optimizer.type: unknown optimizer {name!r} (DeepSpeed's names: Adam, AdamW, "
-                     "SGD, Lamb, Adagrad, Lion; or any torch.optim class)")
+                     "SGD, Lamb, Adagrad, Lion, Muon; or any torch.optim class)")
 
 
-__all__ = ["build_optimizer", "Lamb", "Lion"]
+__all__ = ["build_optimizer", "Lamb", "Lion", "Muon"]
