@@ -83,7 +83,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         client_optimizer = optimizer is not None
         if optimizer is None and cfg.optimizer is not None:
             params = model_parameters if model_parameters is not None else model.parameters()
-            optimizer = build_optimizer(params, cfg.optimizer)
+            optimizer = build_optimizer(params, cfg.optimizer, model=model)
         elif callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(model_parameters if model_parameters is not None
                                   else model.parameters())

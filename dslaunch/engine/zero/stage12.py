@@ -405,6 +405,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 if coef != 1.0:
                     grad.mul_(coef)  # gradients are consumed by this step: scale in place
                 sp.grad = grad
+        prepare = getattr(self.optimizer, "prepare_zero_step", None)
+        if prepare is not None:  # Muon: whole-matrix updates from the shards (optim/muon_zero.py)
+            prepare(self)
         self.optimizer.step()
         for g in self.groups:
             for sp in g.shard_params:
