@@ -291,9 +291,12 @@ class Accelerator(abc.ABC):
         """The builder class for an op that runs on this device: DeepSpeed's builder names
         (``"CPUAdamBuilder"``, ``"FusedAdamBuilder"``, ...) or dslaunch's op names
         (``"cpu_adam"``); None for an op dslaunch does not have or that does not run here."""
+        from dslaunch.deepspeed_names import BY_NAME, resolve
         from dslaunch.kernels import op_builder
 
-        cls = op_builder.builder_class(class_name)
+        row = BY_NAME.get(f"deepspeed.ops.op_builder.{class_name}")  # deepspeed.ops.op_builder's
+        cls = resolve(row) if row is not None and row.present else op_builder.builder_class(
+            class_name)
         return cls if cls is not None and cls.KIND in self._op_kinds else None
 
     def create_op_builder(self, class_name: str):

@@ -20,9 +20,6 @@ DEEPSPEED_BUILDERS = {
     "AsyncIOBuilder": "async_io",
     "FusedAdamBuilder": "cuda_fused_adam",
 }
-# what load() returns where DeepSpeed's module has Python-level names over the op (AsyncIOBuilder:
-# ``.aio_handle(...)``), instead of the compiled op itself
-LOADS = {"AsyncIOBuilder": "dslaunch.nvme.aio"}
 # DeepSpeed's builders with no dslaunch op: importable, never compatible, load() says what to use
 NO_OP = {
     "GDSBuilder": "dslaunch has no GPUDirect Storage (cuFile) op; AsyncIOBuilder().load()"
@@ -60,15 +57,10 @@ class OpBuilder:
         return bool(status["compatible"])
 
     def load(self, verbose: bool = True):
-        """The op's module, built first if the cache has none (for a name in ``LOADS``: that
-        Python module, once the op is built)."""
-        import importlib
-
+        """The op's module, built first if the cache has none."""
         from dslaunch.kernels import builder
 
-        op = builder.load(self.NAME, quiet=not verbose)
-        wrapper = LOADS.get(type(self).__name__)
-        return importlib.import_module(wrapper) if wrapper else op
+        return builder.load(self.NAME, quiet=not verbose)
 
     def jit_load(self, verbose: bool = True):
         return self.load(verbose)

@@ -11,14 +11,14 @@ builds dslaunch's op (cached) and returns it: ``AsyncIOBuilder`` gives ``dslaunc
 no dslaunch op (``GDSBuilder``, ``FusedLambBuilder``, ``FusedLionBuilder``) import, answer
 ``is_compatible() == False`` and say on ``load()`` what to use instead.
 
-A face: the builders are ``dslaunch/kernels/op_builder.py``'s (the classes
-``get_accelerator().get_op_builder(name)`` hands out).
+A face: the builders are ``dslaunch/kernels/op_builder.py``'s and ``dslaunch/nvme/builder.py``'s
+(the same classes ``get_accelerator().get_op_builder(name)`` hands out).
 """
 
 from dslaunch.deepspeed_names import face_getattr
 from dslaunch.kernels.op_builder import builder_class
+from dslaunch.nvme.builder import AsyncIOBuilder
 
-AsyncIOBuilder = builder_class("AsyncIOBuilder")
 GDSBuilder = builder_class("GDSBuilder")
 CPUAdamBuilder = builder_class("CPUAdamBuilder")
 CPUAdagradBuilder = builder_class("CPUAdagradBuilder")
