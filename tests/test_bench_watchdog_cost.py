@@ -1,5 +1,6 @@
 """benchmarks/bench_watchdog_cost.py runs: a tiny --smoke job writes its JSON with the expected
-keys and no false alarm (numbers are the benchmark's business, not checked here)."""
+keys and no false alarm, for the engine and for a plain torch loop (numbers are the benchmark's
+business, not checked here)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,8 @@ def test_watchdog_cost_smoke():
     train = result["train"]
     assert train["false_alarms"] == 0
     assert train["steps_per_s_on"] > 0 and train["steps_per_s_off"] > 0
+    # the plain torch loop: its collectives were recorded by the bootstrap alone, no false alarm
+    plain = result["plain"]
+    assert plain["collectives_per_step"] > 0
+    assert plain["call"]["all_reduce_us_on"] > 0 and plain["call"]["all_reduce_us_off"] > 0
+    assert plain["train"]["false_alarms"] == 0 and plain["train"]["steps_per_s_on"] > 0
