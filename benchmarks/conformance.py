@@ -403,6 +403,12 @@ def has_modules(python: str, modules: list, env: dict) -> str:
 def error_line(log: str) -> str:
     """The most telling line of a failed run's log: the last exception raised."""
     lines = [ln.strip() for ln in log.splitlines()]
+    for ln in reversed(lines):  # a rank's own exception, as torchrun prefixes it
+        if re.match(r"\[rank\d+\]: [\w.]*(Error|Exception)\b", ln):
+            return re.sub(r"^\[rank\d+\]: ", "", ln)[:400]
+    for ln in lines:  # dslaunch's summary of the first failing rank
+        if re.search(r"rank \d+ \(host \S+\) exited with code", ln):
+            return ln[:400]
     for ln in reversed(lines):
         if re.search(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception|Exit)\b.*?:", ln) \
                 and "Traceback" not in ln:
@@ -551,6 +557,22 @@ def docs_check(docs: str | None, selected: list) -> dict:
     return out
 
 
+def report(path: Path) -> int:
+    result = json.loads(path.read_text())
+    for row in result["clients"]:
+        for side in ("deepspeed", "dslaunch"):
+            log = Path(result["scratch"]) / row["client"] / f"{side}.log"
+            run = row.get(side)
+            if isinstance(run, dict) and run.get("passed") is False and log.exists():
+                text = log.read_text(errors="replace")
+                run["error"] = error_line(text) if run.get("status") != "timeout" else \
+                    f"timed out, {len(run.get('losses', []))} losses printed; last line: " \
+                    f"{error_line(text)}"
+    path.write_text(json.dumps(result, indent=1))
+    print(table(result["clients"]))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -569,7 +591,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
     p.add_argument("--timeout-scale", type=float, default=1.0)
     p.add_argument("--list", action="store_true", help="list the clients and their edits")
+    p.add_argument("--report", default=None, metavar="JSON",
+                   help="print the table of an earlier run's JSON again (error lines re-read "
+                        "from its kept scratch directory when it is still there)")
     args = p.parse_args(argv)
+    if args.report:
+        return report(Path(args.report))
 
     selected = clients()
     if args.only:
