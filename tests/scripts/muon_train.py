@@ -94,10 +94,15 @@ def engine_run(a):
         dist.all_reduce(tot)
         losses.append(tot.item() / world)
     muon_groups = [g.get("name") for g in engine.optimizer.param_groups if g.get("use_muon")]
+    split = 0  # Muon matrices with elements in more than one rank's chunk
+    for g, pg in zip(getattr(engine.strategy, "groups", []), engine.optimizer.param_groups):
+        for b in g.layout.buckets if pg.get("use_muon") else ():
+            c = b.chunk(g.layout.world_size)
+            split += sum(s.start // c != (s.start + s.numel - 1) // c for s in b.slots)
     if rank == 0:
         Path(a.out).write_text(json.dumps({
             "losses": losses, "optimizer": type(engine.optimizer).__name__,
-            "muon_groups": muon_groups, "world": world,
+            "muon_groups": muon_groups, "world": world, "split_matrices": split,
             "use_muon": {n: bool(getattr(p, "use_muon", None)) for n, p in model.named_parameters()},
             "comm": engine.comm_stats()}, default=str))
     dist.barrier()
