@@ -220,8 +220,8 @@ NAMES: list[Name] = [
              "dslaunch.accelerator.real_accelerator:set_accelerator"),
     # -- deepspeed.ops ----------------------------------------------------------------------------
     _present("deepspeed.ops", "dslaunch.ops",
-             "the optimizers only (adam, adagrad, lion, lamb); dslaunch's compiled ops are built "
-             "by dslaunch.kernels"),
+             "the optimizers (adam, adagrad, lion, lamb) and the op builders (op_builder) "
+             "of dslaunch's compiled ops, which dslaunch.kernels builds"),
     _present("deepspeed.ops.adam", "dslaunch.ops.adam"),
     _present("deepspeed.ops.adam.DeepSpeedCPUAdam", "dslaunch.engine.optim.cpu_adam:DSCPUAdam",
              "DeepSpeed's signature; CPU parameters only (fp32 or bf16, fp32 states); when the "
