@@ -184,7 +184,11 @@ class Muon(torch.optim.Optimizer):
     lr, momentum, weight_decay, ns_method, ns_steps, nesterov, ns_dtype; the others
     lr, betas, eps, weight_decay (AdamW, or Adam with L2 decay when ``adam_w_mode=False``)."""
 
-    def __init__(self, param_groups, adam_w_mode: bool = True):
+    def __init__(self, param_groups, adam_optimizer=None, adam_optimizer_kwargs=None,
+                 adam_w_mode: bool = True, fallback_to_inline: bool = False):
+        """DeepSpeed's signature; ``adam_optimizer`` / ``adam_optimizer_kwargs`` /
+        ``fallback_to_inline`` are accepted and unused: the AdamW half is always this class's
+        own (the compiled CPU Adam op on CPU parameters, torch ops elsewhere)."""
         groups = []
         for g in param_groups:
             if "use_muon" not in g:
