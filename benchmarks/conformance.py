@@ -150,8 +150,9 @@ PIPE_EDITS = [
          "short: the run has fewer than 10 steps; print every step's loss",
          path=PIPE_DIR + "ds_config.json"),
 ]
-PIPE_LOSS = r"(?:steps: +\d+ loss: |\[dslaunch\] step +\d+ loss |step: +\d+ / +\d+ loss: " \
-            r"(?:tensor\()?)([-\d.]+)"
+# train_batch's per-step line: DeepSpeed's pipeline engine and dslaunch's print it differently
+PIPE_LOSS = r"(?:steps: +\d+ loss: |\[dslaunch\] step +\d+ loss )([-\d.]+)"
+PIPE_BASE_LOSS = r"step: +\d+ / +\d+ loss: (?:tensor\()?([-\d.]+)"  # train_base's own print
 
 BF16_DIR = "training/bf16_master_weight/"
 BF16_EDITS = [
@@ -167,7 +168,9 @@ BF16_ARGS = ["--hidden_dim", "64", "--num_layers", "2", "--num_heads", "2", "--v
 BF16_LOSS = r"\[Rank 0\] Step \d+: loss=([-\d.]+)"
 
 NO_LOSS = r"(?!)"  # a client that trains nothing: passing is exiting 0
-TRAIN_LOSS = r"\bstep +\d+ loss ([-\d.]+(?:e[-+]?\d+)?)"  # what the tutorial snippets print
+# what the snippets print (dslaunch's launcher prefixes a rank's lines with "[rank N] "; the
+# engine's own "[dslaunch] step N loss" lines are not the script's)
+TRAIN_LOSS = r"(?m)^(?:\[rank \d+\] )?step +\d+ loss ([-\d.]+(?:e[-+]?\d+)?)"
 
 
 def clients() -> list:
@@ -204,7 +207,8 @@ def clients() -> list:
         Client("pipeline-p0", "example", PIPE_DIR + "train.py",
                ["--deepspeed_config=ds_config.json", "-p", "0", "--steps=10", "--backend", "gloo"],
                files=[PIPE_DIR + "alexnet.py", PIPE_DIR + "ds_config.json"], edits=PIPE_EDITS,
-               loss=PIPE_LOSS, timeout=420, note="the data-parallel path (-p 0), 10 steps"),
+               loss=PIPE_BASE_LOSS, timeout=420,
+               note="the data-parallel path (-p 0), 10 steps: the script prints step 10's loss"),
     ]
     for cfg in ("baseline", "bf16_full"):
         for ckpt in ((), ("--activation_checkpointing",)):
@@ -559,15 +563,24 @@ def docs_check(docs: str | None, selected: list) -> dict:
 
 def report(path: Path) -> int:
     result = json.loads(path.read_text())
+    known = {c.name: c for c in clients()}
     for row in result["clients"]:
         for side in ("deepspeed", "dslaunch"):
             log = Path(result["scratch"]) / row["client"] / f"{side}.log"
             run = row.get(side)
+            if isinstance(run, dict) and log.exists() and row["client"] in known:
+                # the losses as the client's current pattern reads them
+                run["losses"] = [float(v) for v in re.findall(
+                    known[row["client"]].loss, log.read_text(errors="replace"))]
             if isinstance(run, dict) and run.get("passed") is False and log.exists():
                 text = log.read_text(errors="replace")
                 run["error"] = error_line(text) if run.get("status") != "timeout" else \
                     f"timed out, {len(run.get('losses', []))} losses printed; last line: " \
                     f"{error_line(text)}"
+        row.pop("loss_agreement", None)
+        if all((row.get(s) or {}).get("losses") for s in ("deepspeed", "dslaunch")):
+            row["loss_agreement"] = agreement(row["deepspeed"]["losses"],
+                                              row["dslaunch"]["losses"])
     path.write_text(json.dumps(result, indent=1))
     print(table(result["clients"]))
     return 0
