@@ -29,9 +29,35 @@ is_available = dist.is_available
 is_initialized = dist.is_initialized
 get_rank = dist.get_rank
 get_world_size = dist.get_world_size
-get_backend = dist.get_backend
 new_group = dist.new_group
 get_local_rank = local_rank
+
+
+
+def backend_name(torch_backend: str, device_type: str) -> str:
+    """The one backend name a ``device_type`` tensor meets in a group torch reports as
+    ``torch_backend``: ``"cpu:gloo,cuda:nccl"`` -> ``"nccl"`` for ``"cuda"``, ``"gloo"`` for
+    ``"cpu"``; a plain name (``"gloo"``, ``"nccl"``) as it is. A device the per-device form does not
+    name gets the first backend listed."""
+    torch_backend = str(torch_backend)
+    if ":" not in torch_backend:
+        return torch_backend
+    pairs = dict(part.split(":", 1) for part in torch_backend.split(","))
+    return pairs.get(device_type, next(iter(pairs.values())))
+
+
+def get_backend(group=None) -> str:
+    """The group's backend name for the accelerator's device: ``"nccl"`` where the default
+    device is CUDA, ``"gloo"`` on the CPU. dslaunch makes its NCCL groups as
+    ``cpu:gloo,cuda:nccl`` (``comm.with_cpu_backend``), which torch's ``get_backend`` answers
+    verbatim; DeepSpeed initialises with the accelerator's ``communication_backend_name()`` alone,
+    so its ``cdb.get_backend()`` (``comm/torch.py``: torch's answer) says ``"nccl"`` there, and
+    scripts compare with that."""
+    from dslaunch.accelerator import get_accelerator
+
+    device_type = get_accelerator().device_name().split(":", 1)[0]
+    return backend_name(dist.get_backend(group), device_type)
+
 
 # -- the record --------------------------------------------------------------------------------
 
