@@ -218,6 +218,12 @@ def clients() -> list:
                 [*BF16_ARGS, "--deepspeed_config", f"configs/{cfg}.json", *ckpt],
                 files=[BF16_DIR + f"configs/{cfg}.json"], edits=BF16_EDITS, loss=BF16_LOSS,
                 note="run_comparison.sh's command on a tiny model"))
+    # run_benchmark.sh's command on a small model: ZeRO-3 offload_states / reload_states
+    out.append(Client("offload_states", "example", "training/offload_states/offload_states.py",
+                      ["--hidden_dim", "64", "--nlayers", "2", "--iteration", "3", "--warmup",
+                       "1"], loss=NO_LOSS,
+                      note="prints memory, not losses: passing is exiting 0 (its own asserts "
+                           "check that offloading frees memory and reloading takes it back)"))
     t = "tutorial"
     out += [
         Client("tut-getting-started", t, "getting_started.py",
