@@ -1,7 +1,9 @@
 """A tiny language model trained with the config's Muon (tests/test_muon_zero.py).
 
     dslaunch run --nproc-per-node 2 tests/scripts/muon_train.py --config c.json -- --out o.json
-    python tests/scripts/muon_train.py --reference --out o.json [--clip C] [--gas G] ...
+    python tests/scripts/muon_train.py --reference --out o.json [--clip C] [--params JSON]
+    ``--resume-at K --ckpt DIR``: save before step K, then a fresh engine (other initial
+    weights) loads it and trains on: momentum and Adam states must come back.
 
 The model's parameter names follow DeepSpeed's Muon rule: ``embed.weight`` and
 ``lm_head.weight`` (2-D) go to AdamW with the biases and the norm; the hidden matrices
@@ -83,6 +85,13 @@ def engine_run(a):
     rows = BATCH // (gas * world)
     losses = []
     for step in range(a.steps):
+        if step == a.resume_at:  # save, then go on in a fresh engine on other weights
+            engine.save_checkpoint(a.ckpt)
+            engine.destroy()
+            torch.manual_seed(1)
+            model = Tiny()
+            engine, _, _, _ = dslaunch.initialize(model=model)
+            engine.load_checkpoint(a.ckpt)
         tok, tgt = data(step)
         tot = torch.zeros(1)
         for m in range(gas):
@@ -116,6 +125,9 @@ if __name__ == "__main__":
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--clip", type=float, default=0.0)
     ap.add_argument("--params", default="{}", help="reference: the optimizer params (JSON)")
+    ap.add_argument("--resume-at", type=int, default=-1,
+                    help="engine: checkpoint before this step to --ckpt, resume in a new engine")
+    ap.add_argument("--ckpt", default=None)
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     reference(a) if a.reference else engine_run(a)

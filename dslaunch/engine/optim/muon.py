@@ -204,6 +204,7 @@ class Muon(torch.optim.Optimizer):
             groups.append(g)
         super().__init__(groups, {})
         self.adam_w_mode = adam_w_mode
+        self.prepared = set()  # ids of ZeRO shards whose .grad holds the whole-matrix update
 
     def muon_update(self, group, grad, buf):
         """The orthogonalized update of one whole matrix (momentum ``buf`` updated in place)."""
@@ -234,8 +235,8 @@ class Muon(torch.optim.Optimizer):
     def _muon_group(self, group):
         lr, wd = group["lr"], group["weight_decay"]
         for p in group["params"]:
-            state = self.state[p]
             if p.dim() >= 2:  # a whole matrix: ZeRO 0, or a single process
+                state = self.state[p]
                 grad = p.grad if p.grad is not None else torch.zeros_like(p)
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p, dtype=grad.dtype)
@@ -243,11 +244,11 @@ class Muon(torch.optim.Optimizer):
             else:  # a flat ZeRO shard: prepare_zero_step left the update in .grad
                 if p.grad is None:
                     continue
-                if not state.get("orthogonalized"):
+                if id(p) not in self.prepared:
                     raise RuntimeError("Muon: a flat parameter without a whole-matrix update; "
                                        "under ZeRO the strategy calls prepare_zero_step first")
+                self.prepared.discard(id(p))
                 update = p.grad
-                state["orthogonalized"] = False
             if wd:
                 p.mul_(1 - lr * wd)
             p.add_(update.to(p.dtype), alpha=-lr)
@@ -262,7 +263,7 @@ class Muon(torch.optim.Optimizer):
                 state["step"] = 0
                 state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32 if low else p.dtype)
                 state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
-            state["step"] += 1
+            state["step"] = int(state["step"]) + 1  # a loaded checkpoint may hold a tensor
             kw = dict(step=state["step"], lr=group["lr"], beta1=beta1, beta2=beta2,
                       eps=group["eps"], weight_decay=group["weight_decay"],
                       adamw=self.adam_w_mode)

@@ -72,7 +72,7 @@ def orthogonalize_shards(optimizer, strategy) -> None:
                                   dtype=dtype_cache[dev]).reshape(-1)
                 out[lo - lo_c: hi - lo_c].copy_(o[lo - s.start: hi - s.start])
             sp.grad = out.to(sp.device) if out.device != sp.device else out
-            state["orthogonalized"] = True
+            optimizer.prepared.add(id(sp))
 
 
 __all__ = ["orthogonalize_shards"]
