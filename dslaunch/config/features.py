@@ -39,8 +39,6 @@ NOT_SUPPORTED_YET = [
     Feature("data_efficiency.enabled", "data efficiency (sampling/routing)", "",
             _enabled("data_efficiency")),
     Feature("curriculum_learning.enabled", "curriculum learning", "", _enabled("curriculum_learning")),
-    Feature("progressive_layer_drop.enabled", "progressive layer drop", "",
-            _enabled("progressive_layer_drop")),
     Feature("eigenvalue.enabled", "eigenvalue computation", "", _enabled("eigenvalue")),
     Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine", "", _enabled("hybrid_engine")),
     Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),

@@ -434,7 +434,10 @@ TOP = Section({
     "compression_training": Leaf("any", None),  # large nested tree; its use is caught in features.py
     "data_efficiency": _enabled_open(),
     "curriculum_learning": _enabled_open(),
-    "progressive_layer_drop": _enabled_open(),
+    # theta: the keep probability the schedule decays to; gamma: how fast (DeepSpeed's keys and
+    # defaults, engine/progressive_layer_drop.py)
+    "progressive_layer_drop": Section({"enabled": B(), "theta": F(1.0, 0.0, 1.0),
+                                       "gamma": F(0.001, 0.0)}),
     "eigenvalue": _enabled_open(),
     "autotuning": AUTOTUNING,
     "hybrid_engine": _enabled_open(),

@@ -205,6 +205,14 @@ class DeepSpeedSurface:
     def get_lr(self) -> list:
         return [g["lr"] for g in self.optimizer.param_groups] if self._trains else []
 
+    def get_pld_theta(self):
+        """The progressive-layer-drop keep probability now (None when PLD is off)."""
+        pld = getattr(self, "progressive_layer_drop", None)
+        return None if pld is None else pld.get_theta()
+
+    def pld_enabled(self) -> bool:
+        return getattr(self, "progressive_layer_drop", None) is not None
+
     def get_mom(self) -> list:
         """Per param group: ``momentum`` for SGD / RMSprop, ``betas`` otherwise (DeepSpeed's)."""
         if not self._trains:

@@ -28,6 +28,7 @@ from .monitor import Monitors, WallClock
 from .optim import build_optimizer
 from .optim.schedules import build_scheduler
 from .precision import build_precision
+from .progressive_layer_drop import ProgressiveLayerDrop
 from .zero import build_optimizer_strategy
 
 
@@ -137,6 +138,9 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self._allreduce_seconds = 0.0
         self._async_saver = None  # checkpoint/async_save.py, made by the first save
         self._direct_backward = DirectBackward(self)  # loss.backward() without engine.backward
+        pld = cfg.progressive_layer_drop
+        self.progressive_layer_drop = ProgressiveLayerDrop(pld.theta, pld.gamma) \
+            if pld.enabled else None
         self._init_surface(client_optimizer_name)
 
     # -- measurements ----------------------------------------------------------------------------
@@ -168,6 +172,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             tokens = args[0].numel()
             self._tokens += tokens  # token ids: counted for tokens/s
         self._flops.forward_begin(tokens)
+        if self.progressive_layer_drop is not None and self.module.training:
+            kwargs.update(self.progressive_layer_drop.get_state())  # the model drops its layers
         with self.autocast.region():
             out = self.module(*args, **kwargs)
         self._flops.forward_end()
@@ -232,6 +238,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self.timers.start("step")
+            if self.progressive_layer_drop is not None:  # before the step, as DeepSpeed's order
+                self.progressive_layer_drop.update_state(self.global_steps)
             self._flops.phase_begin()
             applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
             self.strategy.zero_grad()

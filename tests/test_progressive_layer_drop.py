@@ -1,0 +1,33 @@
+"""Progressive layer drop (``engine/progressive_layer_drop.py``; DeepSpeed removed the section in
+0.19, dslaunch keeps it): configs/progressive_layer_drop.json on tests/scripts/pld_rank.py, one
+rank. Every training forward gets ``progressive_layer_drop=True`` and the schedule's theta, which
+moves once per optimizer step, before it (theta 1 for the forwards of steps 0 and 1, then
+(1 - 0.5) * exp(-0.2 * (k - 1)) + 0.5 at step k); an evaluation forward gets nothing.
+
+Compared with DeepSpeed 0.18.9, the last release with PLD: see the closing note of issue 34's
+first submission (measured in its own venv, torchrun, 1 rank, the same script with
+``--runtime deepspeed``).
+"""
+
+import math
+import re
+
+import pytest
+
+from helpers import ROOT, launch
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_training_forward_gets_the_schedule(tmp_path):
+    proc = launch(tmp_path, None, "pld_rank.py",
+                  ["--config", ROOT / "configs" / "progressive_layer_drop.json"], nproc=1)
+    thetas = [(int(n), v) for n, v in re.findall(r"THETA (\d+) (\S+)", proc.stdout)]
+    assert [n for n, _ in thetas] == list(range(1, 13))  # 6 steps x 2 micro-batches
+    for n, value in thetas:
+        step = (n - 1) // 2  # the optimizer step this forward belongs to
+        want = 1.0 if step == 0 else 0.5 * math.exp(-0.2 * (step - 1)) + 0.5
+        assert float(value) == pytest.approx(want, rel=1e-12), (n, value)
+    assert "EVAL" in proc.stdout
+    losses = [float(v) for v in re.findall(r"LOSS \d+ (\S+)", proc.stdout)]
+    assert len(losses) == 6 and all(math.isfinite(v) for v in losses)
