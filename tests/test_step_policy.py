@@ -37,11 +37,13 @@ def test_overflow_skips_and_lowers_the_scale():
 
 
 def test_which_nonfinite_norms_skip():
-    # stage 0 / 1-bit: only under fp16; ZeRO 1-3 and the pipeline: in any precision
+    # every path, every precision, clipping on or off (tests/test_nonfinite_grad_skip.py runs it)
     nan = GradNorm(math.nan, overflow=True)
-    assert not REPLICATED.decide(nan, 1.0, LossScaler(), fp16=False).skip
-    assert SHARDED.decide(nan, 1.0, LossScaler()).skip
-    assert MODEL_PARALLEL.decide(nan, 1.0, None).skip
+    for policy in (REPLICATED, SHARDED, MODEL_PARALLEL):
+        for clip in (1.0, 0.0):
+            for fp16 in (False, True):
+                d = policy.decide(nan, clip, LossScaler(), fp16=fp16)
+                assert d.skip and d.grad_norm is None
 
 
 def test_coefficient_folds_the_unscale_as_each_path_did():
@@ -56,9 +58,10 @@ def test_coefficient_folds_the_unscale_as_each_path_did():
     assert SHARDED.decide(norm, 1.0, None).coef == clip  # no scaler: scale 1
 
 
-def test_needs_norm_only_for_clipping_or_fp16():
-    assert not REPLICATED.needs_norm(0.0, False) and not REPLICATED.needs_norm(None, False)
-    assert REPLICATED.needs_norm(1.0, False) and REPLICATED.needs_norm(0.0, True)
+def test_needs_norm_always_for_the_nonfinite_check():
+    for policy in (REPLICATED, SHARDED, MODEL_PARALLEL):
+        for clip, fp16 in ((0.0, False), (None, False), (1.0, False), (0.0, True)):
+            assert policy.needs_norm(clip, fp16)
 
 
 def test_stepped_counts_a_good_step():

@@ -5,17 +5,25 @@ At an accumulation boundary every path runs the same decision:
 1. the caller supplies the gradient norm (``GradNorm``), computed from its own tensors: stage 0's
    flat buffer, the ZeRO 1-3 shards (squared norms all-reduced), the 1-bit optimizers' local norms,
    the pipeline's whole-world sum (``pipe/grad_norm.py``);
-2. a non-finite norm (fp16 overflow) skips the step: the loss scaler is told (a dynamic one lowers
-   its scale) and no norm is recorded;
+2. a non-finite norm skips the step, in every precision (fp16, bf16, fp32) and on every path
+   (stage 0, ZeRO 1-3, 1-bit, pipeline): the weights and optimizer states stay as they were, the
+   loss scaler is told (a dynamic one lowers its scale), no norm is recorded, and the engine counts
+   the step in ``skipped_steps`` and leaves the lr scheduler alone. This is DeepSpeed 0.19's
+   ``DeepSpeedZeroOptimizer.step`` (stage_1_and_2.py: ``check_overflow`` -> ``self.overflow`` ->
+   zero the gradients and return) with ``engine._take_model_step``'s ``skipped_steps += 1``: the
+   path DeepSpeed takes under fp16 at every stage and under bf16 at ZeRO 1-2 (its
+   ``bf16.check_grad_overflow`` defaults to true). DeepSpeed itself is not one behaviour: in fp32
+   (any stage), bf16 at ZeRO 3 (``_overflow_check_and_loss_scale_update`` checks fp16 only) and
+   bf16 at stage 0 (``FP16_Optimizer`` sets ``overflow`` but steps when not scaling) it steps with
+   the NaN and the weights become NaN; ``BF16_Optimizer`` (bf16 + fp32 accumulation at ZeRO 1,
+   bf16 pipelines) fails ``assert all_groups_norm > 0``. dslaunch skips everywhere instead
+   (``tests/test_nonfinite_grad_skip.py``), whether gradient clipping is on or off;
 3. otherwise the unscaled norm is recorded and the caller gets the coefficient to multiply the
    gradients by: torch's clip factor with ``1 / loss_scale`` folded in;
 4. after the optimizer step the caller calls ``stepped`` (the scaler counts a good step).
 
-The paths differ in two ways, kept as they were (same arithmetic, bit for bit) and named here:
+The paths differ in one way, kept as it was (same arithmetic, bit for bit) and named here:
 
-- which non-finite norms skip: under fp16 only (stage 0 and 1-bit, like DeepSpeed's stage-0 bf16
-  path, which steps anyway) or in any precision (ZeRO 1-3 and the pipeline, like DeepSpeed's ZeRO
-  optimizers);
 - how ``1 / loss_scale`` is folded: ``clip / scale`` (stage 0, 1-bit) or ``clip * (1 / scale)``
   (ZeRO 1-3): equal for power-of-2 scales, not always for a static scale like 1000; the pipeline
   applies the clip factor alone and the strategy's own step then unscales (stage 1-2 gradients are
@@ -95,16 +103,17 @@ class StepDecision:
 
 @dataclass(frozen=True)
 class StepPolicy:
-    skip_only_under_fp16: bool  # False: a non-finite norm skips in any precision
     unscale: str  # DIVIDE, TIMES_INVERSE or CLIP_ONLY
 
     def needs_norm(self, clip_norm, fp16: bool) -> bool:
-        """Only clipping and fp16's overflow check read the norm: otherwise spare the pass."""
-        return clipping_on(clip_norm) or fp16
+        """Always: the non-finite check reads the norm in every precision, clipping or not (one
+        pass over the gradients; kept as a method for the callers that ask)."""
+        return True
 
     def decide(self, norm: GradNorm, clip_norm, loss_scaler, fp16: bool = False) -> StepDecision:
-        """Skip (telling the loss scaler of the overflow here) or the coefficient to apply."""
-        if norm.overflow and (fp16 or not self.skip_only_under_fp16):
+        """Skip (telling the loss scaler of the overflow here) or the coefficient to apply. A
+        non-finite norm skips in any precision (``fp16`` is kept for the callers' signature)."""
+        if norm.overflow:
             if loss_scaler is not None:
                 loss_scaler.update(True)
             return StepDecision(skip=True, grad_norm=None)
@@ -129,8 +138,8 @@ class StepPolicy:
 
 
 # stage 0 and the 1-bit optimizers: every rank holds the whole (reduced) gradients
-REPLICATED = StepPolicy(skip_only_under_fp16=True, unscale=DIVIDE)
+REPLICATED = StepPolicy(unscale=DIVIDE)
 # ZeRO 1-3: each rank holds a shard; the squared norms are all-reduced
-SHARDED = StepPolicy(skip_only_under_fp16=False, unscale=TIMES_INVERSE)
+SHARDED = StepPolicy(unscale=TIMES_INVERSE)
 # pipeline / tensor parallel: the whole world's norm decides; the strategy then steps unclipped
-MODEL_PARALLEL = StepPolicy(skip_only_under_fp16=False, unscale=CLIP_ONLY)
+MODEL_PARALLEL = StepPolicy(unscale=CLIP_ONLY)

@@ -197,11 +197,10 @@ class Stage0Strategy(OptimizerStrategy):
             self.flat.mul_(post)
 
     # -- step (base.OptimizerStrategy.step runs the policy) -------------------------------------
-    step_policy = REPLICATED  # fp16 overflow skips; coefficient = clip / scale
+    step_policy = REPLICATED  # a non-finite norm skips in any precision; coef = clip / scale
 
     def _boundary_grad_norm(self, clip_norm, loss_scaler, fp16: bool) -> GradNorm:
-        if not self.step_policy.needs_norm(clip_norm, fp16):
-            return GradNorm()
+        # always measured: a non-finite norm skips the step in fp32 / bf16 too (step_policy.py)
         if not self.experts:
             scaled = torch.linalg.vector_norm(self.flat).item() if len(self.flat) else 0.0
             return GradNorm.from_scaled(scaled, loss_scale_of(loss_scaler))
