@@ -23,6 +23,8 @@ A strategy whose rank files hold no shards (forward-only stage 3) saves the whol
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .files import CheckpointError, RankFiles
@@ -96,10 +98,13 @@ def load_shard_weights(strategy, path: str, world: int) -> bool:
         if any(names.get(s.name, s.name) not in where for b in g.layout.buckets
                for s in b.slots):
             return False
-    for gi, (g, where) in enumerate(zip(strategy.groups, wheres)):
-        def shard_of(rank, gi=gi):
-            return files.zero(rank)["groups"][gi]["master"]
-        dtype = g.master.dtype if g.master is not None else torch.float32
-        put_master(g, _reshard(g, where, names, shard_of, dtype))
-    strategy._all_gather_params()
+    # NVMe: the masters live in a file; in memory (and written back) for this block
+    masters_in = getattr(strategy, "masters_in", None)
+    with masters_in(write=True) if masters_in else contextlib.nullcontext():
+        for gi, (g, where) in enumerate(zip(strategy.groups, wheres)):
+            def shard_of(rank, gi=gi):
+                return files.zero(rank)["groups"][gi]["master"]
+            dtype = g.master.dtype if g.master is not None else torch.float32
+            put_master(g, _reshard(g, where, names, shard_of, dtype))
+        strategy._all_gather_params()
     return True
