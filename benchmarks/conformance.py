@@ -363,7 +363,7 @@ def command(side: str, client: Client, script: Path, peer_py: str | None) -> lis
             *client.args]
 
 
-def run_env(side: str, threads: int) -> dict:
+def run_env(side: str, threads: int, peer_py: str | None = None) -> dict:
     env = dict(os.environ)
     for k in ("DSLAUNCH_CONFIG", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
               "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "DSLAUNCH_AS_DEEPSPEED", "PYTHONPATH"):
@@ -373,6 +373,12 @@ def run_env(side: str, threads: int) -> dict:
                WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
     if side == "dslaunch":  # this checkout's dslaunch, whatever the venv has
         env["PYTHONPATH"] = str(REPO)
+    elif peer_py and "TORCH_EXTENSIONS_DIR" not in env:
+        # DeepSpeed JIT-builds its CPU ops (deepspeed_shm_comm at init) under a lock in the
+        # shared torch extensions cache: another DeepSpeed job on the machine rebuilding them
+        # holds every run of the sweep at initialize. The sweep keeps its own cache, in the venv.
+        env["TORCH_EXTENSIONS_DIR"] = str(Path(os.path.dirname(os.path.dirname(peer_py)))
+                                          / "torch_extensions")
     return env
 
 
@@ -433,7 +439,7 @@ def run_side(side: str, client: Client, work: Path, peer_py, threads: int, scale
     script = work / Path(client.script).name if client.kind != "example" else \
         work / client.script.rsplit("/", 1)[-1]
     cmd = command(side, client, script, peer_py)
-    env = run_env(side, threads)
+    env = run_env(side, threads, peer_py)
     res = {"command": shlex.join(cmd)}
     python = peer_py if side == "deepspeed" else sys.executable
     missing = has_modules(python, client.needs, env)
