@@ -72,6 +72,10 @@ def collect() -> dict:
     info["cpu"] = {"model": cpu.model, "arch": cpu.arch, "cores": os.cpu_count(),
                    "features": cpu.interesting_flags, "best_simd": cpu.best_level,
                    "forced_simd": os.environ.get("DSLAUNCH_SIMD") or None}
+    # bf16 computing on this CPU (no CUDA device to run it): slow without native bf16 instructions
+    info["cpu"]["native_bf16"] = cpu_features.native_bf16(cpu.flags, cpu.arch)
+    info["cpu"]["bf16_warning"] = bf16_note(cpu.flags, cpu.arch, cpu.model,
+                                            bool(info["cuda"].get("available")))
     try:
         info["cpu"]["simd"] = cpu_features.chosen_level()
     except cpu_features.SimdError as exc:
@@ -95,6 +99,16 @@ def collect() -> dict:
                         "reason": f"{type(exc).__name__}: {exc}"})
     info["ops"] = ops
     return info
+
+
+def bf16_note(flags, arch: str, model: str, cuda_available: bool) -> str | None:
+    """The bf16-on-this-CPU warning, only where the CPU is the device (no CUDA) and lacks native
+    bf16 instructions (dslaunch/kernels/cpu_features.py: slow_bf16_message)."""
+    if cuda_available:
+        return None
+    from dslaunch.kernels.cpu_features import slow_bf16_message
+
+    return slow_bf16_message(flags, arch, model)
 
 
 def _yes(flag) -> str:
@@ -124,6 +138,8 @@ def render(info: dict) -> str:
         ("op cache", info["cache_dir"]),
         ("op sources", info["source_root"] or "not found"),
     ]
+    if cpu.get("bf16_warning"):
+        rows.append(("bf16 on CPU", "SLOW: " + cpu["bf16_warning"]))
     width = max(len(k) for k, _ in rows)
     lines += [f"{k:<{width}} : {v}" for k, v in rows]
     lines += ["-" * 78, f"{'op':<16} {'kind':<5} {'compatible':<10} {'built':<6} {'loaded':<6} status"]

@@ -137,6 +137,29 @@ def model_hidden_size(model):
     return None
 
 
+_BF16_WARNED = []
+
+
+def warn_slow_bf16_on_cpu() -> str | None:
+    """A bf16 job whose device is a CPU without native bf16 instructions: one warning on rank 0
+    before the first step (once per process), naming the missing flags and the measured cost
+    (kernels/cpu_features.py). Returns the message (None: nothing to say)."""
+    from dslaunch.accelerator import get_accelerator
+    from dslaunch.kernels.cpu_features import slow_bf16_warning
+
+    if get_accelerator().device_name() != "cpu":
+        return None
+    message = slow_bf16_warning()
+    if message and not _BF16_WARNED:
+        _BF16_WARNED.append(message)
+        import logging
+
+        from .log import log_dist
+
+        log_dist(message, ranks=[0], level=logging.WARNING)
+    return message
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None):
@@ -154,6 +177,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     mpu = sequence_parallel_mpu(source, model, mpu)  # sequence_parallel_size: its grid
     resolved = _resolve(source, model, mpu, _config_origin(label))
     cfg = resolved.typed
+    if cfg.bf16.enabled:
+        warn_slow_bf16_on_cpu()
     if cfg.expert_parallel.enabled:  # AutoEP: the model's experts become expert-parallel ones
         from .moe.auto_ep import autoep_from_config
 

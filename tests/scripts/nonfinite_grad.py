@@ -80,6 +80,7 @@ for step in range(args.steps):
             loss = poisoned(engine(x.to(engine.device), y.to(engine.device)))
             engine.backward(loss)
             engine.step()
+    print(f"nonfinite_grad: step {step} done", flush=True)
     after, finite = digest()
     norm = engine.get_global_grad_norm()
     records.append({"step": step, "before": before, "after": after, "finite": finite,
