@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from .auto import resolve_autos
 from .batch import GAS, MBS, TBS, TRIAD, resolve_batch
+from .curriculum import schedule_problems
 from .elasticity import resolve_elastic
 from .errors import ConfigError
 from .features import unsupported_problems
@@ -191,6 +192,9 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
         problems.append("amp.enabled: amp cannot be combined with fp16 or bf16; enable one of them")
 
     _precision_checks(values, problems)
+    curriculum = values["curriculum_learning"]
+    if curriculum["enabled"] is True:
+        problems.extend(schedule_problems(curriculum))
 
     zero = values["zero_optimization"]
     # Deprecated ZeRO flags are turned into the offload sections they stand for.

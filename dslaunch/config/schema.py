@@ -433,7 +433,12 @@ TOP = Section({
     "elasticity": ELASTICITY,
     "compression_training": Leaf("any", None),  # large nested tree; its use is caught in features.py
     "data_efficiency": _enabled_open(),
-    "curriculum_learning": _enabled_open(),
+    # the legacy seqlen curriculum (engine/curriculum.py; its schedule keys checked there)
+    "curriculum_learning": Section({
+        "enabled": B(), "curriculum_type": S("seqlen"), "min_difficulty": I(None, 0),
+        "max_difficulty": I(None, 0),
+        "schedule_type": S(None, ("fixed_linear", "fixed_root", "fixed_discrete", "custom")),
+        "schedule_config": Section({}, open=True)}),
     # theta: the keep probability the schedule decays to; gamma: how fast (DeepSpeed's keys and
     # defaults, engine/progressive_layer_drop.py)
     "progressive_layer_drop": Section({"enabled": B(), "theta": F(1.0, 0.0, 1.0),

@@ -205,6 +205,19 @@ class DeepSpeedSurface:
     def get_lr(self) -> list:
         return [g["lr"] for g in self.optimizer.param_groups] if self._trains else []
 
+    def set_custom_curriculum_learning_schedule(self, schedule_func) -> None:
+        """``curriculum_learning.schedule_type: custom``: the difficulty as a function of the
+        step (DeepSpeed's data-sampling form, a dict of such functions, is not taken yet)."""
+        scheduler = getattr(self, "curriculum_scheduler_legacy", None)
+        if scheduler is None:
+            raise ValueError("set_custom_curriculum_learning_schedule: the config's "
+                             "curriculum_learning section is not enabled")
+        if isinstance(schedule_func, dict):
+            raise NotImplementedError("set_custom_curriculum_learning_schedule: a dict of "
+                                      "schedules is data_efficiency's form, not supported yet; "
+                                      "pass one function of the step")
+        scheduler.set_custom_get_difficulty(schedule_func)
+
     def get_pld_theta(self):
         """The progressive-layer-drop keep probability now (None when PLD is off)."""
         pld = getattr(self, "progressive_layer_drop", None)

@@ -21,6 +21,7 @@ from .autocast import Autocast
 from .autotuning_meter import TrialMeter
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
+from .curriculum import CurriculumScheduler
 from .deepspeed_surface import DeepSpeedSurface
 from .direct_backward import DirectBackward
 from .flops import EngineFlops
@@ -138,6 +139,10 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self._allreduce_seconds = 0.0
         self._async_saver = None  # checkpoint/async_save.py, made by the first save
         self._direct_backward = DirectBackward(self)  # loss.backward() without engine.backward
+        self.curriculum_scheduler_legacy = None  # the legacy curriculum_learning section
+        if cfg.curriculum_learning.enabled:
+            self.curriculum_scheduler_legacy = CurriculumScheduler(
+                to_dict(cfg.curriculum_learning))
         pld = cfg.progressive_layer_drop
         self.progressive_layer_drop = ProgressiveLayerDrop(pld.theta, pld.gamma) \
             if pld.enabled else None
@@ -174,6 +179,10 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self._flops.forward_begin(tokens)
         if self.progressive_layer_drop is not None and self.module.training:
             kwargs.update(self.progressive_layer_drop.get_state())  # the model drops its layers
+        if self.curriculum_scheduler_legacy is not None and self.module.training:
+            difficulty = self.curriculum_scheduler_legacy.update_difficulty(self.global_steps + 1)
+            if self._config.curriculum_learning.curriculum_type == "seqlen":
+                kwargs["curriculum_seqlen"] = difficulty  # the model cuts its sequences
         with self.autocast.region():
             out = self.module(*args, **kwargs)
         self._flops.forward_end()
