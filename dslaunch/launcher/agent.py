@@ -39,6 +39,8 @@ DUMP_WAIT = 0.5  # seconds between the SIGUSR1 stack dump and SIGTERM (the dump 
 STACK_WAIT = 1.5  # how long a "dump stacks" waits for a rank's faulthandler file (a busy host may
 # take a while to schedule the rank that must handle the signal)
 PYSPY_TIMEOUT = 1.5
+PREVIOUS_ATTEMPT_WAIT = 60.0  # beyond the grace period: how long a restarted agent waits for the
+# previous attempt's agent on its node to have stopped its ranks (see node_lock)
 READER_JOIN = 2.0  # how long an exit waits for the rank's last output to be streamed
 
 
@@ -75,6 +77,44 @@ class Rank:
         self.reader: threading.Thread | None = None
         self.exited = False
         self.idleness = Idleness(time.monotonic())  # the hang watchdog's input (idleness.py)
+
+
+def node_lock_path(plan: WorldPlan, node_rank: int) -> str:
+    """The file an agent holds locked while it lives, one per (job, host, node): the agent of the
+    next attempt of the same node takes it before starting ranks."""
+    import hashlib
+
+    key = f"{plan.run_id}|{plan.node(node_rank)['host']}|{node_rank}|{plan.master_port}"
+    name = hashlib.sha1(key.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"dslaunch-node-{name}.lock")
+
+
+def node_lock(path: str, wait: float, on_wait=None):
+    """Lock ``path`` (flock, released by the kernel when this process ends, even by SIGKILL).
+    A restart must not start ranks on a node while the previous attempt's ranks there still run:
+    with pdsh the launcher's stop closes the connections and the attempt is over for the
+    launcher at once, while each remote agent is still stopping its ranks (EOF on stdin ->
+    SIGTERM, grace period, SIGKILL), so the next attempt's rank 0 met the old rank 0 still
+    holding MASTER_PORT (or the old store answering the new ranks). The old agent exits only
+    after its ranks are gone, so holding its lock means they are. Returns (fd, seconds waited,
+    got it); after ``wait`` s it gives up waiting and returns got=False (the caller goes on)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    start = time.monotonic()
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd, time.monotonic() - start, True
+        except BlockingIOError:
+            pass
+        if not told and on_wait is not None:
+            on_wait()
+            told = True
+        if time.monotonic() - start > wait:
+            return fd, time.monotonic() - start, False
+        time.sleep(0.05)
 
 
 class Agent:
@@ -389,6 +429,28 @@ class Agent:
             return self._run()
         finally:  # every way out, the early ones too (no environment, ranks that cannot start)
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+            # every rank is reaped: drop the node lock's file (a next agent already waiting holds
+            # it open and gets the lock when this process exits and the kernel releases it)
+            if getattr(self, "_node_lock_path", None):
+                try:
+                    os.unlink(self._node_lock_path)
+                except OSError:
+                    pass
+
+    def _await_previous_attempt(self) -> None:
+        """Start no rank while this node's agent of the previous attempt still stops its ranks
+        (node_lock). Uncontended on a first attempt and after ssh/local stops, which end only
+        once the agents are done."""
+        path = self._node_lock_path = node_lock_path(self.plan, self.node_rank)
+        wait = self.plan.grace_period + PREVIOUS_ATTEMPT_WAIT
+        self._node_lock_fd, waited, got = node_lock(path, wait, on_wait=lambda: self.say(
+            "waiting for the previous attempt's ranks on this host to stop before starting "
+            "this attempt's"))
+        if not got:
+            self.say(f"the previous attempt's agent on this host still runs after {waited:.0f} s; "
+                     "starting this attempt's ranks anyway")
+        elif waited > 0.5:
+            self.say(f"the previous attempt's ranks stopped after {waited:.1f} s; starting")
 
     def _run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -402,6 +464,7 @@ class Agent:
         threading.Thread(target=self._read_stdin, daemon=True).start()
         # Heartbeats from the start: GPU detection (nvidia-smi) alone can take seconds.
         threading.Thread(target=self._heartbeat, daemon=True).start()
+        self._await_previous_attempt()  # heartbeats go on meanwhile: the launcher sees us alive
         try:
             self.start()
         except (OSError, RuntimeError) as exc:
