@@ -649,15 +649,9 @@ def main(argv=None) -> int:
             peer_py = peer_python(create=True)
     keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="conformance-"))
     keep.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for c in selected:
-        print(f"[conformance] {c.name} ...", file=sys.stderr, flush=True)
-        row = run_client(c, sides, examples, keep, peer_py, args.threads, args.timeout_scale)
-        rows.append(row)
-        print(f"[conformance] {c.name}: deepspeed {_mark(row.get('deepspeed'))}, dslaunch "
-              f"{_mark(row.get('dslaunch'))} {row.get('loss_agreement', '')}", file=sys.stderr,
-              flush=True)
-    print(table(rows))
+    out = Path(args.out) if args.out else \
+        RESULTS / f"conformance-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     versions = {}
     if peer_py:
         v = subprocess.run([peer_py, "-c", "import deepspeed, torch; print(deepspeed.__version__,"
@@ -667,10 +661,17 @@ def main(argv=None) -> int:
               "examples_revision": examples.revision() if examples else None,
               "sides": sides, "versions": versions, "threads_per_rank": args.threads,
               "docs_pages_found": docs_check(args.deepspeed_docs, selected),
-              "scratch": str(keep), "clients": rows}
-    out = Path(args.out) if args.out else \
-        RESULTS / f"conformance-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+              "scratch": str(keep), "clients": []}
+    rows = result["clients"]
+    for c in selected:
+        print(f"[conformance] {c.name} ...", file=sys.stderr, flush=True)
+        row = run_client(c, sides, examples, keep, peer_py, args.threads, args.timeout_scale)
+        rows.append(row)
+        print(f"[conformance] {c.name}: deepspeed {_mark(row.get('deepspeed'))}, dslaunch "
+              f"{_mark(row.get('dslaunch'))} {row.get('loss_agreement', '')}", file=sys.stderr,
+              flush=True)
+        out.write_text(json.dumps(result, indent=1))  # after every client: a stopped sweep keeps
+    print(table(rows))
     out.write_text(json.dumps(result, indent=1))
     print(f"\nwrote {out}")
     if not args.keep:
