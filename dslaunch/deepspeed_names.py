@@ -255,6 +255,9 @@ NAMES: list[Name] = [
              "host tensors; kernel AIO or a thread pool, O_DIRECT where the file system allows"),
     *[_present(f"deepspeed.ops.op_builder.{name}", f"dslaunch.ops.op_builder:{name}", why)
       for name, why in (
+        ("PinMemoryBuilder", "`.load().pin_handle()`: page-aligned, mlock'ed host tensors "
+         "(new_cpu_locked_tensor, free_cpu_locked_tensor, is_pinned), shared with the aio "
+         "handles"),
         ("CPUAdamBuilder", "`.load()` is dslaunch's compiled op, not DeepSpeed's binding "
          "(use deepspeed.ops.adam.DeepSpeedCPUAdam to step)"),
         ("CPUAdagradBuilder", "as CPUAdamBuilder"), ("CPULionBuilder", "as CPUAdamBuilder"),

@@ -38,14 +38,20 @@ assert h.async_pwrite(src, os.path.join(d, "async.pt")) == 0
 assert h.wait() == 1
 
 # aio_store_cpu_tensor.py / aio_load_cpu_tensor.py: a locked bounce buffer on a CPU accelerator
-assert get_accelerator()._name == "cpu"
-bounce = h.new_cpu_locked_tensor(n, torch.Tensor().to(torch.uint8))
+native_locked_tensor = get_accelerator()._name == "cpu"
+if native_locked_tensor:
+    bounce = h.new_cpu_locked_tensor(n, torch.Tensor().to(torch.uint8))
+    back = h.new_cpu_locked_tensor(n, torch.Tensor().to(torch.uint8))
+else:
+    bounce = torch.empty(n, dtype=torch.uint8).pin_memory()
+    back = torch.empty(n, dtype=torch.uint8).pin_memory()
+    assert h.is_pinned(back)
 bounce.copy_(src)
 h.sync_pwrite(bounce, os.path.join(d, "bounce.pt"))
-back = h.new_cpu_locked_tensor(n, torch.Tensor().to(torch.uint8))
 h.sync_pread(back, os.path.join(d, "bounce.pt"))
-assert back.equal(src) and h.is_pinned(back) in (True, False)
-h.free_cpu_locked_tensor(bounce)
+assert back.equal(src)
+if native_locked_tensor:
+    assert h.free_cpu_locked_tensor(bounce) and not h.free_cpu_locked_tensor(src)
 
 # pread / pwrite with validate and DeepSpeed's `async` keyword; read / write; an fd target
 dst = torch.zeros(n, dtype=torch.uint8)
@@ -60,6 +66,16 @@ assert h.read(dst, os.path.join(d, "plain.pt"), True) == 0 and dst.equal(src)
 fd = os.open(os.path.join(d, "fd.pt"), os.O_WRONLY | os.O_CREAT, 0o644)
 assert h.async_pwrite(src, fd) == 0 and h.wait() == 1
 os.close(fd)
+
+# "Pinned Tensors": the standalone pin_memory op; its buffers are the handles' too
+from deepspeed.ops.op_builder import PinMemoryBuilder
+pin = PinMemoryBuilder().load().pin_handle()
+t = pin.new_cpu_locked_tensor(1024**2, torch.empty(0, dtype=torch.uint8))
+assert pin.is_pinned(t) and h.is_pinned(t) and t.data_ptr() % 4096 == 0
+t.copy_(src[:1024**2])
+h.sync_pwrite(t, os.path.join(d, "pinned.pt"))
+assert pin.free_cpu_locked_tensor(t) is True and pin.free_cpu_locked_tensor(t) is False
+assert not pin.is_pinned(torch.empty(16, dtype=torch.uint8))
 print("tutorial ok", type(h).__module__)
 '''
 
@@ -71,6 +87,8 @@ def _check_files(d, n=3 * 1024 * 1024 + 4096 + 17):
             assert f.read() == expect, name
     with open(os.path.join(d, "off.pt"), "rb") as f:
         assert f.read() == b"\0" * 4096 + expect[:8192]
+    with open(os.path.join(d, "pinned.pt"), "rb") as f:
+        assert f.read() == expect[:1024**2]
 
 
 def test_tutorial_unmodified_under_the_alias(tmp_path):
@@ -111,6 +129,9 @@ def test_builders_surface():
     assert b.NAME == "async_io" and b.absolute_name() == "dslaunch.kernels.async_io"
     assert b.is_compatible() is True
     assert get_accelerator().get_op_builder("AsyncIOBuilder") is op_builder.AsyncIOBuilder
+    assert get_accelerator().get_op_builder("PinMemoryBuilder") is op_builder.PinMemoryBuilder
+    assert op_builder.PinMemoryBuilder().is_compatible() and op_builder.PinMemoryBuilder.NAME == (
+        "pin_memory")
     assert b.load().aio_handle is b.load().AsyncIOHandle
     cpu_adam = op_builder.CPUAdamBuilder()
     assert cpu_adam.NAME == "cpu_adam" and cpu_adam.is_compatible()

@@ -16,8 +16,9 @@ last 4 KiB boundary, buffered I/O. ``h.stats()`` counts the bytes each way.
 
 from __future__ import annotations
 
-import ctypes
 import os
+
+from dslaunch.nvme import pinned
 
 OP_NAME = "async_io"
 ALIGN = 4096
@@ -132,7 +133,7 @@ class AsyncIOHandle:
         self.backend, self.backend_note = self._eng.backend(self._h)
         self._pending: dict[int, object] = {}   # op id -> tensor kept alive
         self._validate: dict[int, tuple] = {}   # op id -> what pread/pwrite(validate=True) checks
-        self._locked: dict[int, tuple] = {}     # data_ptr -> (base tensor, nbytes, mlocked)
+        self._owned: set[int] = set()           # data_ptrs of this handle's locked tensors
 
     # DeepSpeed's getters
     def get_block_size(self): return self.block_size
@@ -242,8 +243,9 @@ class AsyncIOHandle:
         return ALIGN
 
     def is_pinned(self, buffer) -> bool:
-        """Whether `buffer` is pinned (CUDA's allocator) or a locked tensor of this handle."""
-        return bool(buffer.is_pinned() or self.is_locked(buffer))
+        """Whether `buffer` is pinned (CUDA's allocator) or from new_cpu_locked_tensor (any
+        handle's or pin_handle's)."""
+        return pinned.is_pinned(buffer)
 
     def pending(self) -> int:
         return self._eng.pending(self._h)
@@ -261,39 +263,19 @@ class AsyncIOHandle:
     # ---- page-aligned (pinned) buffers -----------------------------------------------------------
 
     def new_cpu_locked_tensor(self, num_elem: int, dtype_or_tensor):
-        """A page-aligned CPU tensor of `num_elem` elements. Pinned with CUDA's allocator where CUDA
-        is available, else locked with mlock(2) when RLIMIT_MEMLOCK allows (unlocked otherwise:
-        still aligned, so O_DIRECT works without bounce buffers)."""
-        import torch
-
-        dtype = dtype_or_tensor.dtype if isinstance(dtype_or_tensor, torch.Tensor) else dtype_or_tensor
-        _check_int("num_elem", num_elem, 0)
-        nbytes = num_elem * torch.empty((), dtype=dtype).element_size()
-        if torch.cuda.is_available():
-            base = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
-            skew, locked = 0, False
-        else:
-            base = torch.empty(nbytes + ALIGN, dtype=torch.uint8)
-            skew = (-base.data_ptr()) % ALIGN
-            locked = nbytes > 0 and _libc().mlock(ctypes.c_void_p(base.data_ptr() + skew),
-                                                  ctypes.c_size_t(nbytes)) == 0
-        out = base[skew:skew + nbytes].view(dtype)
-        self._locked[out.data_ptr()] = (base, nbytes, locked)
+        """A page-aligned CPU tensor of `num_elem` elements (``pinned.py``: pinned where CUDA is
+        available, else mlock'ed when RLIMIT_MEMLOCK allows); freed at close() if not before."""
+        out = pinned.new_cpu_locked_tensor(num_elem, dtype_or_tensor)
+        self._owned.add(out.data_ptr())
         return out
 
     def free_cpu_locked_tensor(self, tensor) -> bool:
-        """Release a tensor from new_cpu_locked_tensor (munlock); False if it was not one."""
-        entry = self._locked.pop(tensor.data_ptr(), None)
-        if entry is None:
-            return False
-        _base, nbytes, locked = entry
-        if locked:
-            _libc().munlock(ctypes.c_void_p(tensor.data_ptr()), ctypes.c_size_t(nbytes))
-        return True
+        """Release a tensor from new_cpu_locked_tensor (any handle's); False if it was not one."""
+        self._owned.discard(tensor.data_ptr())
+        return pinned.free_cpu_locked_tensor(tensor)
 
     def is_locked(self, tensor) -> bool:
-        entry = self._locked.get(tensor.data_ptr())
-        return bool(entry and entry[2])
+        return pinned.is_locked(tensor)
 
     # ---- lifetime --------------------------------------------------------------------------------
 
@@ -307,10 +289,9 @@ class AsyncIOHandle:
         except OSError:
             pass
         self._pending.clear()
-        for ptr in list(self._locked):
-            base, nbytes, locked = self._locked.pop(ptr)
-            if locked:
-                _libc().munlock(ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes))
+        for ptr in self._owned:  # munlock what this handle allocated and did not free
+            pinned.free_address(ptr)
+        self._owned.clear()
         del h  # the capsule's destructor joins the threads
 
     def __enter__(self):
@@ -329,17 +310,6 @@ class AsyncIOHandle:
 
 
 aio_handle = AsyncIOHandle  # DeepSpeed's spelling
-
-_LIBC = None
-
-
-def _libc():
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-        _LIBC.mlock.argtypes = _LIBC.munlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return _LIBC
-
 
 def report_status() -> dict:
     """For ``dslaunch report``: is the op built, which backend a handle gets here. Never compiles:
