@@ -405,11 +405,11 @@ def tensor_parallel_engine(*, mpu, cfg, **engine_args) -> DSLaunchEngine:
 
 
 def _install_norm(engine, tp_rank, tp_world, dp_rank, model_parallel_size) -> None:
-    """Gradient clipping and fp16's overflow check need the norm of the whole model, not of
-    this stage / TP slice: route the strategy's step through ``grad_norm.py`` when either is
-    on and the model is split."""
-    wants = engine.gradient_clipping > 0 or engine.precision.name == "fp16"
-    if model_parallel_size > 1 and wants:
+    """Gradient clipping and the non-finite check (which skips the step in every precision,
+    engine/step_policy.py) need the norm of the whole model, not of this stage / TP slice: route
+    the strategy's step through ``grad_norm.py`` whenever the model is split, so that every
+    stage and TP rank takes the same skip decision."""
+    if model_parallel_size > 1:
         from .grad_norm import install
 
         install(engine.strategy, engine.module, tp_rank, tp_world, dp_rank)
