@@ -487,7 +487,20 @@ NAMES: list[Name] = [
              "dslaunch.engine.sequence.tiled:TiledMLP"),
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss",
              "dslaunch.engine.sequence.tiled:TiledFusedLogitsLoss"),
-    _missing("deepspeed.runtime.data_pipeline", DATA_EFFICIENCY),
+    _present("deepspeed.runtime.data_pipeline", "dslaunch.runtime.data_pipeline",
+             "the curriculum scheduler only (data sampling and routing: not yet)"),
+    _present("deepspeed.runtime.data_pipeline.curriculum_scheduler",
+             "dslaunch.runtime.data_pipeline.curriculum_scheduler"),
+    _present("deepspeed.runtime.data_pipeline.curriculum_scheduler.CurriculumScheduler",
+             "dslaunch.engine.curriculum:CurriculumScheduler",
+             "also drives the legacy curriculum_learning section (DeepSpeed 0.19 removed it)"),
+    *[_missing(f"deepspeed.runtime.data_pipeline.{name}", DATA_EFFICIENCY)
+      for name in ("config", "constants", "data_sampling", "data_routing")],
+    _present("deepspeed.runtime.progressive_layer_drop",
+             "dslaunch.runtime.progressive_layer_drop",
+             "DeepSpeed 0.19 removed it; dslaunch keeps the progressive_layer_drop section"),
+    _present("deepspeed.runtime.progressive_layer_drop.ProgressiveLayerDrop",
+             "dslaunch.engine.progressive_layer_drop:ProgressiveLayerDrop"),
     # -- subsystems of other issues -----------------------------------------------------------------
     # -- deepspeed.checkpointing ----------------------------------------------------------------
     _present("deepspeed.checkpointing", "dslaunch.checkpointing",
