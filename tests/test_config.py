@@ -504,6 +504,10 @@ def test_config_package_does_not_import_torch():
      "zero_optimization.mics_shard_size: not supported with offload_param.device nvme"),
     ({**BASE, "zero_optimization": {"stage": 3, "mics_shard_size": 2, "zero_quantized_weights": True}},
      "zero_optimization.mics_shard_size: not supported with ZeRO++'s quantized weights"),
+    ({**BASE, "fp16": {"enabled": True},
+      "zero_optimization": {"stage": 3, "zero_quantized_gradients": True}},
+     "zero_optimization.zero_quantized_gradients: quantized communication (ZeRO++) takes fp32 or "
+     "bf16"),
 ])
 def test_odd_input_gives_one_clear_problem_first(raw, expected):
     assert problems(raw)[0].startswith(expected)

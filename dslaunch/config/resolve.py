@@ -230,6 +230,9 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
         if zero.get(flag) and isinstance(zero["stage"], int) and zero["stage"] != 3:
             problems.append(f"zero_optimization.{flag}: quantized communication (ZeRO++) needs "
                             f"zero_optimization.stage 3 (stage is {zero['stage']})")
+        elif zero.get(flag) and values["fp16"]["enabled"] is True:  # the quantizers' inputs
+            problems.append(f"zero_optimization.{flag}: quantized communication (ZeRO++) takes "
+                            "fp32 or bf16 weights and gradients, not fp16; use bf16.enabled")
 
     top, nested = values["gradient_accumulation_dtype"], values["data_types"]["grad_accum_dtype"]
     if top is not None and nested is not None and top != nested:
