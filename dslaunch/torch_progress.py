@@ -80,7 +80,8 @@ _WRITER: progress_record.ProgressWriter | None = None
 _MAIN = threading.main_thread().ident
 _ORIGINALS: list = []  # (owner, name, original) to restore on uninstall()
 _LABELS: dict = {}  # group object -> label
-_PENDING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # async Work -> (op, label, seq, nbytes)
+# async Work -> (op, label, seq, nbytes) until its wait()
+_PENDING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _torch = None  # the torch module once installed
 
 
@@ -200,14 +201,14 @@ def _wrap_method(fn, op: str):
         w = _WRITER or _writer()
         if w is None or w.v["coll_op"] or threading.get_ident() != _MAIN:
             return fn(self, *args, **kwargs)
-        seq = w.enter(op, P2P_GROUP if p2p else _label(self), _nbytes(args[0]) if args else 0)
+        label, nbytes = P2P_GROUP if p2p else _label(self), _nbytes(args[0]) if args else 0
+        seq = w.enter(op, label, nbytes)
         try:
             result = fn(self, *args, **kwargs)
         finally:
             w.leave()  # issued: ProcessGroup calls return a Work
         if result is not None:
-            _remember(result, op, P2P_GROUP if p2p else _label(self), seq,
-                      _nbytes(args[0]) if args else 0)
+            _remember(result, op, label, seq, nbytes)
         return result
 
     recorded.__dslaunch_original__ = fn

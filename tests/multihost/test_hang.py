@@ -24,7 +24,7 @@ def test_stuck_rank_on_host2_is_reported(cluster, jobdir):
     out, err = res.stdout, res.stderr
     assert res.returncode == 1, out[-2000:] + err[-2000:]
     for r in range(4):
-        assert f"READY {r}" in out
+        assert f"READY {r}" in out, err[-3000:]
     assert "NOT STOPPED" not in out
     assert "ranks 0-2 (host1,host2) wait in all_reduce #2 on world, 8 B" in err
     assert "rank 3 (host2): not in a collective; last all_reduce #1 on world" in err
