@@ -6,9 +6,11 @@ At an accumulation boundary every path runs the same decision:
    flat buffer, the ZeRO 1-3 shards (squared norms all-reduced), the 1-bit optimizers' local norms,
    the pipeline's whole-world sum (``pipe/grad_norm.py``);
 2. a non-finite norm skips the step, in every precision (fp16, bf16, fp32) and on every path
-   (stage 0, ZeRO 1-3, 1-bit, pipeline): the weights and optimizer states stay as they were, the
-   loss scaler is told (a dynamic one lowers its scale), no norm is recorded, and the engine counts
-   the step in ``skipped_steps`` and leaves the lr scheduler alone. This is DeepSpeed 0.19's
+   (stage 0, ZeRO 1-3, the pipeline, 1-bit; on a 1-bit optimizer's local step, whose norm is
+   agreed between ranks only with clipping or fp16, on the ranks that see it): the weights and
+   optimizer states stay as they were, the loss scaler is told (a dynamic one lowers its scale),
+   no norm is recorded, and the engine counts the step in ``skipped_steps`` and leaves the lr
+   scheduler alone. This is DeepSpeed 0.19's
    ``DeepSpeedZeroOptimizer.step`` (stage_1_and_2.py: ``check_overflow`` -> ``self.overflow`` ->
    zero the gradients and return) with ``engine._take_model_step``'s ``skipped_steps += 1``: the
    path DeepSpeed takes under fp16 at every stage and under bf16 at ZeRO 1-2 (its
@@ -106,9 +108,12 @@ class StepPolicy:
     unscale: str  # DIVIDE, TIMES_INVERSE or CLIP_ONLY
 
     def needs_norm(self, clip_norm, fp16: bool) -> bool:
-        """Always: the non-finite check reads the norm in every precision, clipping or not (one
-        pass over the gradients; kept as a method for the callers that ask)."""
-        return True
+        """Whether a caller whose norm costs a collective of its own should pay it: only the
+        1-bit optimizers' local steps ask (onebit/strategy.py; their byte accounting books no
+        other collective), and there only clipping and fp16 make them agree on one norm, so a
+        NaN on such a step skips on the ranks that see it. Every other path measures the norm
+        at every boundary, in every precision, for the non-finite check."""
+        return clipping_on(clip_norm) or fp16
 
     def decide(self, norm: GradNorm, clip_norm, loss_scaler, fp16: bool = False) -> StepDecision:
         """Skip (telling the loss scaler of the overflow here) or the coefficient to apply. A
