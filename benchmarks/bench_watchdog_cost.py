@@ -22,7 +22,9 @@
   adds to one ``dist.all_reduce`` (one process, a one-rank gloo group: the wrapped call's time
   minus the original's, median of alternating batches); ``train`` alternates blocks with the
   recording installed and uninstalled in one ``watchdog_cost_rank.py --plain`` job;
-  ``record_share_of_step`` = collectives per step x ``call_us`` / step time.
+  ``noise_floor`` the same job with it uninstalled in both kinds of block (``--aa``): what the
+  block comparison shows with nothing to measure; ``record_share_of_step`` = collectives per
+  step x ``call_us`` / step time.
 
 ``measure(repeats, steps, smoke)`` returns the result dict (bench_resilience.py imports it).
 JSON to stdout and to benchmarks/results/watchdog_cost-<timestamp>.json; a table to stderr.
@@ -104,14 +106,14 @@ def plain_call_cost(n: int = 3000, batches: int = 9) -> dict:
 
 
 def _train(steps: int, warmup: int, block: int, smoke: bool, workdir: Path,
-           plain: bool = False) -> dict:
+           plain: bool = False, aa: bool = False) -> dict:
     """One job of watchdog_cost_rank.py: its on and off step times, interleaved in blocks."""
     out = workdir / f"run-{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "dslaunch", "run", "--nproc-per-node", "2",
            "--master-port", str(bu.free_port()), "--omp-threads", "1",
            str(HERE / "watchdog_cost_rank.py"), "--out", str(out), "--steps", str(steps),
            "--warmup", str(warmup), "--block", str(block)] + (["--smoke"] if smoke else []) \
-        + (["--plain"] if plain else [])
+        + (["--plain"] if plain else []) + (["--aa"] if aa else [])
     r = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                        capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
@@ -140,15 +142,16 @@ def _train_summary(runs: list, smoke: bool, steps: int, warmup: int, block: int,
 def measure(repeats: int = 3, steps: int = 40, smoke: bool = False, warmup: int = 5,
             block: int = 5, plain: bool = False) -> dict:
     """The benchmark's result (see the module docstring)."""
-    runs, plain_runs = [], []
+    runs, plain_runs, aa_runs = [], [], []
+    kinds = ((False, False, runs), (True, False, plain_runs), (True, True, aa_runs))
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
-            for is_plain, into in ((False, runs), (True, plain_runs))[:2 if plain else 1]:
-                res = _train(steps, warmup, block, smoke, Path(d), plain=is_plain)
+            for is_plain, aa, into in kinds[:3 if plain else 1]:
+                res = _train(steps, warmup, block, smoke, Path(d), plain=is_plain, aa=aa)
                 into.append(res)
-                bu.log(f"  run {i + 1}/{repeats}{' (plain torch)' if is_plain else ''}: "
-                       f"{1 / res['on_s']:.3f} steps/s with the record, "
-                       f"{1 / res['off_s']:.3f} without")
+                what = " (plain torch, off in both)" if aa else " (plain torch)" if is_plain else ""
+                bu.log(f"  run {i + 1}/{repeats}{what}: {1 / res['on_s']:.3f} steps/s in the "
+                       f"'on' blocks, {1 / res['off_s']:.3f} in the 'off' ones")
     record = record_cost()
     coll = statistics.median(r["collectives_per_step"] for r in runs)
     step_s = statistics.median(r["off_s"] for r in runs)
@@ -166,7 +169,10 @@ def measure(repeats: int = 3, steps: int = 40, smoke: bool = False, warmup: int 
         result["plain"] = {
             "call": call, "collectives_per_step": round(pcoll, 2),
             "record_share_of_step": round(pcoll * max(call["call_us"], 0.0) * 1e-6 / pstep, 6),
-            "train": _train_summary(plain_runs, smoke, steps, warmup, block, repeats, True)}
+            "train": _train_summary(plain_runs, smoke, steps, warmup, block, repeats, True),
+            # the same job with the recording off in both kinds of block: what the comparison
+            # shows by itself on this machine
+            "noise_floor": _train_summary(aa_runs, smoke, steps, warmup, block, repeats, True)}
     return result
 
 
@@ -197,7 +203,8 @@ def main(argv=None) -> int:
                f"({pl['call']['all_reduce_us_off']} us without); {pl['collectives_per_step']} "
                f"collectives per step: {pl['record_share_of_step'] * 100:.3f}% of a step; train "
                f"{pl['train']['steps_per_s_on']} steps/s on, {pl['train']['steps_per_s_off']} "
-               f"off: {pl['train']['slowdown'] * 100:+.2f}% slower; false alarms "
+               f"off: {pl['train']['slowdown'] * 100:+.2f}% slower (off in both kinds of block: "
+               f"{pl['noise_floor']['slowdown'] * 100:+.2f}%); false alarms "
                f"{pl['train']['false_alarms']}")
         false_alarms += pl["train"]["false_alarms"]
     print(json.dumps(result, indent=1))

@@ -6,14 +6,16 @@ in blocks of steps with the progress record alternately written and not, in the 
 
 Why in one run: steps/s between separate runs varies more on a shared machine than the record
 could change it; alternating blocks of K steps (on, off, off, on, ...) inside one job puts both
-modes under the same conditions. "Off" detaches the writer from every Comm and the engine (what
-a job without DSLAUNCH_PROGRESS_FILE runs), "on" puts it back. Rank 0 writes
+modes under the same conditions. "Off" detaches the writer from every Comm and the engine and
+uninstalls the bootstrap's recording of direct torch.distributed calls (what a job without
+DSLAUNCH_PROGRESS_FILE runs), "on" puts both back. Rank 0 writes
 ``<out>/blocks.json``: the step seconds of each mode and the collectives numbered per step.
 
 ``--plain``: the same model trained by a plain torch loop instead (no engine: forward, backward,
 one ``torch.distributed.all_reduce`` per gradient, Adam), whose collectives only the bootstrap's
 recording sees (``dslaunch/torch_progress.py``); "off" uninstalls that recording (the original
-torch functions, what a job without it runs), "on" installs it again.
+torch functions, what a job without it runs), "on" installs it again. ``--aa`` leaves it off in
+both kinds of block: the difference the block comparison shows by itself (its noise floor).
 """
 
 import gc
@@ -30,15 +32,13 @@ import torch.distributed as dist
 from zero_config import train_config
 
 import dslaunch
-from dslaunch import progress_record
+from dslaunch import progress_record, torch_progress
 from dslaunch.engine.comm import Comm
 
 
 def plain(args, writer):
     """The --plain loop: {"on": [...], "off": [...]} step seconds."""
     import torch
-
-    from dslaunch import torch_progress
 
     dist.init_process_group("gloo")
     model = common.build_model(args)
@@ -49,7 +49,7 @@ def plain(args, writer):
     times = {"on": [], "off": []}
     for i, (tokens, targets) in enumerate(batches):
         on = (max(0, i - args.warmup) // args.block) % 4 in (0, 3)
-        if on:
+        if on and not args.aa:
             torch_progress.install(writer)
         else:
             torch_progress.uninstall()
@@ -72,6 +72,8 @@ def main():
     p = common.parser(__doc__)
     p.add_argument("--block", type=int, default=5, help="steps per block")
     p.add_argument("--plain", action="store_true", help="a plain torch loop, no engine")
+    p.add_argument("--aa", action="store_true",
+                   help="--plain with the recording off in both kinds of block (the noise floor)")
     args = p.parse_args()
     writer = progress_record.writer()
     if writer is None:
@@ -98,6 +100,10 @@ def main():
         on = block % 4 in (0, 3)  # on, off, off, on: each mode first as often as second
         for h in holders:
             h._progress = writer if on else None
+        if on:  # the bootstrap's recording of direct torch.distributed calls goes with it
+            torch_progress.install(writer)
+        else:
+            torch_progress.uninstall()
         t0 = time.perf_counter()
         step(tokens, targets)
         dt = time.perf_counter() - t0
@@ -105,6 +111,7 @@ def main():
             times["on" if on else "off"].append(dt)
     for h in holders:
         h._progress = writer
+    torch_progress.install(writer)
     _finish(args, writer, times, rank, len(batches))
 
 
