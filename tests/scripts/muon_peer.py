@@ -6,6 +6,7 @@ python, not a CI dependency): the numbers tests/test_muon_zero.py's docstring re
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -14,16 +15,25 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from muon_train import BATCH, Tiny, data  # noqa: E402
+from muon_train import BATCH, Tiny, data
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--config", required=True)
 ap.add_argument("--out", required=True)
 ap.add_argument("--steps", type=int, default=8)
 a = ap.parse_args()
+if os.environ.get("MUON_PEER_DUMP_AFTER"):  # where a slow peer spends its time
+    faulthandler.dump_traceback_later(int(os.environ["MUON_PEER_DUMP_AFTER"]), repeat=True)
 
 import deepspeed  # noqa: E402
+import deepspeed.comm.torch as ds_comm_torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+# DeepSpeed's CPU shared-memory all-reduce op is not built: its JIT compile took over 10 minutes
+# on the loaded test machine, and both sides then reduce with gloo. Run with
+# TORCH_COMPILE_DISABLE=1 (muon_update eager: no inductor build) and "torch_adam": true in the
+# config (the AdamW half as torch.optim.AdamW instead of building the fused_adam op).
+ds_comm_torch.build_shm_op = lambda: None
 
 deepspeed.init_distributed(dist_backend="gloo")
 torch.manual_seed(0)
