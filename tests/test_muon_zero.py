@@ -2,7 +2,8 @@
 
 tests/scripts/muon_train.py trains a tiny LM (an embedding, three hidden matrices: tall, wide,
 square, their biases, a LayerNorm, an lm_head) for 8 steps with micro-batch 2 x accumulation 2
-x 2 ranks = the reference's whole batch of 8, clipping at 1.0 and the config's Muon. The
+x 2 ranks = the reference's whole batch of 8, clipping at 0.1 (active at every step: the
+global gradient norm is above it, asserted) and the config's Muon. The
 reference: one process, no engine, clip_grad_norm_ and the same Muon stepping whole matrices.
 Buckets of 1000 elements make every stage hold several buckets with Muon matrices split between
 the two ranks (asserted: all three are), so a per-chunk Newton-Schulz does not pass (measured: with
@@ -21,6 +22,7 @@ import pytest
 
 SCRIPT = "muon_train.py"
 STEPS = 8
+CLIP = 0.1  # active: the gradient norm of every step is above it (see the test)
 PARAMS = {"lr": 0.02, "momentum": 0.9, "weight_decay": 0.01, "adam_lr": 0.003,
           "betas": [0.9, 0.95], "eps": 1e-8}
 
@@ -34,7 +36,7 @@ def _config(stage, offload=False, offload_param=False):
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
     return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
-            "gradient_clipping": 1.0, "optimizer": {"type": "Muon", "params": PARAMS},
+            "gradient_clipping": CLIP, "optimizer": {"type": "Muon", "params": PARAMS},
             "zero_optimization": zero}
 
 
@@ -60,7 +62,7 @@ def _run(job_cache, name):
 
 
 def _reference(job_cache):
-    return job_cache.python("muon_ref", SCRIPT, "--reference", "--steps", STEPS, "--clip", 1.0,
+    return job_cache.python("muon_ref", SCRIPT, "--reference", "--steps", STEPS, "--clip", CLIP,
                             "--params", json.dumps(PARAMS), "--out", "{dir}/out.json",
                             timeout=240).json()
 
@@ -83,3 +85,4 @@ def test_same_losses_as_one_process(job_cache, name):
     rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref)]
     assert max(rel) < 1e-5, (name, rel, losses, ref)
     assert abs(ref[-1] - ref[0]) > 1e-2  # it trained: the comparison is not between constants
+    assert min(out["grad_norms"]) > CLIP  # clipping acted on every step

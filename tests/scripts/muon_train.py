@@ -83,7 +83,7 @@ def engine_run(a):
     rank, world = dist.get_rank(), dist.get_world_size()
     gas = engine.gradient_accumulation_steps()
     rows = BATCH // (gas * world)
-    losses = []
+    losses, norms = [], []
     for step in range(a.steps):
         if step == a.resume_at:  # save, then go on in a fresh engine on other weights
             engine.save_checkpoint(a.ckpt)
@@ -102,6 +102,7 @@ def engine_run(a):
             tot += loss.detach() / gas
         dist.all_reduce(tot)
         losses.append(tot.item() / world)
+        norms.append(float(engine.get_global_grad_norm()))
     muon_groups = [g.get("name") for g in engine.optimizer.param_groups if g.get("use_muon")]
     split = 0  # Muon matrices with elements in more than one rank's chunk
     for g, pg in zip(getattr(engine.strategy, "groups", []), engine.optimizer.param_groups):
@@ -110,7 +111,7 @@ def engine_run(a):
             split += sum(s.start // c != (s.start + s.numel - 1) // c for s in b.slots)
     if rank == 0:
         Path(a.out).write_text(json.dumps({
-            "losses": losses, "optimizer": type(engine.optimizer).__name__,
+            "losses": losses, "optimizer": type(engine.optimizer).__name__, "grad_norms": norms,
             "muon_groups": muon_groups, "world": world, "split_matrices": split,
             "use_muon": {n: bool(getattr(p, "use_muon", None)) for n, p in model.named_parameters()},
             "comm": engine.comm_stats()}, default=str))
