@@ -12,6 +12,13 @@ Tolerance: 1e-5 relative per step loss, fp32; measured 1.1e-7 at every stage, of
 The ``_resume`` runs save a checkpoint before step 4 and go on in a fresh engine built on other
 weights that loads it: the same losses, so the momentum (per shard) and the AdamW states come
 back. All runs share one launch (JobCache.run_many).
+
+Against DeepSpeed 0.19.8's own Muon (not a CI dependency; tests/scripts/muon_peer.py under the
+peer venv's torchrun, gloo, 2 ranks, CPU, the same model, data and config with clipping off:
+DeepSpeed's ZeRO 1/2 clip the orthogonalized update where we clip the gradient; "torch_adam":
+true on its side, TORCH_COMPILE_DISABLE=1), per-step losses over 8 steps, measured 2026-11-27:
+stage 0: 1.10e-7, stage 1: 1.10e-7, stage 2: 1.11e-7 relative at most (DeepSpeed's losses
+4.293121 ... 4.197145, ours the same to 6 decimals).
 """
 
 from __future__ import annotations

@@ -26,14 +26,14 @@ if os.environ.get("MUON_PEER_DUMP_AFTER"):  # where a slow peer spends its time
     faulthandler.dump_traceback_later(int(os.environ["MUON_PEER_DUMP_AFTER"]), repeat=True)
 
 import deepspeed  # noqa: E402
-import deepspeed.comm.torch as ds_comm_torch  # noqa: E402
+import deepspeed.comm.torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 # DeepSpeed's CPU shared-memory all-reduce op is not built: its JIT compile took over 10 minutes
 # on the loaded test machine, and both sides then reduce with gloo. Run with
 # TORCH_COMPILE_DISABLE=1 (muon_update eager: no inductor build) and "torch_adam": true in the
 # config (the AdamW half as torch.optim.AdamW instead of building the fused_adam op).
-ds_comm_torch.build_shm_op = lambda: None
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # (the attribute is torch)
 
 deepspeed.init_distributed(dist_backend="gloo")
 torch.manual_seed(0)
