@@ -133,10 +133,12 @@ class Peer:
     def _ask(self, line):
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
-        reply = self.proc.stdout.readline()
-        if not reply:
-            raise RuntimeError("the DeepSpeed worker exited")
-        return json.loads(reply)
+        while True:  # DeepSpeed logs to stdout too: the replies are the JSON lines
+            reply = self.proc.stdout.readline()
+            if not reply:
+                raise RuntimeError("the DeepSpeed worker exited")
+            if reply.startswith("{"):
+                return json.loads(reply)
 
     def run(self, k):
         return self._ask(f"run {k}")["times"]

@@ -17,8 +17,9 @@ Against DeepSpeed 0.19.8's own Muon (not a CI dependency; tests/scripts/muon_pee
 peer venv's torchrun, gloo, 2 ranks, CPU, the same model, data and config with clipping off:
 DeepSpeed's ZeRO 1/2 clip the orthogonalized update where we clip the gradient; "torch_adam":
 true on its side, TORCH_COMPILE_DISABLE=1), per-step losses over 8 steps, measured 2026-11-27:
-stage 0: 1.10e-7, stage 1: 1.10e-7, stage 2: 1.11e-7 relative at most (DeepSpeed's losses
-4.293121 ... 4.197145, ours the same to 6 decimals).
+stage 0: 1.10e-7, stage 1: 1.10e-7, stage 2: 1.11e-7, stage 3: 1.11e-7 relative at most
+(DeepSpeed's stage 3 needs "reduce_scatter": false with Muon; its losses 4.293121 ... 4.197145,
+ours the same to 6 decimals).
 """
 
 from __future__ import annotations
