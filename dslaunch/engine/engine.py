@@ -38,6 +38,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     ``step()`` on every micro-batch (DeepSpeed's contract), or ``step()`` only at the boundaries
     that ``set_gradient_accumulation_boundary`` marks (Accelerate's)."""
 
+    _shuffle_training_data = True  # training_data= is served shuffled (DeepSpeed's engine)
+
     def __init__(self, args, model, optimizer, model_parameters, training_data, lr_scheduler,
                  collate_fn, cfg, comm, data_parallel=None):
         super().__init__()
@@ -122,7 +124,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
 
         self.training_dataloader = None
         if training_data is not None:
-            self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn)
+            self.training_dataloader = self.deepspeed_io(training_data, collate_fn=collate_fn,
+                                                         shuffle=self._shuffle_training_data)
 
         self.global_steps = 0
         self._faults = fault_injection.RankFaults.from_env()  # dslaunch run --inject; else None

@@ -301,7 +301,10 @@ class AsyncIOHandle:
         self.close()
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except TypeError:  # at interpreter exit the module's globals may already be None
+            pass
 
     def __repr__(self):
         return (f"AsyncIOHandle(block_size={self.block_size}, queue_depth={self.queue_depth}, "

@@ -37,6 +37,9 @@ def _floats(obj) -> list:
 
 
 class PipelineEngine(DSLaunchEngine):
+    # DeepSpeed's PipelineEngine serves training_data= in order (its sampler does not shuffle)
+    _shuffle_training_data = False
+
     def __init__(self, *, args, model: PipelineModule, optimizer, model_parameters, training_data,
                  lr_scheduler, collate_fn, cfg):
         grid = model.grid
