@@ -183,8 +183,8 @@ NAMES: list[Name] = [
     _present("deepspeed.comm.log_summary", "dslaunch.engine.comm_api:log_summary",
              "prints the comms logger's table (per op and message size: count, latency, algbw, "
              "busbw) and this rank's calls, bytes, bytes sent and seconds per group; the "
-             "return_dict adds 'booked' (those per group); show_straggler=True is an error "
-             "(not measured)"),
+             "return_dict adds 'booked' (those per group); show_straggler=True adds DeepSpeed's "
+             "straggler breakdown"),
     _present("deepspeed.comm.configure", "dslaunch.engine.comm_api:configure",
              "deepspeed_config= takes a config dict, the engine's typed config or the "
              "comms_logger section"),

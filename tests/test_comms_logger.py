@@ -81,6 +81,25 @@ def test_summary_printed_on_rank0_only_and_switches(ranks):
         assert r["disabled_count"] == 0  # enabled=False: nothing recorded
 
 
+def test_straggler_breakdown_splits_each_latency(ranks):
+    """``log_summary(show_straggler=True)``: per op and size, the smallest latency any rank saw
+    for each call plus this rank's lateness is this rank's latency (DeepSpeed's breakdown)."""
+    for r in ranks:
+        assert set(r["stragglers"]) == set(r["logged"])
+        for op, sizes in r["stragglers"].items():
+            for size, rec in sizes.items():
+                mine = r["logged"][op][size]
+                assert rec["count"] == mine["count"]
+                assert rec["total_straggler_ms"] >= 0 and rec["total_comm_lat_ms"] >= 0
+                assert rec["total_comm_lat_ms"] + rec["total_straggler_ms"] == \
+                    pytest.approx(mine["total_latency_ms"], rel=1e-9, abs=1e-9)
+    # the minimum is common: both ranks agree on it
+    assert ranks[0]["stragglers"]["broadcast"]["20"]["total_comm_lat_ms"] == pytest.approx(
+        ranks[1]["stragglers"]["broadcast"]["20"]["total_comm_lat_ms"])
+    assert "Breakdown with straggler effect" in ranks[0]["straggler_printed"]
+    assert ranks[1]["straggler_printed"] == ""  # printed on rank 0 only
+
+
 def test_formulas_and_record_layout():
     # 1 MB all_reduce in 1 ms on 4 ranks: algbw 2 x 8 Gbit/s, busbw 8 x 2 x 3/4
     assert bandwidths("all_reduce", 10**6, 1.0, 4) == pytest.approx((16.0, 12.0))

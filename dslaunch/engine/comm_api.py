@@ -17,6 +17,7 @@ paths (``DSLAUNCH_GLOO_COLLECTIVES``, see ``comm.py``): same results, fewer seco
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from .comm import Comm, all_gather_single, init_distributed, local_rank  # noqa: F401
@@ -253,21 +254,34 @@ def log_summary(show_straggler=False, return_dict=False):
     every record booked on this rank: calls, payload bytes, bytes sent to other ranks, seconds
     (see ``comm.py``). ``return_dict``: also return, on every rank, DeepSpeed's dict
     (``summary``: the logger's table, ``straggler_analysis``: None, ``metadata``) plus
-    ``booked``: ``{group label: {collective: record}}``. ``show_straggler`` (DeepSpeed's
-    cross-rank latency spread) is not measured."""
-    if show_straggler:
-        raise ValueError("log_summary(show_straggler=True): dslaunch does not measure the spread "
-                         "of latencies across ranks; engine.comm_stats() holds this rank's")
+    ``booked``: ``{group label: {collective: record}}``. ``show_straggler``: also DeepSpeed's
+    straggler breakdown (each logged call's latency against the smallest any rank saw for it:
+    collective, every rank calls it, having logged the same calls), in ``straggler_analysis``."""
     tables = {_label(g): comm.stats() for g, comm in list(_RECORDS.items())}
     logged = COMMS_LOGGER.summary()
+    stragglers = COMMS_LOGGER.straggler(_min_over_ranks) if show_straggler else None
     if not dist.is_initialized() or dist.get_rank() == 0:
         if logged:
             print(COMMS_LOGGER.format_summary(logged), flush=True)
+        if stragglers:
+            print(COMMS_LOGGER.format_straggler(stragglers), flush=True)
         print(format_summary(tables), flush=True)
     if not return_dict:
         return None
-    return {"summary": logged, "straggler_analysis": None, "metadata": COMMS_LOGGER.metadata(),
-            "booked": tables}
+    return {"summary": logged, "straggler_analysis": stragglers,
+            "metadata": COMMS_LOGGER.metadata(), "booked": tables}
+
+
+def _min_over_ranks(values: list) -> list:
+    """Element-wise minimum of ``values`` over every rank (a MIN all-reduce, not logged)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(values)
+    from dslaunch.accelerator import get_accelerator
+
+    t = torch.tensor(values, dtype=torch.float64,
+                     device=get_accelerator().current_device_name())
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return t.tolist()
 
 
 def configure(deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None,

@@ -173,6 +173,39 @@ class CommsLogger:
                     "msg_size_str": convert_size(size)}
         return out
 
+    def straggler(self, min_over_ranks) -> dict:
+        """DeepSpeed's straggler analysis: per op and message size, each call's latency minus the
+        smallest any rank saw for that call (``min_over_ranks(list of ms) -> list``, a MIN
+        all-reduce: collective, so every rank calls it having logged the same calls).
+        {op: {msg_size: {count, total_comm_lat_ms, total_straggler_ms, avg_comm_lat_ms,
+        avg_straggler_ms, msg_size_bytes, msg_size_str}}}"""
+        out = {}
+        for name, sizes in sorted(self.comms_dict.items()):
+            out[name] = {}
+            for size, (count, lats, _, _) in sorted(sizes.items()):
+                mins = min_over_ranks(list(lats))
+                late = [a - b for a, b in zip(lats, mins)]
+                out[name][size] = {
+                    "count": count, "total_comm_lat_ms": sum(mins),
+                    "total_straggler_ms": sum(late), "avg_comm_lat_ms": trim_mean(mins),
+                    "avg_straggler_ms": trim_mean(late), "msg_size_bytes": size,
+                    "msg_size_str": convert_size(size)}
+        return out
+
+    @staticmethod
+    def format_straggler(analysis: dict) -> str:
+        cols = ("Comm. Op", "Message Size", "Count", "Total comm lat(ms)", "Total straggler(ms)",
+                "Avg comm lat(ms)", "Avg straggler(ms)")
+        lines = ["_______________________________", "Breakdown with straggler effect",
+                 "-------------------------------", "".join(f"{c:<20}" for c in cols)]
+        for name, sizes in analysis.items():
+            lines.append(name)
+            for rec in sizes.values():
+                lines.append(f"{'':<20}{rec['msg_size_str']:<20}{rec['count']:<20}"
+                             f"{rec['total_comm_lat_ms']:<20.2f}{rec['total_straggler_ms']:<20.2f}"
+                             f"{rec['avg_comm_lat_ms']:<20.2f}{rec['avg_straggler_ms']:<20.2f}")
+        return "\n".join(lines)
+
     def get_operation_summary(self, operation_name):
         return self.summary().get(operation_name)
 

@@ -64,6 +64,9 @@ dist.broadcast(torch.ones(5), src=0)
 issued.append(("broadcast", 20, 1))
 
 logged, booked, printed = snapshot()
+with contextlib.redirect_stdout(io.StringIO()) as straggler_printed:  # DeepSpeed's breakdown
+    stragglers = dist.log_summary(show_straggler=True, return_dict=True)["straggler_analysis"]
+stragglers = {op: {str(size): rec for size, rec in sizes.items()} for op, sizes in stragglers.items()}
 
 # prof_ops: only the named ops are recorded; enabled=False: nothing is
 dist.reset_log()
@@ -80,5 +83,6 @@ with open(os.path.join(args.out, f"rank_{rank}.json"), "w") as f:
     json.dump({"world": world, "enabled_by_config": enabled_by_config, "issued": issued,
                "engine_logged": engine_logged, "engine_booked": engine_booked,
                "logged": logged, "booked": booked, "printed": printed,
-               "only_broadcast": only_broadcast,
+               "only_broadcast": only_broadcast, "stragglers": stragglers,
+               "straggler_printed": straggler_printed.getvalue(),
                "disabled_count": disabled_count}, f)
