@@ -496,6 +496,11 @@ NAMES: list[Name] = [
              "also drives the legacy curriculum_learning section (DeepSpeed 0.19 removed it)"),
     *[_missing(f"deepspeed.runtime.data_pipeline.{name}", DATA_EFFICIENCY)
       for name in ("config", "constants", "data_sampling", "data_routing")],
+    _present("deepspeed.runtime.config", "dslaunch.runtime.config"),
+    _present("deepspeed.runtime.config.DeepSpeedConfig", "dslaunch.runtime.config:DeepSpeedConfig",
+             "resolved by dslaunch's config room for this job's data-parallel size; DeepSpeed's "
+             "most-read attributes (batch triad, zero_config, fp16/bf16, optimizer and scheduler "
+             "names and params, monitor_config, ...) and typed (every section)"),
     _present("deepspeed.runtime.progressive_layer_drop",
              "dslaunch.runtime.progressive_layer_drop",
              "DeepSpeed 0.19 removed it; dslaunch keeps the progressive_layer_drop section"),
@@ -642,7 +647,7 @@ NAMES: list[Name] = [
                   "section itself (deepspeed.profiling.flops_profiler is provided)"),
     *_all_missing("deepspeed.runtime.activation_checkpointing", "config offload_activations",
                   ENGINE_INTERNAL),
-    *_all_missing("deepspeed.runtime", "bf16_optimizer checkpoint_engine comm compiler config "
+    *_all_missing("deepspeed.runtime", "bf16_optimizer checkpoint_engine comm compiler "
                   "config_utils constants fp16 keep_in_fp32 model_checkpointing precision_config "
                   "sparse_tensor state_dict_factory swap_tensor torch_autocast weight_quantizer",
                   ENGINE_INTERNAL),
@@ -654,6 +659,9 @@ NAMES: list[Name] = [
     _missing("deepspeed.runtime.pipe.module", "use deepspeed.pipe's (or deepspeed.runtime.pipe's) "
              "PipelineModule, LayerSpec and TiedLayerSpec: the same classes"),
     *_all_missing("deepspeed.runtime.pipe", "p2p dualpipev", ENGINE_INTERNAL),
+    _missing("deepspeed.runtime.zero.muon", "DeepSpeed's Muon internals; write "
+             "\"optimizer\": {\"type\": \"Muon\"} in the config (dslaunch.engine.optim.muon: "
+             "DeepSpeed's parameter split and keys, ZeRO 0-3 and CPU offload; docs/muon.md)"),
     *_all_missing("deepspeed.runtime.zero", "config leaf_module_config linear offload_states "
                   "parameter_offload partitioned_param_coordinator partitioned_param_profiler "
                   "stage3 stage_1_and_2 tiling utils", ZERO_INTERNAL),

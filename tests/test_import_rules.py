@@ -20,8 +20,10 @@ the public faces: ``dslaunch/__init__.py`` (lazy names), ``dslaunch/zero.py``, `
 docs/architecture.md ("One-way rules") and docs/interfaces.md, as the code keeps them today:
 
 - launcher: imports, at any level, only ``dslaunch`` (the package, for ``__version__``),
-  ``dslaunch.launcher.*`` and ``dslaunch.config.*`` of dslaunch, and ``dslaunch.as_deepspeed``
-  (the bootstrap turns on the ``--as-deepspeed`` alias; it imports only the names table), and
+  ``dslaunch.launcher.*`` and ``dslaunch.config.*`` of dslaunch, ``dslaunch.as_deepspeed``
+  (the bootstrap turns on the ``--as-deepspeed`` alias; it imports only the names table) and
+  ``dslaunch.torch_progress`` (the bootstrap hooks the script's ``torch.distributed`` import to
+  record its collectives; that module imports torch only inside the hook), and
   never torch, not even inside a function: the agent starts ranks without torch (the code has no
   lazy torch import here, so none is allowed).
 - engine: imports of dslaunch only ``dslaunch.engine.*``, ``dslaunch.config.*``,
@@ -248,7 +250,11 @@ def _is_torch(name: str) -> bool:
 # rule: (the importer's room, the dslaunch modules it may import, torch: "any" | "lazy" | "none")
 RULES = {
     "launcher": ("dslaunch.launcher", ("dslaunch.launcher", "dslaunch.config",
-                                       "dslaunch.as_deepspeed", "dslaunch.progress_record"), "none"),
+                                       "dslaunch.as_deepspeed", "dslaunch.progress_record",
+                                       "dslaunch.torch_progress"), "none"),
+    # the rank side of the hang watchdog for plain torch.distributed scripts: the progress record
+    # only, torch inside functions (the hook runs once the script imports torch.distributed)
+    "torch_progress": ("dslaunch.torch_progress", ("dslaunch.progress_record",), "lazy"),
     "engine": ("dslaunch.engine", ("dslaunch.engine", "dslaunch.config", "dslaunch.kernels",
                                    "dslaunch.nvme", "dslaunch.accelerator",
                                    "dslaunch.progress_record"), "any"),

@@ -3,8 +3,8 @@ the non-finite check (which skips the step in every precision: engine/step_polic
 
 A ZeRO strategy computes the norm over its data-parallel group only: with pipeline stages or TP
 ranks that is one stage's / one slice's norm, and a NaN / inf seen on one stage would skip the
-step there and not elsewhere; so the pipe engine installs this whenever the model is split. ``install(strategy, ...)`` wraps the strategy's ``step`` so that
-at each boundary:
+step there and not elsewhere; so the pipe engine installs this whenever the model is split.
+``install(strategy, ...)`` wraps the strategy's ``step`` so that at each boundary:
 
 1. every rank adds up ``||g||^2`` of the gradient elements it is the one to count, and one
    all-reduce over the whole world (fp64: sum and an overflow flag) gives the model's norm;
