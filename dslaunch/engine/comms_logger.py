@@ -194,33 +194,20 @@ class CommsLogger:
 
     @staticmethod
     def format_straggler(analysis: dict) -> str:
-        cols = ("Comm. Op", "Message Size", "Count", "Total comm lat(ms)", "Total straggler(ms)",
-                "Avg comm lat(ms)", "Avg straggler(ms)")
-        lines = ["_______________________________", "Breakdown with straggler effect",
-                 "-------------------------------", "".join(f"{c:<20}" for c in cols)]
-        for name, sizes in analysis.items():
-            lines.append(name)
-            for rec in sizes.values():
-                lines.append(f"{'':<20}{rec['msg_size_str']:<20}{rec['count']:<20}"
-                             f"{rec['total_comm_lat_ms']:<20.2f}{rec['total_straggler_ms']:<20.2f}"
-                             f"{rec['avg_comm_lat_ms']:<20.2f}{rec['avg_straggler_ms']:<20.2f}")
-        return "\n".join(lines)
+        return "\n".join(["_______________________________", "Breakdown with straggler effect",
+                          "-------------------------------", _table(analysis, (
+                              ("Total comm lat(ms)", "total_comm_lat_ms"),
+                              ("Total straggler(ms)", "total_straggler_ms"),
+                              ("Avg comm lat(ms)", "avg_comm_lat_ms"),
+                              ("Avg straggler(ms)", "avg_straggler_ms")))])
 
     def get_operation_summary(self, operation_name):
         return self.summary().get(operation_name)
 
     def format_summary(self, summary: dict | None = None) -> str:
-        summary = self.summary() if summary is None else summary
-        cols = ("Comm. Op", "Message Size", "Count", "Total Latency(ms)", "Avg Latency(ms)",
-                "tput_avg (Gbps)", "busbw_avg (Gbps)")
-        lines = ["".join(f"{c:<20}" for c in cols)]
-        for name, sizes in summary.items():
-            lines.append(name)
-            for rec in sizes.values():
-                lines.append(f"{'':<20}{rec['msg_size_str']:<20}{rec['count']:<20}"
-                             f"{rec['total_latency_ms']:<20.2f}{rec['avg_latency_ms']:<20.2f}"
-                             f"{rec['tput_avg_gbps']:<20.2f}{rec['busbw_avg_gbps']:<20.2f}")
-        return "\n".join(lines)
+        return _table(self.summary() if summary is None else summary, (
+            ("Total Latency(ms)", "total_latency_ms"), ("Avg Latency(ms)", "avg_latency_ms"),
+            ("tput_avg (Gbps)", "tput_avg_gbps"), ("busbw_avg (Gbps)", "busbw_avg_gbps")))
 
     def metadata(self) -> dict:
         import torch.distributed as dist
@@ -232,3 +219,16 @@ class CommsLogger:
 
 
 COMMS_LOGGER = CommsLogger()  # the process's one logger (DeepSpeed's deepspeed.comm.comms_logger)
+
+
+def _table(per_op: dict, columns) -> str:
+    """DeepSpeed's printed layout: 20-wide columns, the op on its own line, then one row per
+    message size: size, count, and ``columns`` ((title, record key) of floats, 2 decimals)."""
+    head = ("Comm. Op", "Message Size", "Count", *(title for title, _ in columns))
+    lines = ["".join(f"{c:<20}" for c in head)]
+    for name, sizes in per_op.items():
+        lines.append(name)
+        for rec in sizes.values():
+            lines.append(f"{'':<20}{rec['msg_size_str']:<20}{rec['count']:<20}"
+                         + "".join(f"{rec[key]:<20.2f}" for _, key in columns))
+    return "\n".join(lines)
