@@ -122,6 +122,41 @@ def test_exited_ranks_are_not_waited_for():
     assert not w.hung(100.0)  # nothing runs: nothing hangs
 
 
+def test_a_verdict_is_withdrawn_when_every_rank_ends_while_the_stacks_come():
+    """A loaded host's slow teardown: the last ranks sit outside any collective for the timeout,
+    then exit while their stacks are collected (the CI trace): no hang, no report."""
+    w = Watchdog(3.0, {0: "h", 1: "h", 2: "h"}, now=0.0)
+    done = rec(step=0, last=("all_gather_obj", "world", 8))
+    w.event(heartbeat(0, {0: 0.0, 1: 0.0, 2: 0.0}, {0: done, 1: done, 2: done}), 1.0)
+    w.event({"event": "exit", "rank": 1, "returncode": 0}, 1.2)
+    assert w.poll(4.1).kind == "dump"
+    w.event({"event": "exit", "rank": 0, "returncode": 0}, 4.5)
+    w.event({"event": "exit", "rank": 2, "returncode": 0}, 4.6)
+    assert w.poll(4.7).kind == "withdraw"
+    assert w.poll(100.0) is None  # nothing runs: nothing hangs, nothing reported
+
+
+def test_a_verdict_is_withdrawn_when_a_record_moves_then_a_real_hang_is_reported():
+    w = Watchdog(3.0, HOSTS, now=0.0)
+    feed_stuck_rank3(w, now=10.0, idle=5.0)
+    assert w.poll(10.0).kind == "dump"
+    w.event({"event": "stacks", "node_rank": 1, "stacks": {"3": {"python": STACK_LOCK}}}, 10.1)
+    # rank 3 entered the collective after all: every record moved on, idleness restarts
+    waiting = rec(step=0, op="all_reduce", group="world", seq=2, since=1000.0,
+                  last=("all_reduce", "world", 1))
+    w.event(heartbeat(1, {2: 0.0, 3: 0.0}, {2: waiting, 3: waiting}), 10.2)
+    assert w.poll(10.3).kind == "withdraw"
+    assert w.poll(12.0) is None
+    # now every rank waits in #2 for the timeout: the collective itself is stuck, reported with a
+    # fresh stack (the withdrawn verdict's stack is not reused)
+    dump = w.poll(13.3)
+    assert dump.kind == "dump"
+    report = w.poll(13.3 + watchdog.STACK_WAIT + 0.1)
+    assert report.kind == "report"
+    assert "the collective itself makes no progress" in report.headline
+    assert "wait_for_lock" not in report.report
+
+
 def test_desync_is_reported_at_once_naming_the_odd_rank():
     w = Watchdog(300.0, HOSTS, now=0.0)
     rs = rec(op="reduce_scatter", group="world", seq=5, nbytes=4096, since=999.0,

@@ -369,6 +369,10 @@ class JobController:
                     if not a.finished:
                         self.runner.send(a, command)
             return
+        if action.kind == "withdraw":
+            self._say("hang watchdog: the ranks moved on while their stacks were collected: "
+                      "no hang")
+            return
         self._say(action.report)
         what = "hang" if action.verdict == "hang" else "collectives desynchronised"
         culprit = action.ranks[0] if len(action.ranks) == 1 else None  # one suspect: the incident names it

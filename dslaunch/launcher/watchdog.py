@@ -18,7 +18,9 @@ clock of its own (the caller passes ``now``, a monotonic time), so the unit test
 On a verdict ``poll`` first asks for the stacks of the suspects (``Action("dump", ...)``: the
 controller sends ``dump stacks R..`` to the agents), then, once they are in or ``STACK_WAIT``
 has passed, returns the report (``Action("report", ...)``): one screen saying which ranks are
-stuck where, what the waiting ranks wait in, and a one-line diagnosis.
+stuck where, what the waiting ranks wait in, and a one-line diagnosis. A hang verdict whose ranks
+moved on meanwhile (a record changed, or every rank ended: a loaded host's slow teardown) is
+withdrawn instead (``Action("withdraw")``) and the watch goes on.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ _KEEP_SEQS = 256  # per group, how far back the (group, seq) -> op memory reache
 
 @dataclass
 class Action:
-    kind: str  # "dump": ask the agents for these ranks' stacks; "report": fail the job with it
+    # "dump": ask the agents for these ranks' stacks; "report": fail the job with it;
+    # "withdraw": the ranks moved on while their stacks came (no hang after all)
+    kind: str
     ranks: list = field(default_factory=list)
     verdict: str = ""  # "hang" | "desync"
     headline: str = ""  # the one-line diagnosis
@@ -154,6 +158,7 @@ class Watchdog:
         self._desync_at = 0.0
         self._verdict: Action | None = None
         self._asked: set = set()
+        self._records_at_verdict: dict = {}  # rank -> its record when the hang verdict came
         self._deadline = 0.0
         self._reported = False
         self._now = now
@@ -232,16 +237,34 @@ class Watchdog:
             self._verdict = Action("dump", verdict=kind, wall_time=wall)
             self._verdict.ranks = self.suspects(now) or self.running()[:MAX_STACKS]
             self._asked = set(self._verdict.ranks)
+            self._records_at_verdict = {k: self.ranks[k].record for k in self.running()}
             self._deadline = now + STACK_WAIT
             return Action("dump", ranks=list(self._verdict.ranks), verdict=kind, wall_time=wall)
         have = {k for k in self._asked if self.ranks[k].stack or self.ranks[k].exited}
         if have != self._asked and now < self._deadline:
             return None
-        self._reported = True
         v = self._verdict
+        if v.verdict == "hang" and self._moved_on():
+            # while the stacks came, a rank left its place or every rank ended: a slow stretch
+            # (a loaded host's teardown), no hang; the clocks go on from the heartbeats
+            for k in self._asked:
+                self.ranks[k].stack, self.ranks[k].native = "", None
+            self._verdict, self._asked = None, set()
+            return Action("withdraw", verdict=v.verdict, wall_time=wall)
+        self._reported = True
         headline, report = self.report(v.verdict, now)
         return Action("report", ranks=v.ranks, verdict=v.verdict, headline=headline,
                       report=report, wall_time=v.wall_time)
+
+    def _moved_on(self) -> bool:
+        """Since the hang verdict: every rank has exited, or a running rank's record changed
+        (a collective entered or left, a step). CPU time does not count here: dumping a stack
+        costs some."""
+        running = self.running()
+        if not running:
+            return True
+        before = self._records_at_verdict
+        return any(k in before and self.ranks[k].record != before[k] for k in running)
 
     def _waiting(self) -> dict:
         """{(group, seq, op): [ranks]} of the running ranks inside a collective."""
