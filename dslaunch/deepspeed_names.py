@@ -506,6 +506,13 @@ NAMES: list[Name] = [
              "DeepSpeed 0.19 removed it; dslaunch keeps the progressive_layer_drop section"),
     _present("deepspeed.runtime.progressive_layer_drop.ProgressiveLayerDrop",
              "dslaunch.engine.progressive_layer_drop:ProgressiveLayerDrop"),
+    _present("deepspeed.runtime.eigenvalue", "dslaunch.runtime.eigenvalue",
+             "DeepSpeed 0.19.8 no longer has it (0.18.9 does); dslaunch keeps the eigenvalue "
+             "section, top level (DeepSpeed read quantize_training.eigenvalue and refused it "
+             "since 0.7)"),
+    _present("deepspeed.runtime.eigenvalue.Eigenvalue", "dslaunch.engine.eigenvalue:Eigenvalue",
+             "DeepSpeed 0.18's semantics and result; compute_eigenvalue also takes grads= "
+             "(gradients with graph), block_eigenvalues() gives the raw values"),
     # -- subsystems of other issues -----------------------------------------------------------------
     # -- deepspeed.checkpointing ----------------------------------------------------------------
     _present("deepspeed.checkpointing", "dslaunch.checkpointing",

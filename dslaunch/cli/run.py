@@ -125,6 +125,14 @@ def _hang_timeout(flag: float | None, config_json: str | None) -> float:
     return HANG_TIMEOUT if value is None else float(value)
 
 
+def _recover(flag: str | None, config_json: str | None) -> str:
+    """--recover, else the config's ``fault_tolerance.recover``, else "restart"."""
+    if flag is not None:
+        return flag
+    section = (json.loads(config_json).get("fault_tolerance") or {}) if config_json else {}
+    return section.get("recover") or "restart"
+
+
 def _env(env_items: tuple, cwd: Path) -> tuple:
     from dslaunch.launcher.environment import EnvError, collect_env
 
@@ -234,6 +242,12 @@ def _print_summary(plan: WorldPlan) -> None:
               help="Restart the whole job after a failure up to N times (budget across the job), "
                    "without lost hosts (spares and hosts that answer again take their place). Exit "
                    "75: too few hosts left; 3: crash loop (3 restarts without progress).")
+@click.option("--recover", type=click.Choice(["restart", "in-process"]), default=None,
+              help="What a failed or hung rank costs (within --max-restarts): restart every rank "
+                   "(default), or in-process: the other ranks keep their processes and state, "
+                   "join a new group with a replacement for the lost rank, and go on from the "
+                   "last completed step (ZeRO stage 0 engines; anything else falls back to a "
+                   "restart). Default: the config's fault_tolerance.recover. docs/resilience.md.")
 @click.option("--nnodes", default=None, metavar="MIN:MAX",
               help="Elastic range of hosts (torchrun's spelling; N = N:N): restarts go on while at "
                    "least MIN hosts answer; at most MAX are used. Default: the selected hosts, fixed.")
@@ -279,7 +293,8 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, master_port, config,
-        env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts, nnodes,
+        env_items, log_dir, launcher, dry_run, as_json, module, omp_threads, max_restarts, recover,
+        nnodes,
         min_elastic_nodes, max_elastic_nodes, grace_period, heartbeat_timeout, hang_timeout, chdir,
         python, as_deepspeed, inject_specs, monitor, straggler_threshold, script, script_args,
         **runner_options):
@@ -362,6 +377,7 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         local_rank_arg=as_deepspeed and not no_local_rank,
     )
     plan.spares, plan.nnodes = spares, [elastic.min_nodes, elastic.max_nodes]
+    plan.recover = _recover(recover, config_json)
     runner = runner_cls(plan, runner_options)
     try:
         runner.validate()

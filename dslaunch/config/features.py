@@ -38,7 +38,6 @@ NOT_SUPPORTED_YET = [
             lambda get: _any_enabled(get("compression_training"))),
     Feature("data_efficiency.enabled", "data efficiency (sampling/routing)", "",
             _enabled("data_efficiency")),
-    Feature("eigenvalue.enabled", "eigenvalue computation", "", _enabled("eigenvalue")),
     Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine", "", _enabled("hybrid_engine")),
     Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),
     Feature("compile.deepcompile", "DeepCompile", "", lambda get: bool(get("compile.deepcompile"))),

@@ -195,6 +195,14 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
     curriculum = values["curriculum_learning"]
     if curriculum["enabled"] is True:
         problems.extend(schedule_problems(curriculum))
+    eigen = values["eigenvalue"]
+    if eigen["enabled"] is True:
+        if (isinstance(eigen["layer_num"], int) and eigen["layer_num"] < 1) or not eigen["layer_name"]:
+            problems.append("eigenvalue.layer_num: name the model's list of blocks in "
+                            "eigenvalue.layer_name and how many to measure in layer_num (>= 1)")
+        if values["zero_optimization"]["stage"] == 3:  # its autograd graph sees gathered params
+            problems.append("eigenvalue.enabled: needs zero_optimization.stage 0, 1 or 2 "
+                            "(stage 3 releases the parameters the Hessian products need)")
 
     zero = values["zero_optimization"]
     # Deprecated ZeRO flags are turned into the offload sections they stand for.

@@ -443,7 +443,12 @@ TOP = Section({
     # defaults, engine/progressive_layer_drop.py)
     "progressive_layer_drop": Section({"enabled": B(), "theta": F(1.0, 0.0, 1.0),
                                        "gamma": F(0.001, 0.0)}),
-    "eigenvalue": _enabled_open(),
+    # each block's dominant Hessian eigenvalue every gas_boundary_resolution-th boundary
+    # (engine/eigenvalue.py; DeepSpeed's keys and defaults, which it reads under quantize_training)
+    "eigenvalue": Section({"enabled": B(), "verbose": B(), "max_iter": I(100, 1),
+                           "tol": F(1e-2, 0.0), "stability": F(1e-6, 0.0),
+                           "gas_boundary_resolution": I(1, 1),
+                           "layer_name": S("bert.encoder.layer"), "layer_num": I(0, 0)}),
     "autotuning": AUTOTUNING,
     "hybrid_engine": _enabled_open(),
     "nebula": _enabled_open(),
@@ -452,6 +457,8 @@ TOP = Section({
     # dslaunch's own (DeepSpeed has no such key): read by `dslaunch run`, ignored by the engine
     "fault_tolerance": Section({
         "hang_timeout": F(300.0, 0.0),  # seconds without progress before the job stops; 0: off
+        # what a failure costs: "restart" every rank, or "in-process" (survivors keep running)
+        "recover": S("restart", ("restart", "in-process")),
     }),
     "dslaunch": Section({  # dslaunch's own settings (DeepSpeed has no such key)
         "pipe_schedule": S("1f1b", ("1f1b", "gpipe")),

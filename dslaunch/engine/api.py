@@ -70,7 +70,6 @@ def _config_origin(label: str):
 
 def _layout(model, mpu):
     """(data-parallel size, pipeline stages or None, tensor-parallel size or None) of this job."""
-    import torch.distributed as dist
 
     from .pipe.module import PipelineModule
 
@@ -80,7 +79,18 @@ def _layout(model, mpu):
     if mpu is not None:  # (DeepSpeed's sequence-parallel mpu has no tensor-parallel accessors)
         tp = getattr(mpu, "get_model_parallel_world_size", None)
         return mpu.get_data_parallel_world_size(), None, tp() if tp is not None else None
-    return dist.get_world_size(), None, None
+    return _world_size(), None, None
+
+
+def _world_size() -> int:
+    """The job's world size; for a replacement rank of an in-process recovery, built alone
+    before it joins, the world it joins (engine/inprocess_recovery.py)."""
+    import torch.distributed as dist
+
+    from .inprocess_recovery import join_word
+
+    word = join_word()
+    return int(word["world_size"]) if word else dist.get_world_size()
 
 
 def resolve_engine_config(source, model, mpu=None, origin=None):
@@ -91,12 +101,11 @@ def resolve_engine_config(source, model, mpu=None, origin=None):
 
 
 def _resolve(source, model, mpu=None, origin=None):
-    import torch.distributed as dist
 
     from dslaunch.config import resolve_config
 
     dp, stages, tp = _layout(model, mpu)
-    resolved = resolve_config(source, world_size=dist.get_world_size(), dp_world_size=dp,
+    resolved = resolve_config(source, world_size=_world_size(), dp_world_size=dp,
                               model_num_params=sum(p.numel() for p in model.parameters()),
                               pipeline_stages=stages, tensor_parallel_size=tp, origin=origin,
                               fills={"hidden_size": model_hidden_size(model)})
@@ -171,6 +180,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if model is None:
         raise ValueError("dslaunch.initialize: model= is required")
     source, label = _config_source(args, config, config_params)
+    from . import inprocess_recovery
+
+    joining = inprocess_recovery.join_word()  # a replacement rank: built alone, then joins
+    if joining:
+        inprocess_recovery.init_private_world()
     init_distributed(dist_init_required=dist_init_required)
     from .sequence.layout import sequence_parallel_mpu
 
@@ -207,4 +221,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     layout = model.grid if isinstance(model, PipelineModule) else mpu
     set_layout(layout)
     _configure_activation_checkpointing(resolved, layout)
+    if joining:
+        inprocess_recovery.join(engine, joining)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

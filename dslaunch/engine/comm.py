@@ -279,10 +279,7 @@ class Comm:
 
     def __init__(self, group=None):
         self.group = group
-        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
-        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-        backend = str(dist.get_backend(group)) if dist.is_initialized() and self.world_size > 1 else None
-        self._paths = {dev: collective_paths(group_backend(backend, dev)) for dev in ("cpu", "cuda")}
+        self.rebind()
         self._stats: dict = defaultdict(
             lambda: {"calls": 0, "bytes": 0, "sent_bytes": 0, "seconds": 0.0})
         self._progress = progress_record.writer()  # None unless an agent reads our progress
@@ -293,6 +290,15 @@ class Comm:
         # the group's ranks by host (comm_hier.HostRanks), set with ``link`` where the group
         # spans hosts with several ranks on each: the pairwise path then goes hierarchical
         self.hosts = None
+
+    def rebind(self) -> None:
+        """Read the group's rank, size and backend (again: in-process recovery replaced the world
+        under this object, engine/inprocess_recovery.py)."""
+        group = self.group
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        backend = str(dist.get_backend(group)) if dist.is_initialized() and self.world_size > 1 else None
+        self._paths = {dev: collective_paths(group_backend(backend, dev)) for dev in ("cpu", "cuda")}
 
     def _exchange(self, name: str):
         """The point-to-point form of ``name`` ("all_gather" / "reduce_scatter") on this group:

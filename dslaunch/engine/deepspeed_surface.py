@@ -226,6 +226,9 @@ class DeepSpeedSurface:
     def pld_enabled(self) -> bool:
         return getattr(self, "progressive_layer_drop", None) is not None
 
+    def eigenvalue_enabled(self) -> bool:
+        return getattr(self, "eigenvalue", None) is not None
+
     def get_mom(self) -> list:
         """Per param group: ``momentum`` for SGD / RMSprop, ``betas`` otherwise (DeepSpeed's)."""
         if not self._trains:

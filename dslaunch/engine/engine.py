@@ -16,7 +16,7 @@ import torch
 from dslaunch import progress_record
 from dslaunch.config import to_dict
 
-from . import experts, fault_injection
+from . import experts, fault_injection, inprocess_recovery
 from .autocast import Autocast
 from .autotuning_meter import TrialMeter
 from .checkpoint import save_load as ckpt
@@ -24,6 +24,7 @@ from .comm_api import record_comm
 from .curriculum import CurriculumScheduler
 from .deepspeed_surface import DeepSpeedSurface
 from .direct_backward import DirectBackward
+from .eigenvalue_hook import EigenvalueAtBoundaries
 from .flops import EngineFlops
 from .monitor import Monitors, WallClock
 from .optim import build_optimizer
@@ -149,7 +150,13 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         pld = cfg.progressive_layer_drop
         self.progressive_layer_drop = ProgressiveLayerDrop(pld.theta, pld.gamma) \
             if pld.enabled else None
+        # the eigenvalue section: DeepSpeed's engine.eigenvalue and engine.block_eigenvalue
+        self._eigenvalues = EigenvalueAtBoundaries.from_config(cfg.eigenvalue, model, self.device)
+        self.eigenvalue = self._eigenvalues.eigenvalue if self._eigenvalues else None
+        self.block_eigenvalue = None
         self._init_surface(client_optimizer_name)
+        # dslaunch run --recover in-process: a lost peer is survived inside backward()/step()
+        self._recovery = inprocess_recovery.Watch.from_env()
 
     # -- measurements ----------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
@@ -199,6 +206,12 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         ``scale_wrt_gas=False`` the caller divided by the accumulation steps itself, as
         Transformers' Trainer does); at a boundary the strategy then reduces the gradients over
         the data-parallel ranks."""
+        if self._recovery is not None:
+            return inprocess_recovery.guarded(self, "backward", self._backward, loss,
+                                              retain_graph, scale_wrt_gas)
+        return self._backward(loss, retain_graph, scale_wrt_gas)
+
+    def _backward(self, loss, retain_graph, scale_wrt_gas):
         self.timers.start("backward")
         boundary = self._reduces_gradients()
         self._unmanaged_backwards += 1
@@ -209,7 +222,9 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self._direct_backward.inside_engine_backward = True
         self._flops.phase_begin()
         try:
-            scaled.backward(retain_graph=retain_graph)
+            # eigenvalue: this window's gradients with graph, taken first (eigenvalue_hook.py)
+            keep = self._eigenvalues is not None and self._eigenvalues.capture(scaled)
+            scaled.backward(retain_graph=retain_graph or keep)
         finally:
             self._direct_backward.inside_engine_backward = False
         before = self._reduce_seconds()
@@ -235,6 +250,11 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
 
     def step(self, lr_kwargs=None):
         """Optimizer step at an accumulation boundary; in between only counts the micro-step."""
+        if self._recovery is not None:
+            return inprocess_recovery.guarded(self, "step", self._step_call, lr_kwargs)
+        return self._step_call(lr_kwargs)
+
+    def _step_call(self, lr_kwargs):
         self._check_step_allowed()
         if not self._managed_accumulation:  # the caller's boundary: reduce what backward kept
             self._inside_step = True
@@ -250,6 +270,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             self.timers.start("step")
+            if self._eigenvalues is not None and self._eigenvalues.count_boundary():
+                self.block_eigenvalue = self._eigenvalues.compute(self.loss_scale)
             if self.progressive_layer_drop is not None:  # before the step, as DeepSpeed's order
                 self.progressive_layer_drop.update_state(self.global_steps)
             self._flops.phase_begin()
@@ -284,6 +306,14 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     def zero_grad(self):
         self.strategy.zero_grad()
 
+    def _abandon_step(self) -> None:
+        """In-process recovery: drop the interrupted step (gradients, losses, micro-steps); the
+        next forward starts the same step again (inprocess_recovery.py)."""
+        self.strategy.zero_grad()
+        self._losses.clear()
+        self._unmanaged_backwards = 0
+        self.micro_steps = self.global_steps * self._gas
+
     def _device_memory(self) -> int:
         """Bytes allocated on this rank's GPU now (-1 on a CPU): the allocator's own count, no sync."""
         return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else -1
@@ -299,6 +329,9 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
                 events.insert(0, ("Train/Samples/train_loss", loss, self.global_samples))
             if self.precision.name == "fp16":
                 events.append(("Train/Samples/loss_scale", self.loss_scale, self.global_samples))
+            if self._eigenvalues is not None:
+                events += self._eigenvalues.summary_events(self.block_eigenvalue,
+                                                           self.global_samples)
             self.monitors.write_events(events)
         if self.global_steps % self.steps_per_print == 0:
             now = time.perf_counter()

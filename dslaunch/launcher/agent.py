@@ -10,7 +10,10 @@ every heartbeat interval, and an agent that hears nothing for that long kills it
 so the launcher may restart the job elsewhere without two halves training.
 
 Fail fast on this node: when one of its ranks fails, the agent stops the others itself at once
-(the launcher then stops the other nodes). No torch here: starting ranks must stay cheap.
+(the launcher then stops the other nodes); with ``--recover in-process`` it leaves them running
+and waits for the launcher's word instead: ``recover`` (survivors get an instruction file, lost
+ranks start again as replacements: ``_recover``) or a stop. No torch here: starting ranks must
+stay cheap.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import tempfile
 import threading
 import time
 
-from dslaunch import progress_record
+from dslaunch import progress_record, recover_files
 from dslaunch.launcher import errors, events, inject
 from dslaunch.launcher.bootstrap import STACK_FILE_ENV
 from dslaunch.launcher.cores import CoreListError, format_cores, rank_cores
@@ -136,6 +139,10 @@ class Agent:
         self.signalled: str | None = None
         self.tmpdir = tempfile.mkdtemp(prefix="dslaunch-agent-")
         self.silent = False  # --inject host-down fired: this host plays dead (launcher/inject.py)
+        # --recover in-process: after a rank failed, wait for the launcher's word (recover or
+        # stop) even if no rank of ours runs any more; the answers still to forward
+        self.awaiting_word = False
+        self.pending_acks: dict = {}  # local rank -> (rank, epoch)
 
     # ---- output ----------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -234,7 +241,12 @@ class Agent:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node["slots"])
         env[progress_record.ENV] = self.progress_file(rank)
         env[STACK_FILE_ENV] = self.stack_file(rank)
+        if plan.recover == "in-process":
+            env[recover_files.FILE_ENV] = self.recover_file(local_rank)
         return env
+
+    def recover_file(self, local_rank: int) -> str:
+        return os.path.join(self.tmpdir, f"recover_{local_rank}.json")
 
     def progress_file(self, rank: int) -> str:
         return os.path.join(self.tmpdir, f"progress_{rank}.bin")
@@ -277,39 +289,47 @@ class Agent:
                                               for r in ranks})
 
     def start(self) -> None:
-        gpus = detect_gpus()
+        self.gpus = detect_gpus()
         cwd = self.plan.cwd or None
         if cwd and not os.path.isdir(cwd):
             raise RuntimeError(f"working directory {cwd} does not exist on {self.host}")
-        local_ranks = len(self.node["ranks"])
         for local_rank, rank in enumerate(self.node["ranks"]):
-            error_file = os.path.join(self.tmpdir, f"error_{rank}.json")
-            # torch's @record writes its own format to its own file (errors.read_rank_error)
-            torch_error_file = os.path.join(self.tmpdir, f"torchelastic_error_{rank}.json")
-            argv = [sys.executable, "-u", "-m", "dslaunch.launcher.bootstrap", "--error-file", error_file]
-            cores = None
-            if self.plan.bind_cores:
-                try:
-                    cores = rank_cores(local_rank, local_ranks, self.plan.bind_core_list)
-                except CoreListError as exc:
-                    raise RuntimeError(str(exc)) from None
-                argv += ["--cpus", format_cores(cores)]
-            proc = subprocess.Popen(
-                [*argv, *self.plan.rank_program(local_rank)],
-                env=self.rank_env(rank, local_rank, gpus, torch_error_file, cores),
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,  # one pipe: stdout and stderr stay in order per rank
-                start_new_session=True,  # own process group: killpg reaches its children too
-            )
-            r = Rank(rank, local_rank, proc, error_file, torch_error_file)
-            self.ranks.append(r)
-            r.reader = threading.Thread(target=self._read_rank, args=(r,), daemon=True)
-            r.reader.start()
-            threading.Thread(target=self._wait_rank, args=(r,), daemon=True).start()
+            self._start_rank(rank, local_rank)
         self.event(events.STARTED, pids={str(r.rank): r.proc.pid for r in self.ranks},
-                   gpus=",".join(map(str, self.node["slots"])) if gpus else None)
+                   gpus=",".join(map(str, self.node["slots"])) if self.gpus else None)
+
+    def _start_rank(self, rank: int, local_rank: int, extra_env: dict | None = None) -> Rank:
+        error_file = os.path.join(self.tmpdir, f"error_{rank}.json")
+        # torch's @record writes its own format to its own file (errors.read_rank_error)
+        torch_error_file = os.path.join(self.tmpdir, f"torchelastic_error_{rank}.json")
+        for stale in (error_file, torch_error_file):  # a replaced rank's, from its first life
+            if os.path.exists(stale):
+                os.unlink(stale)
+        argv = [sys.executable, "-u", "-m", "dslaunch.launcher.bootstrap", "--error-file", error_file]
+        cores = None
+        if self.plan.bind_cores:
+            try:
+                cores = rank_cores(local_rank, len(self.node["ranks"]), self.plan.bind_core_list)
+            except CoreListError as exc:
+                raise RuntimeError(str(exc)) from None
+            argv += ["--cpus", format_cores(cores)]
+        env = self.rank_env(rank, local_rank, self.gpus, torch_error_file, cores)
+        env.update(extra_env or {})
+        proc = subprocess.Popen(
+            [*argv, *self.plan.rank_program(local_rank)],
+            env=env,
+            cwd=self.plan.cwd or None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # one pipe: stdout and stderr stay in order per rank
+            start_new_session=True,  # own process group: killpg reaches its children too
+        )
+        r = Rank(rank, local_rank, proc, error_file, torch_error_file)
+        self.ranks.append(r)
+        r.reader = threading.Thread(target=self._read_rank, args=(r,), daemon=True)
+        r.reader.start()
+        threading.Thread(target=self._wait_rank, args=(r,), daemon=True).start()
+        return r
 
     def _read_rank(self, r: Rank) -> None:
         prefix = self.plan.prefix(r.rank, self.host).encode()
@@ -475,25 +495,33 @@ class Agent:
         faults = inject.HostFaults.from_env(self, {**os.environ, **self.plan.env})
         if faults is not None:
             faults.start()
-        returncodes: dict = {}
-        while len(returncodes) < len(self.ranks):
+        returncodes: dict = {}  # index in self.ranks -> exit code (a replacement is a new entry)
+        while len(returncodes) < len(self.ranks) or self.awaiting_word:
             if self.silent:
                 break
             if self.signalled:
                 self.signalled = None
                 self.stop(dump=False)
             self._fence()
+            self._forward_acks()
             try:
                 kind, item = self.queue.get(timeout=0.1)
             except queue.Empty:
                 continue
             if kind == "exit":
                 r, rc, exited_at = item
-                returncodes[str(r.rank)] = rc
+                returncodes[self.ranks.index(r)] = rc
                 self._exit_event(r, rc, exited_at)
                 if rc != 0 and not self.stopping.is_set():
-                    self.stop(dump=True)  # fail fast on this node
-            elif item == events.CMD_KILL:
+                    if self.plan.recover == "in-process" and rc != recover_files.REFUSED_EXIT:
+                        self.awaiting_word = True  # the launcher decides: recover or stop
+                    else:
+                        self.stop(dump=True)  # fail fast on this node
+                continue
+            if item in (events.CMD_KILL, events.CMD_STOP_FAILURE, events.CMD_STOP, "eof") \
+                    or item.startswith(events.CMD_RECOVER):
+                self.awaiting_word = False  # the launcher's word after a failed rank
+            if item == events.CMD_KILL:
                 self.stop(dump=False, kill=True)
             elif item == events.CMD_STOP_FAILURE:
                 self.stop(dump=True)
@@ -502,12 +530,65 @@ class Agent:
             elif item.startswith(events.CMD_DUMP_STACKS):
                 wanted = {int(w) for w in item[len(events.CMD_DUMP_STACKS):].split() if w.isdigit()}
                 threading.Thread(target=self.dump_stacks, args=(wanted,), daemon=True).start()
+            elif item.startswith(events.CMD_RECOVER):
+                self._recover(item[len(events.CMD_RECOVER):].strip())
+            elif item.startswith(events.CMD_KILL_RANKS):
+                wanted = {int(w) for w in item[len(events.CMD_KILL_RANKS):].split() if w.isdigit()}
+                self._signal_groups(signal.SIGKILL, [r for r in self._alive() if r.rank in wanted])
+        returncodes = {str(r.rank): returncodes[i] for i, r in enumerate(self.ranks)
+                       if i in returncodes}  # a replaced rank: its replacement's code
         if self.silent:
             self._play_dead()
         self.all_exited.set()
         self._reap_all()
         self.event(events.DONE, returncodes=returncodes)
         return 0 if all(rc == 0 for rc in returncodes.values()) else 1
+
+    # ---- in-process recovery (engine/inprocess_recovery.py has the ranks' side) ----------------
+    def _recover(self, text: str) -> None:
+        """The launcher's ``recover`` word: each running rank of ours gets it in its instruction
+        file (it aborts its collectives and joins the new group); each rank of ours it lists
+        under ``replace`` starts again as a new process that joins the survivors."""
+        import json
+
+        try:
+            word = json.loads(text)
+        except ValueError:
+            self.event(events.ERROR, message=f"unreadable recover word: {text[:200]}")
+            return
+        epoch = int(word["epoch"])
+        for r in self._alive():
+            path = self.recover_file(r.local_rank)
+            self.pending_acks[r.local_rank] = (r.rank, epoch)
+            recover_files.write_json(path, {**word, "rank": r.rank})
+        for new in word.get("replace", []):
+            if int(new["node_rank"]) != self.node_rank:
+                continue
+            local_rank, rank = int(new["local_rank"]), int(new["rank"])
+            path = self.recover_file(local_rank)
+            for stale in (path, recover_files.ack_path(path)):
+                if os.path.exists(stale):
+                    os.unlink(stale)
+            self.pending_acks[local_rank] = (rank, epoch)
+            extra = {recover_files.JOIN_ENV: json.dumps({**word, "rank": rank}),
+                     # --inject faults are per attempt: the replacement must not meet its own again
+                     "DSLAUNCH_RESTART_COUNT": str(self.restart_count + epoch)}
+            try:
+                r = self._start_rank(rank, local_rank, extra)
+            except (OSError, RuntimeError) as exc:
+                self.event(events.RECOVER_ACK, rank=rank, epoch=epoch, status="refused",
+                           why=f"cannot start the replacement on {self.host}: {exc}")
+                continue
+            self.event(events.STARTED, pids={str(rank): r.proc.pid}, replacement=True)
+
+    def _forward_acks(self) -> None:
+        """Send on what the ranks answered to a recover word (their ack files)."""
+        for local_rank, (rank, epoch) in list(self.pending_acks.items()):
+            ack = recover_files.read_json(recover_files.ack_path(self.recover_file(local_rank)))
+            if ack is None or ack.get("epoch") not in (epoch, 0):
+                continue
+            del self.pending_acks[local_rank]
+            self.event(events.RECOVER_ACK, rank=rank, **{**ack, "epoch": epoch})
 
     def _fence(self) -> None:
         """Cut off from the launcher for ``fence_timeout`` s: kill this node's ranks (the

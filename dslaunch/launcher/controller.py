@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from dslaunch.launcher import errors, events, jobview, stragglers, watchdog
 from dslaunch.launcher.elastic import ElasticStop
 from dslaunch.launcher.errors import Failure
+from dslaunch.launcher.inprocess import InProcessRecovery
 from dslaunch.launcher.plan import WorldPlan
 from dslaunch.launcher.recovery import Recovery
 
@@ -84,6 +85,7 @@ class JobController:
         self.recovery = Recovery(plan, elastic, getattr(runner, "probe", _all_answer), self._say)
         self.recovery.policy.fencing = plan.fence_timeout > 0
         self.fenced_by: float | None = None  # a cut-off agent has stopped its ranks by then
+        self.in_process = InProcessRecovery(self)  # --recover in-process (inprocess.py)
         self.straggler_threshold = straggler_threshold
         self.report_requested = False  # SIGUSR1: print the straggler report now
         self.monitor = None
@@ -105,7 +107,7 @@ class JobController:
                 if code == 0 or self.interrupts:
                     outcome = "finished" if code == 0 else outcome
                     return code
-                last = attempt >= self.plan.max_restarts
+                last = attempt + self.in_process.done >= self.plan.max_restarts
                 outcome = "failed (no restart left)"
                 try:
                     plan = self.recovery.after_failure(attempt, failure, self.lost_hosts, self.plan,
@@ -180,6 +182,8 @@ class JobController:
         self.lost_hosts: dict = {}  # host -> why, for the restart policy
         self.detected: float | None = None  # when the first failure of this attempt was seen
         self.recovery.begin()
+        self.attempt = attempt
+        self.in_process.inflight = None
         self._open_logs(attempt)
         agents = [AgentProcess(**spec) for spec in self.runner.agent_specs(attempt)]
         now = time.monotonic()
@@ -215,6 +219,7 @@ class JobController:
         while not all(a.finished for a in agents):
             self._check_interrupts(agents)
             self._ping(agents)
+            self.in_process.tick(agents)
             self._watch(agents)
             self._publish()
             now = time.monotonic()
@@ -281,8 +286,11 @@ class JobController:
                 self.recovery.on_progress(ev.get("progress") or {})
             elif name == events.EXIT:
                 exits[ev["rank"]] = ev
-                if errors.counts_as_failure(ev):
+                if errors.counts_as_failure(ev) and \
+                        not self.in_process.take_exit(ev, agents, attempt):
                     self._fail(errors.rank_failure(ev), agents)
+            elif name == events.RECOVER_ACK:
+                self.in_process.on_ack(ev, agents)
             elif name == events.DONE:
                 node_done.add(n)
             elif name == events.ERROR:
@@ -355,7 +363,7 @@ class JobController:
 
     def _watch(self, agents) -> None:
         """Act on the hang watchdog: ask the agents for the suspects' stacks, then report."""
-        if self.watch is None or self.stop_sent:
+        if self.watch is None or self.stop_sent or self.in_process.inflight is not None:
             return
         action = self.watch.poll(time.monotonic(), time.time())
         if action is None:
@@ -373,12 +381,21 @@ class JobController:
             self._say("hang watchdog: the ranks moved on while their stacks were collected: "
                       "no hang")
             return
+        if self.in_process.take_hang(action, agents, self.attempt):
+            return
         self._say(action.report)
         what = "hang" if action.verdict == "hang" else "collectives desynchronised"
         culprit = action.ranks[0] if len(action.ranks) == 1 else None  # one suspect: the incident names it
         host = self.watch.ranks[culprit].host if culprit is not None else None
         self._fail(Failure(action.wall_time, "hang", f"{what}: {action.headline}", host=host,
                            rank=culprit), agents)
+
+    def _after_in_process_recovery(self, replaced: list) -> None:
+        """The ranks run again on a new group: the watchdog's clocks start afresh (the survivors
+        sat in a failed collective for the whole recovery) and the replaced ranks run again."""
+        if self.watch is not None:
+            self.watch = watchdog.Watchdog(self.hang_timeout, {
+                r: rk.host for r, rk in self.watch.ranks.items()}, time.monotonic())
 
     def _stop(self, agents, command: str) -> None:
         if self.stop_sent == command or (self.stop_sent == events.CMD_KILL):

@@ -10,6 +10,10 @@ Agent stdout carries rank output lines (already prefixed for display) and event 
 - ``dump stacks R..`` send a ``stacks`` event with the Python stacks (and native ones when py-spy
                      is installed) of this node's ranks among R.. (all of them without R), which
                      go on running (the hang watchdog's report);
+- ``recover {json}``  in-process recovery: the running ranks get the word in their instruction
+                     files, the ranks it lists under ``replace`` on this node start again
+                     (``recover_ack`` events carry the ranks' answers);
+- ``kill ranks R..``  SIGKILL these ranks of this node (a hung rank, before recovering);
 - EOF                the launcher or the connection is gone: same as ``stop``.
 
 Plain text on purpose: it crosses ssh, pdsh and srun unchanged, and a human can read it.
@@ -33,6 +37,7 @@ EXIT = "exit"  # rank, local_rank, node_rank, host, returncode, signal, time, st
 HEARTBEAT = "heartbeat"  # node_rank, host, time, progress, idle, rss
 # stacks {rank: {"python": text}}, then (py-spy installed) a second one {rank: {"native": text}}
 STACKS = "stacks"  # node_rank, host, stacks
+RECOVER_ACK = "recover_ack"  # node_rank, host, rank, epoch, status, why | step, seconds
 DONE = "done"  # node_rank, host, returncodes {rank: rc}
 ERROR = "error"  # node_rank, host, message: the agent could not start its ranks
 
@@ -41,6 +46,8 @@ CMD_STOP = "stop"
 CMD_STOP_FAILURE = "stop failure"
 CMD_KILL = "kill"
 CMD_DUMP_STACKS = "dump stacks"
+CMD_RECOVER = "recover"  # recover {json}: in-process recovery (agent.py, engine/inprocess_recovery.py)
+CMD_KILL_RANKS = "kill ranks"  # kill ranks R..: SIGKILL these ranks (a hung one, before recovering)
 CMD_PING = "ping"  # the controller is there (fencing: an agent that stops hearing it stops)
 
 

@@ -74,6 +74,9 @@ class WorldPlan:
     fence_timeout: float = 0.0
     line_prefix: str = LOCAL_PREFIX
     max_restarts: int = 0
+    # "restart": a failure stops every rank and the job starts again; "in-process": survivors
+    # keep running and only the lost ranks start again (engine/inprocess_recovery.py)
+    recover: str = "restart"
     env_channel: str = ""  # "" (env inside the encoded plan), "stdin" or "environ": see above
     run_id: str = ""  # TORCHELASTIC_RUN_ID of every rank: one id per job, kept across restarts
     bind_cores: bool = False  # pin each rank to its share of the host's cores (--bind_cores_to_rank)

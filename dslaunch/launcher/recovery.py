@@ -121,6 +121,23 @@ class Recovery:
         self.pending = inc
         return new
 
+    def in_process(self, attempt: int, failure, detected: float, step: int, world_size: int, *, abort: float,
+                   rebuild: float, state: float) -> None:
+        """An in-process recovery worked (launcher/inprocess.py): its incident record. The
+        survivors kept their state, so no step is lost beyond the interrupted one's work."""
+        if self.pending is not None:
+            self._close(None)
+        inc = incidents.Incident(
+            attempt=attempt, time=failure.time, detector=incidents.detector(failure.kind),
+            kind=failure.kind, reason=failure.text, culprit_rank=failure.rank,
+            culprit_host=failure.host, last_collective_seq=incidents.last_collectives(self.records),
+            last_step=self.current.step, world_size_before=world_size)
+        inc.action, inc.world_size_after = "in-process", world_size
+        inc.detect_seconds = round(max(0.0, detected - failure.time), 3)
+        inc.stop_seconds, inc.restart_seconds, inc.load_seconds = abort, rebuild, state
+        inc.resumed(step, time.time())
+        self.log.write(inc)
+
     def _probe(self, hosts: list) -> set:
         """The hosts that answer: those heard from within the heartbeat timeout as the attempt
         ended answer (probing them again would only cost a connection each); the others are asked."""

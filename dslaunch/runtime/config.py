@@ -18,7 +18,7 @@ class DeepSpeedConfig:
     def __init__(self, config, mpu=None, mesh_device=None):
         import torch.distributed as dist
 
-        from dslaunch.config import load_config, resolve_config
+        from dslaunch.config import load_config, resolve_config, to_dict
 
         self._param_dict = load_config(config)
         if dist.is_available() and dist.is_initialized():
@@ -50,6 +50,8 @@ class DeepSpeedConfig:
         self.scheduler_params = dict(t.scheduler.params) if t.scheduler is not None else None
         self.elasticity_enabled = bool(t.elasticity.enabled)
         self.pld_enabled = bool(t.progressive_layer_drop.enabled)
+        for key, value in to_dict(t.eigenvalue).items():  # eigenvalue_enabled, eigenvalue_tol...
+            setattr(self, f"eigenvalue_{key}", value)
         from dslaunch.monitor.config import DeepSpeedMonitorConfig
 
         self.monitor_config = DeepSpeedMonitorConfig(t)

@@ -35,6 +35,10 @@ class OptimizerStrategy:
         # what a strategy frees must leave the process, or peak RSS never falls with the stage
         limit_allocator_retention()
 
+    def rebind_world(self) -> None:
+        """The group changed size under the strategy (in-process recovery): set up what depends
+        on it. Only stage 0 recovers in process (engine/inprocess_recovery.py)."""
+
     # -- per micro-step ------------------------------------------------------------------------
     def prepare_backward(self, is_boundary: bool) -> None:
         """Called before ``loss.backward()``; lets hooks know whether to reduce this time."""

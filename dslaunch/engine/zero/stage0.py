@@ -117,8 +117,13 @@ class Stage0Strategy(OptimizerStrategy):
         # GatheredParameters(modifier_rank=...) refreshes our masters; dslaunch.utils'
         # safe_get_full_* find the strategy of a parameter there
         register_strategy(self)
-        if self.overlap and comm.world_size > 1:
-            for p in params:
+        self.rebind_world()
+
+    def rebind_world(self) -> None:
+        """Overlapped reduction hooks exist while the group has peers (a replacement rank is built
+        alone first, then joins: engine/inprocess_recovery.py)."""
+        if self.overlap and self.comm.world_size > 1 and not self._hooks:
+            for p in self.params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
 
     # -- set-up --------------------------------------------------------------------------------

@@ -1,0 +1,315 @@
+"""In-process recovery, the rank's side (``dslaunch run --recover in-process``).
+
+When a rank of the job dies (or hangs and the launcher kills it), the launcher does not stop the
+others: it writes each survivor's agent an instruction (``recover`` in ``launcher/events.py``),
+which the agent puts in the file this rank watches (``DSLAUNCH_RECOVER_FILE``), and it starts a
+replacement process for the lost rank (``DSLAUNCH_RECOVER_JOIN`` holds the same instruction).
+
+A survivor:
+
+1. **abort**: a thread of this module sees the instruction and shuts down the rank's TCP
+   connections to the job's hosts (not the store's), so a collective blocked on the lost peer
+   raises at once (gloo has no abort of its own; a killed peer's reset does the same a moment
+   earlier, and then the rank waits here for the instruction instead of failing);
+2. **rebuild**: the engine call that raised (``backward``/``step``: ``engine.py``) destroys the old
+   process group and joins a new one on a fresh store with the same ranks;
+3. **agree**: every member says its completed step; survivors that disagree cannot roll back to
+   one state (the fault came between their optimizer steps): the rank exits with
+   ``REFUSED_EXIT`` and the launcher falls back to restarting every rank;
+4. **state transfer**: rank 0 (a survivor) broadcasts the state a checkpoint would hold (module,
+   optimizer with its fp32 masters, scheduler, loss scaler, counters); survivors already hold it;
+5. **roll back**: the interrupted step is abandoned (its gradients dropped, no optimizer step, no
+   step counted) and the script's loop goes on from the next ``forward`` at the same step.
+
+A replacement builds its engine in a one-rank world of its own (so building makes no collective
+the survivors would have to mirror), with the config resolved for the real world size, then joins
+the new group as the survivors do and loads the state rank 0 sends.
+
+Supported: the data-parallel engine at ZeRO stage 0 (every rank holds the whole model and
+optimizer). Other layouts refuse (ZeRO 1-3 lose the dead rank's shard; pipeline, tensor and
+expert parallel groups are not rebuilt): the rank exits ``REFUSED_EXIT`` and the job restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+from dslaunch.recover_files import FILE_ENV, JOIN_ENV, REFUSED_EXIT, ack_path, read_json, write_json
+
+WAIT_ENV = "DSLAUNCH_RECOVER_WAIT"
+WAIT_DEFAULT = 30.0  # how long a rank whose collective failed waits for the launcher's word
+POLL = 0.05
+
+
+def _host_addresses(hosts: list) -> set:
+    out = set()
+    for host in hosts:
+        try:
+            out.update(info[4][0] for info in socket.getaddrinfo(host, None))
+        except OSError:
+            continue
+    return out
+
+
+def abort_connections(hosts: list, store_port: int) -> int:
+    """Shut down this process's TCP connections to the job's ``hosts`` (loopback too), except the
+    store's (``store_port``, either end): a gloo collective waiting on them raises. Returns how
+    many were shut. Listening sockets are left alone (gloo aborts the process if its listener
+    fails)."""
+    peers = _host_addresses(hosts)
+    shut = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        with sock:
+            try:
+                if sock.type != socket.SOCK_STREAM:
+                    continue
+                peer, local = sock.getpeername(), sock.getsockname()
+            except OSError:  # not connected (a listener)
+                continue
+            if store_port in (peer[1], local[1]):
+                continue
+            if peer[0] in peers or peer[0].startswith("127.") or peer[0] == "::1":
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    shut += 1
+                except OSError:
+                    pass
+    return shut
+
+
+class Watch:
+    """The survivor's side: a thread that waits for the launcher's instruction and aborts."""
+
+    def __init__(self, path: str, epoch: int = 0):
+        self.path = path
+        self.epoch = epoch  # instructions up to this one are done (a replacement starts at its own)
+        self.word: dict | None = None
+        self.arrived = threading.Event()
+        self.abandoning = False  # the interrupted step's remaining calls are skipped
+        self.aborted_at: float | None = None
+        threading.Thread(target=self._run, daemon=True, name="dslaunch-recover").start()
+
+    @classmethod
+    def from_env(cls) -> "Watch | None":
+        path = os.environ.get(FILE_ENV)
+        if not path:
+            return None
+        word = join_word()
+        return cls(path, word["epoch"] if word else 0)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(POLL)
+            if self.arrived.is_set():
+                continue
+            word = read_json(self.path)
+            if word is None or word.get("epoch", 0) <= self.epoch:
+                continue
+            self.word = word
+            self.aborted_at = time.time()
+            abort_connections(word.get("hosts", []), int(os.environ.get("MASTER_PORT", 0)))
+            self.arrived.set()
+
+    def wait_for_word(self) -> bool:
+        return self.arrived.wait(float(os.environ.get(WAIT_ENV, WAIT_DEFAULT)))
+
+    def ack(self, **fields) -> None:
+        write_json(ack_path(self.path), {"epoch": self.word["epoch"], **fields})
+
+    def done(self) -> None:
+        self.epoch = self.word["epoch"]
+        self.word = None
+        self.arrived.clear()
+
+
+# what a collective raises when a peer is gone or its connections were shut (gloo, NCCL)
+_FAULT_WORDS = ("connection closed", "connection reset", "broken pipe", "timed out", "gloo",
+                "nccl", "socket", "peer")
+
+
+def comm_fault(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in _FAULT_WORDS)
+
+
+def guarded(engine, name: str, fn, *args, **kwargs):
+    """Run the engine's ``backward``/``step`` so that a collective failing because of a lost
+    peer turns into a recovery (``recover``) instead of an exception; the interrupted step's
+    remaining calls are then skipped (``backward`` returns its loss, ``step`` nothing)."""
+    watch = engine._recovery
+    if watch.abandoning:
+        if name == "step":
+            watch.abandoning = False
+            return None
+        return args[0] if args else None
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as exc:
+        if not comm_fault(exc) or not watch.wait_for_word():
+            raise
+        recover(engine, watch)
+        if name != "step":
+            watch.abandoning = True
+            return args[0] if args else None
+        return None
+
+
+def unsupported(engine) -> str | None:
+    """Why this engine cannot recover in process (None: it can)."""
+    if engine.zero_stage != 0:
+        return (f"ZeRO stage {engine.zero_stage} keeps a shard of the state on each rank and the "
+                "lost rank's shard is gone")
+    if type(engine).__name__ != "DSLaunchEngine" or engine._dp_rank is not None:
+        return "pipeline, tensor and sequence parallel groups are not rebuilt in process"
+    if engine.has_moe_layers:
+        return "expert parallel groups are not rebuilt in process"
+    if not engine._trains:
+        return "a forward-only engine has no step to roll back to"
+    return None
+
+
+def _join_group(word: dict) -> None:
+    """Leave the old process group (if any) and join the instruction's."""
+    import torch.distributed as dist
+
+    backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    os.environ.update(MASTER_ADDR=str(word["master_addr"]), MASTER_PORT=str(word["master_port"]),
+                      RANK=str(word["rank"]), WORLD_SIZE=str(word["world_size"]))
+    dist.init_process_group(backend, rank=int(word["rank"]), world_size=int(word["world_size"]))
+
+
+def engine_state(engine) -> dict:
+    sched = engine.lr_scheduler
+    return {"module": engine.module.state_dict(), "strategy": engine.strategy.state_dict(),
+            "lr_scheduler": sched.state_dict() if sched is not None else None,
+            "loss_scaler": engine.precision.scaler.state_dict(),
+            "counters": {k: getattr(engine, k) for k in ("global_steps", "global_samples",
+                                                         "micro_steps", "skipped_steps")}}
+
+
+def load_engine_state(engine, state: dict) -> None:
+    engine.module.load_state_dict(state["module"])
+    engine.strategy.load_state_dict(state["strategy"])
+    if state["lr_scheduler"] is not None and engine.lr_scheduler is not None:
+        engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    engine.precision.scaler.load_state_dict(state["loss_scaler"])
+    for key, value in state["counters"].items():
+        setattr(engine, key, value)
+
+
+def _take_world(engine) -> None:
+    """The engine's view of the (new) group: rank, size, the strategy's hooks."""
+    comm = engine.comm
+    comm.rebind()
+    engine.global_rank, engine.world_size = comm.rank, comm.world_size
+    engine.dp_world_size = comm.world_size
+    engine.strategy.rebind_world()
+    if engine.training_dataloader is not None:  # the sampler's share of the data for this rank
+        sampler = engine.training_dataloader.sampler
+        if hasattr(sampler, "num_replicas"):
+            sampler.rank, sampler.num_replicas = comm.rank, comm.world_size
+
+
+def _rendezvous(engine, joining: bool) -> tuple:
+    """Every member's (completed step, joining); then rank 0's state to the newcomers."""
+    import torch.distributed as dist
+
+    step = -1 if joining else engine.global_steps
+    members = [None] * dist.get_world_size()
+    dist.all_gather_object(members, {"step": step, "joining": joining})
+    steps = sorted({m["step"] for m in members if not m["joining"]})
+    if len(steps) != 1:
+        return steps, members, None
+    state = None
+    if any(m["joining"] for m in members):
+        box = [engine_state(engine) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        state = box[0]
+    return steps, members, state
+
+
+def _refuse(watch_or_path, why: str) -> None:
+    import sys
+
+    sys.stderr.write(f"dslaunch: in-process recovery refused: {why}; the launcher restarts "
+                     "every rank instead\n")
+    sys.stderr.flush()
+    if isinstance(watch_or_path, Watch):
+        watch_or_path.ack(status="refused", why=why)
+    else:
+        write_json(ack_path(watch_or_path), {"epoch": 0, "status": "refused", "why": why})
+    os._exit(REFUSED_EXIT)
+
+
+def recover(engine, watch: Watch) -> None:
+    """A survivor's recovery (the module docstring's steps 2-5); the rank exits ``REFUSED_EXIT``
+    when it cannot."""
+    word = watch.word
+    why = unsupported(engine)
+    if why:
+        _refuse(watch, why)
+    t_abort = time.time()
+    _join_group(word)
+    t_group = time.time()
+    steps, members, state = _rendezvous(engine, joining=False)
+    if len(steps) != 1:
+        _refuse(watch, f"the survivors disagree on the last completed step ({steps})")
+    t_state = time.time()
+    _take_world(engine)
+    engine._abandon_step()
+    watch.ack(status="recovered", step=engine.global_steps, joined=sum(m["joining"] for m in members),
+              seconds={"abort": round(t_abort - (watch.aborted_at or t_abort), 3),
+                       "rebuild": round(t_group - t_abort, 3),
+                       "state": round(t_state - t_group, 3)})
+    watch.done()
+
+
+def join(engine, word: dict) -> None:
+    """A replacement: leave the one-rank world the engine was built in, join the group, load
+    the state rank 0 sends."""
+    path = os.environ.get(FILE_ENV, "")
+    why = unsupported(engine)
+    if why:
+        _refuse(path, why)
+    t0 = time.time()
+    _join_group(word)
+    t_group = time.time()
+    steps, _, state = _rendezvous(engine, joining=True)
+    if len(steps) != 1 or state is None:
+        _refuse(path, f"the survivors disagree on the last completed step ({steps})")
+    _take_world(engine)
+    load_engine_state(engine, state)
+    engine.strategy.zero_grad()
+    if path:
+        write_json(ack_path(path), {"epoch": word["epoch"], "status": "joined",
+                                     "step": engine.global_steps,
+                                     "seconds": {"rebuild": round(t_group - t0, 3),
+                                                 "state": round(time.time() - t_group, 3)}})
+
+
+def join_word() -> dict | None:
+    text = os.environ.get(JOIN_ENV)
+    return json.loads(text) if text else None
+
+
+def init_private_world() -> None:
+    """A replacement builds its engine alone first: a one-rank group on an in-memory store."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

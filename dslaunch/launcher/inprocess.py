@@ -1,0 +1,151 @@
+"""In-process recovery, the launcher's side (``dslaunch run --recover in-process``).
+
+A failed rank no longer stops the job: its node's agent waits for our word, and we send every agent
+``recover {json}`` (``events.py``): the survivors abort their collectives and join a new group on
+a fresh store with the same ranks, the lost rank starts again on its node as a replacement that
+takes the state from rank 0 over the new group (the ranks' side: ``engine/inprocess_recovery.py``).
+The world keeps its size and ranks; every rank answers (``recover_ack``), and the recovery counts
+against ``--max-restarts`` like a restart.
+
+A hung rank (the watchdog's verdict naming one rank stuck outside any collective) is killed first
+(``kill ranks R``), then recovered the same way.
+
+Falls back to restarting every rank (the controller's ordinary failure path) when in-process
+recovery cannot run: the host is lost (no node to start the replacement on), a second fault comes
+during a recovery, no restart is left, a rank refuses (its engine cannot: ZeRO shards, pipeline or
+tensor groups, no dslaunch engine; the survivors disagree on the last completed step) or the
+ranks do not all answer within ``RECOVER_TIMEOUT``. The failure's text says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from dslaunch.launcher import errors, events
+from dslaunch.recover_files import REFUSED_EXIT
+
+RECOVER_TIMEOUT = 90.0  # seconds for every rank to answer (a replacement imports torch first)
+
+
+@dataclasses.dataclass
+class InFlight:
+    epoch: int
+    failure: errors.Failure
+    detected: float  # when we saw the fault (epoch seconds)
+    deadline: float  # monotonic
+    waiting: set  # ranks yet to answer
+    acks: dict = dataclasses.field(default_factory=dict)
+
+
+class InProcessRecovery:
+    def __init__(self, controller):
+        self.c = controller
+        self.done = 0  # recoveries that worked (they count against --max-restarts)
+        self.inflight: InFlight | None = None
+        self.hung: dict = {}  # rank killed for a hang -> the watchdog's headline
+
+    @property
+    def enabled(self) -> bool:
+        return self.c.plan.recover == "in-process" and bool(getattr(self.c.runner, "queries", False))
+
+    def _budget_left(self, attempt: int) -> bool:
+        return attempt + self.done < self.c.plan.max_restarts
+
+    # ---- a hung rank: kill it, recover from its exit --------------------------------------------
+    def take_hang(self, action, agents, attempt: int) -> bool:
+        """The watchdog reported a hang: with one suspect outside any collective, kill it (its exit
+        then starts a recovery). False: the ordinary failure path."""
+        c = self.c
+        if not self.enabled or self.inflight is not None or not self._budget_left(attempt) \
+                or action.verdict != "hang" or len(action.ranks) != 1:
+            return False
+        rank = action.ranks[0]
+        rec = c.watch.ranks[rank].record or {}
+        if rec.get("coll_op"):  # waiting in a collective itself: not a rank we can blame
+            return False
+        c._say(action.report)
+        c._say(f"in-process recovery: killing hung rank {rank}; the others keep running")
+        self.hung[rank] = action.headline
+        for a in agents:
+            if not a.finished:
+                c.runner.send(a, f"{events.CMD_KILL_RANKS} {rank}")
+        return True
+
+    # ---- a failed rank ----------------------------------------------------------------------------
+    def take_exit(self, ev: dict, agents, attempt: int) -> bool:
+        """A rank failed: start an in-process recovery (True), or leave it to the ordinary failure
+        path (False)."""
+        c = self.c
+        rank, host = ev["rank"], ev.get("host")
+        if not self.enabled or c.stop_sent or c.interrupts or ev.get("returncode") == REFUSED_EXIT:
+            return False
+        if self.inflight is not None or not self._budget_left(attempt) or host in c.lost_hosts:
+            return False
+        failure = errors.rank_failure(ev)
+        if rank in self.hung:
+            failure = dataclasses.replace(failure, kind="hang",
+                                          text=f"hang: {self.hung.pop(rank)}")
+        epoch = self.done + 1
+        plan = c.plan
+        word = {"epoch": epoch, "world_size": plan.world_size, "master_addr": plan.master_addr,
+                "master_port": plan.master_port + epoch,
+                "hosts": sorted({n["host"] for n in plan.nodes}),
+                "replace": [{"rank": rank, "node_rank": ev["node_rank"],
+                             "local_rank": ev["local_rank"]}]}
+        line = f"{events.CMD_RECOVER} {json.dumps(word, separators=(',', ':'))}"
+        for a in agents:
+            if not a.finished:
+                c.runner.send(a, line)
+        self.inflight = InFlight(epoch, failure, time.time(), time.monotonic() + RECOVER_TIMEOUT,
+                                 set(range(plan.world_size)))
+        c._say(f"{failure.text}; recovering in process: the other {plan.world_size - 1} ranks keep "
+               f"running, rank {rank} starts again on {host}")
+        return True
+
+    # ---- the ranks' answers -----------------------------------------------------------------------
+    def on_ack(self, ev: dict, agents) -> None:
+        inf = self.inflight
+        if inf is None or ev.get("epoch") != inf.epoch:
+            return
+        if ev.get("status") == "refused":
+            self._give_up(f"rank {ev.get('rank')} refused: {ev.get('why')}", agents)
+            return
+        inf.acks[int(ev["rank"])] = ev
+        inf.waiting.discard(int(ev["rank"]))
+        if not inf.waiting:
+            self._finished()
+
+    def tick(self, agents) -> None:
+        inf = self.inflight
+        if inf is not None and time.monotonic() > inf.deadline:
+            missing = ", ".join(map(str, sorted(inf.waiting)))
+            self._give_up(f"rank(s) {missing} did not answer within {RECOVER_TIMEOUT:g} s", agents)
+
+    def _give_up(self, why: str, agents) -> None:
+        inf, self.inflight = self.inflight, None
+        self.c._say(f"in-process recovery failed ({why}): restarting every rank instead")
+        failure = dataclasses.replace(inf.failure, text=f"{inf.failure.text} (in-process recovery "
+                                                        f"failed: {why})")
+        self.c._fail(failure, agents)
+
+    def _finished(self) -> None:
+        inf, self.inflight = self.inflight, None
+        self.done += 1
+        acks = list(inf.acks.values())
+
+        def phase(key):
+            return max(((a.get("seconds") or {}).get(key, 0.0) for a in acks), default=0.0)
+
+        steps = {a.get("step") for a in acks}
+        step = max(s for s in steps if s is not None)
+        seconds = time.time() - inf.failure.time
+        self.c.recovery.in_process(self.c.attempt, inf.failure, inf.detected, step, self.c.plan.world_size,
+                                   abort=phase("abort"), rebuild=phase("rebuild"),
+                                   state=phase("state"))
+        joined = sorted(int(a["rank"]) for a in acks if a.get("status") == "joined")
+        self.c._say(f"recovered in process {seconds:.1f} s after the fault: rank(s) "
+                    f"{', '.join(map(str, joined))} replaced, the others kept their processes; "
+                    f"training goes on from step {step}")
+        self.c._after_in_process_recovery(joined)

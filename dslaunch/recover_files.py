@@ -1,0 +1,39 @@
+"""The files through which an agent and its ranks talk during an in-process recovery
+(``dslaunch run --recover in-process``): shared by the agent (``launcher/agent.py``) and the
+engine (``engine/inprocess_recovery.py``), which may not import each other. No torch here.
+
+- the **instruction** (``FILE_ENV`` names it, one per rank slot of the node): the launcher's
+  ``recover`` word for a surviving rank, written whole (rename) by the agent;
+- its **answer** (``ack_path``): what the rank did: ``recovered``, ``joined`` (a replacement) or
+  ``refused`` (with why), and the seconds each phase took;
+- a replacement rank gets its instruction in ``JOIN_ENV`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+FILE_ENV = "DSLAUNCH_RECOVER_FILE"
+JOIN_ENV = "DSLAUNCH_RECOVER_JOIN"
+REFUSED_EXIT = 76  # a rank that cannot recover in process exits with this: the job restarts
+
+
+def ack_path(instruction_file: str) -> str:
+    return instruction_file + ".ack"
+
+
+def write_json(path: str, data: dict) -> None:
+    """Whole or not at all: the reader polls the file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
