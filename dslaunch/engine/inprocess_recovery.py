@@ -264,6 +264,7 @@ def recover(engine, watch: Watch) -> None:
     if why:
         _refuse(watch, why)
     t_abort = time.time()
+    engine._abandon_step()  # before rank 0 sends its counters: the step starts again at micro 0
     _join_group(word)
     t_group = time.time()
     steps, members, state = _rendezvous(engine, joining=False)
@@ -271,7 +272,6 @@ def recover(engine, watch: Watch) -> None:
         _refuse(watch, f"the survivors disagree on the last completed step ({steps})")
     t_state = time.time()
     _take_world(engine)
-    engine._abandon_step()
     watch.ack(status="recovered", step=engine.global_steps, joined=sum(m["joining"] for m in members),
               seconds={"abort": round(t_abort - (watch.aborted_at or t_abort), 3),
                        "rebuild": round(t_group - t_abort, 3),

@@ -1,0 +1,95 @@
+"""In-process recovery (``dslaunch run --recover in-process``): real jobs on this host, real gloo
+groups. A rank killed or hung mid-job is replaced while the others keep their processes and
+state; the job trains to the same losses, step by step, as the fault-free run (the data of a step
+depends on the step only: tests/scripts/recover_train.py). Layouts that cannot recover in process
+fall back to restarting every rank."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from test_launch import assert_no_leftovers, marker_env
+
+from helpers import SCRIPTS, dslaunch
+
+SCRIPT = SCRIPTS / "recover_train.py"
+STEPS = 10
+GAS2 = json.dumps({"gradient_accumulation_steps": 2})
+
+
+def _losses(out: str) -> dict:
+    return {int(s): float(v) for s, v in re.findall(r"\[rank 0\] step (\d+) loss ([\d.]+)", out)}
+
+
+def _starts(out: str) -> dict:
+    """rank -> the pids that printed a start line, in order."""
+    found: dict = {}
+    for rank, pid in re.findall(r"\[rank \d+\] rank (\d+) pid (\d+) start", out):
+        found.setdefault(int(rank), []).append(int(pid))
+    return found
+
+
+def _incidents(tmp_path) -> list:
+    path = tmp_path / "logs" / "incidents.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _fault_free(config: str = "{}") -> dict:
+    r = dslaunch("run", "--nproc-per-node", 3, SCRIPT, STEPS, config, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return _losses(r.stdout)
+
+
+def test_killed_rank_is_replaced_and_the_others_keep_their_processes(tmp_path):
+    marker, env = marker_env()
+    r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
+                 "--log-dir", tmp_path / "logs", "--inject", "kill:rank=2,step=4", SCRIPT, STEPS,
+                 GAS2, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recovering in process: the other 2 ranks keep running, rank 2 starts again" in r.stderr
+    assert "recovered in process" in r.stderr and "restarting" not in r.stderr
+    starts = _starts(r.stdout)
+    assert len(starts[0]) == 1 and len(starts[1]) == 1  # the survivors: one process each
+    assert len(starts[2]) == 2 and starts[2][0] != starts[2][1]  # a new process for rank 2
+    assert re.search(r"rank 2 pid \d+ start at step 4", r.stdout)  # it joined at the step
+    losses = _losses(r.stdout)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert losses == _fault_free(GAS2)  # the same floats: same state, same data per step
+    [inc] = _incidents(tmp_path)
+    assert inc["action"] == "in-process" and inc["culprit_rank"] == 2
+    assert inc["steps_redone"] == 0 and inc["world_size_after"] == 3
+    assert inc["seconds_to_training"] > 0 and inc["restart_seconds"] is not None
+    assert_no_leftovers(marker)
+
+
+def test_hung_rank_is_killed_and_replaced(tmp_path):
+    marker, env = marker_env()
+    r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
+                 "--hang-timeout", 4, "--log-dir", tmp_path / "logs",
+                 "--inject", "hang:rank=1,step=3", SCRIPT, STEPS, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "in-process recovery: killing hung rank 1" in r.stderr
+    assert "recovered in process" in r.stderr
+    starts = _starts(r.stdout)
+    assert len(starts[0]) == 1 and len(starts[2]) == 1 and len(starts[1]) == 2
+    assert _losses(r.stdout) == _fault_free()
+    [inc] = _incidents(tmp_path)
+    assert inc["action"] == "in-process" and inc["kind"] == "hang"
+    assert inc["reason"].startswith("hang: rank 1 never entered")
+    assert_no_leftovers(marker)
+
+
+def test_zero2_refuses_and_the_job_restarts_instead(tmp_path):
+    marker, env = marker_env()
+    config = json.dumps({"zero_optimization": {"stage": 2}})
+    r = dslaunch("run", "--nproc-per-node", 2, "--recover", "in-process", "--max-restarts", 1,
+                 "--log-dir", tmp_path / "logs", "--inject", "kill:rank=1,step=3", SCRIPT, 5,
+                 config, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ("in-process recovery refused: ZeRO stage 2 keeps a shard of the state on each rank"
+            in r.stdout + r.stderr)
+    assert "restarting every rank instead" in r.stderr
+    assert "restarting the whole job (restart 1 of 1)" in r.stderr
+    assert "rank 0 pid" in r.stdout and r.stdout.count("done") == 2
+    assert_no_leftovers(marker)
