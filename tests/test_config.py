@@ -409,8 +409,8 @@ def test_defaults_are_deepspeeds_and_marked_default():
 @pytest.mark.parametrize("section, line", [
     ({"tensor_parallel": {"autotp_size": 2}},
      "tensor_parallel.autotp_size: not supported yet (tensor parallelism (size > 1); comes with issue 7)"),
-    ({"eigenvalue": {"enabled": True}},
-     "eigenvalue.enabled: not supported yet (eigenvalue computation; not planned yet)"),
+    ({"hybrid_engine": {"enabled": True}},
+     "hybrid_engine.enabled: not supported yet (the hybrid (RLHF) engine; not planned yet)"),
     ({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": True}}}},
      "compression_training: not supported yet (compression training; not planned yet)"),
 ])

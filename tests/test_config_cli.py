@@ -52,12 +52,12 @@ def test_validate_without_world_size_says_what_depends_on_it():
 
 
 def test_validate_not_supported_yet(tmp_path):
-    path = tmp_path / "eigen.yaml"
-    path.write_text("train_micro_batch_size_per_gpu: 2\neigenvalue:\n  enabled: true\n")
+    path = tmp_path / "hybrid.yaml"
+    path.write_text("train_micro_batch_size_per_gpu: 2\nhybrid_engine:\n  enabled: true\n")
     result = invoke("config", "validate", str(path), "--world-size", "2")
     assert result.exit_code == 1
-    assert result.output.strip() == (f"{path}: eigenvalue.enabled: not supported yet "
-                                     f"(eigenvalue computation; not planned yet)")
+    assert result.output.strip() == (f"{path}: hybrid_engine.enabled: not supported yet "
+                                     f"(the hybrid (RLHF) engine; not planned yet)")
 
 
 def test_missing_file_and_bad_yaml_are_one_line_errors(tmp_path):

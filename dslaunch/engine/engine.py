@@ -9,6 +9,7 @@ optimizers and schedules in ``optim/``, collectives in ``comm.py``, monitors and
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -193,7 +194,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             difficulty = self.curriculum_scheduler_legacy.update_difficulty(self.global_steps + 1)
             if self._config.curriculum_learning.curriculum_type == "seqlen":
                 kwargs["curriculum_seqlen"] = difficulty  # the model cuts its sequences
-        with self.autocast.region():
+        with self.autocast.region(), (self._eigenvalues.forward_region() if self._eigenvalues
+                                      else contextlib.nullcontext()):
             out = self.module(*args, **kwargs)
         self._flops.forward_end()
         if self._trains and torch.is_grad_enabled():
