@@ -20,6 +20,12 @@
     seconds (kill, and hang when the launcher has --hang-timeout; each fault on its own attempt,
     `--max-restarts`), against the same job without faults: useful steps/s (the final global
     step, redone steps not counted twice) and their ratio.
+(e) in-process vs restart (this host, no root): the same fixed number of steps three times: without
+    faults, then with rank 1 killed every --fault-every seconds of its life (`kill:...,attempt=all`:
+    each new process of rank 1 dies as long after its own start) under `--recover restart` and
+    under `--recover in-process`; goodput = the fault-free wall time over the faulty one (same
+    steps), and the launcher's own per-fault records. Checkpoints every --save-every steps in all
+    three (a restart resumes from the last one; an in-process recovery needs none).
 (c) async checkpoint stall, (d) watchdog cost: benchmarks/bench_async_checkpoint.py and
     benchmarks/bench_watchdog_cost.py, run as they are when present (their JSON kept here),
     else "not run".
@@ -28,6 +34,7 @@
     sudo .venv/bin/python benchmarks/bench_resilience.py --parts a --hosts 2,4 --cap 180
     .venv/bin/python benchmarks/bench_resilience.py --parts b --minutes 10 --fault-every 120
     .venv/bin/python benchmarks/bench_resilience.py --smoke         # b only, ~30 s
+    .venv/bin/python benchmarks/bench_resilience.py --parts e --e-steps 1500 --fault-every 40
 
 JSON to stdout and benchmarks/results/resilience-<timestamp>.json.
 """
@@ -91,6 +98,7 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=0,
                     help="(b) a fixed number of steps instead of --minutes (one kill halfway)")
     ap.add_argument("--smoke", action="store_true", help="(b) only, 30 steps per run")
+    ap.add_argument("--e-steps", type=int, default=1500, help="(e) steps of each run")
     ap.add_argument("--results-dir", type=Path, default=bu.RESULTS)
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
@@ -99,7 +107,7 @@ def parse_args(argv=None):
     args.scenario_list = [s for s in args.scenarios.split(",") if s]
     args.peer_list = [p for p in args.peers.split(",") if p]
     args.fault_step = max(3, args.save_every * 3 // 2)  # a checkpoint exists, half an interval redone
-    for bad, ok, what in ((args.part_list, "abcd", "--parts"),
+    for bad, ok, what in ((args.part_list, "abcde", "--parts"),
                           (args.scenario_list, ("host-loss", "hang"), "--scenarios"),
                           (args.peer_list, ("torchrun",), "--peers")):
         if any(x not in ok for x in bad):
@@ -183,7 +191,7 @@ def rank0(word: str, min_attempt: int = 0):
 def launcher_features() -> set:
     out = subprocess.run([*DSLAUNCH, "run", "--help"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
-    return {f for f in ("--nnodes", "--hang-timeout") if f in out}
+    return {f for f in ("--nnodes", "--hang-timeout", "--recover") if f in out}
 
 
 def clean(obj, subs: dict):
@@ -498,6 +506,59 @@ def part_b(args, features) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# ---- (e) in-process recovery against restarting every rank --------------------------------------
+def recover_run(work, args, recover: str | None) -> dict:
+    """One run of --e-steps steps; ``recover``: None (no fault), "restart" or "in-process"."""
+    name = recover or "clean"
+    ckpt, logs = work / f"ckpt-{name}", work / f"logs-{name}"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    argv = [*DSLAUNCH, "run", "--nproc-per-node", str(args.ranks), "--omp-threads", "1",
+            "--grace-period", "1", "--log-dir", str(logs)]
+    spec = None
+    if recover:
+        spec = f"kill:rank=1,after={args.fault_every:g}s,attempt=all"
+        argv += ["--recover", recover, "--max-restarts", "1000", "--inject", spec]
+    argv += [str(SCRIPT), "--save-dir", str(ckpt), "--save-every", str(args.save_every),
+             "--step-sleep", str(args.step_sleep), "--steps", str(args.e_steps)]
+    t0 = time.time()
+    proc = subprocess.run(argv, cwd=work, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)},
+                          timeout=args.e_steps * args.step_sleep * 6 + 600)
+    wall = time.time() - t0
+    res = {"recover": recover, "inject": spec, "rc": proc.returncode, "wall_s": round(wall, 3),
+           "faults": len(re.findall(r"dslaunch inject: ", proc.stdout)),
+           "in_process_recoveries": len(re.findall(r"^dslaunch: recovered in process", proc.stderr, re.M)),
+           "restarts": len(re.findall(r"^dslaunch: restarting", proc.stderr, re.M))}
+    if proc.returncode != 0:
+        res["launcher_tail"] = proc.stderr.splitlines()[-6:]
+    incidents = logs / "incidents.jsonl"
+    if incidents.exists():
+        recs = [json.loads(x) for x in incidents.read_text().splitlines() if x.strip()]
+        res["seconds_to_training"] = [r.get("seconds_to_training") for r in recs]
+        res["steps_redone"] = [r.get("steps_redone") for r in recs]
+    return res
+
+
+def part_e(args, features) -> dict:
+    if "--recover" not in features:
+        return {"status": "not run: this dslaunch has no --recover"}
+    work = Path(tempfile.mkdtemp(prefix="bench-inprocess-"))
+    try:
+        runs = {}
+        for recover in (None, "in-process", "restart"):
+            bu.log(f"(e) {args.e_steps} steps, {recover or 'no faults'}")
+            runs[recover or "clean"] = recover_run(work, args, recover)
+        clean_wall = runs["clean"]["wall_s"]
+        return {"status": "ok", "steps": args.e_steps, "ranks": args.ranks,
+                "fault_every_s": args.fault_every, "step_sleep_s": args.step_sleep,
+                "goodput_in_process": bu.ratio(clean_wall, runs["in-process"]["wall_s"]),
+                "goodput_restart": bu.ratio(clean_wall, runs["restart"]["wall_s"]),
+                "target": "in-process >= 0.95 at a fault every 120 s, >= 0.85 every 40 s",
+                "runs": clean(runs, {str(work): "<work>"})}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 # ---- (c), (d): the other helpers' benchmarks ------------------------------------------------------
 SMOKE_ARGS = {"bench_watchdog_cost": ["--smoke"], "bench_async_checkpoint": ["--saves", "1"]}
 
@@ -535,6 +596,7 @@ def main(argv=None):
               "settings": {k: v for k, v in vars(args).items() if k != "results_dir"}}
     result["settings"]["results_dir"] = None
     steps = {"a": ("recovery", lambda: part_a(args, features)), "b": ("goodput", lambda: part_b(args, features)),
+             "e": ("in_process", lambda: part_e(args, features)),
              "c": ("async_checkpoint", lambda: other_bench("bench_async_checkpoint", args)),
              "d": ("watchdog_cost", lambda: other_bench("bench_watchdog_cost", args))}
     for part, (key, run) in steps.items():

@@ -251,15 +251,17 @@ def _is_torch(name: str) -> bool:
 RULES = {
     "launcher": ("dslaunch.launcher", ("dslaunch.launcher", "dslaunch.config",
                                        "dslaunch.as_deepspeed", "dslaunch.progress_record",
-                                       "dslaunch.torch_progress"), "none"),
+                                       "dslaunch.torch_progress", "dslaunch.recover_files"), "none"),
     # the rank side of the hang watchdog for plain torch.distributed scripts: the progress record
     # only, torch inside functions (the hook runs once the script imports torch.distributed)
     "torch_progress": ("dslaunch.torch_progress", ("dslaunch.progress_record",), "lazy"),
     "engine": ("dslaunch.engine", ("dslaunch.engine", "dslaunch.config", "dslaunch.kernels",
                                    "dslaunch.nvme", "dslaunch.accelerator",
-                                   "dslaunch.progress_record"), "any"),
+                                   "dslaunch.progress_record", "dslaunch.recover_files"), "any"),
     # the rank -> agent progress channel: a leaf both sides share
     "progress_record": ("dslaunch.progress_record", (), "none"),
+    # the agent <-> rank files of an in-process recovery: a leaf both sides share
+    "recover_files": ("dslaunch.recover_files", (), "none"),
     "accelerator": ("dslaunch.accelerator", ("dslaunch.accelerator", "dslaunch.kernels",
                                              "dslaunch.deepspeed_names"), "any"),
     "config": ("dslaunch.config", ("dslaunch.config",), "none"),

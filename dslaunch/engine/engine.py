@@ -382,6 +382,11 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
+        if self._recovery is not None and self._recovery.joined:
+            # a replacement of an in-process recovery took the live state from its peers; the
+            # script's load at start must neither replace it nor make collectives they do not
+            self._recovery.joined = False  # (a later load is the whole job's again)
+            return None, {}
         loaded = ckpt.load_checkpoint(self, load_dir, tag=tag, strict=load_module_strict,
                                       load_optimizer_states=load_optimizer_states,
                                       load_lr_scheduler_states=load_lr_scheduler_states,

@@ -96,6 +96,7 @@ class Watch:
         self.word: dict | None = None
         self.arrived = threading.Event()
         self.abandoning = False  # the interrupted step's remaining calls are skipped
+        self.joined = False  # a replacement that took its state from its peers
         self.aborted_at: float | None = None
         threading.Thread(target=self._run, daemon=True, name="dslaunch-recover").start()
 
@@ -295,6 +296,8 @@ def join(engine, word: dict) -> None:
     _take_world(engine)
     load_engine_state(engine, state)
     engine.strategy.zero_grad()
+    if engine._recovery is not None:
+        engine._recovery.joined = True
     if path:
         write_json(ack_path(path), {"epoch": word["epoch"], "status": "joined",
                                      "step": engine.global_steps,

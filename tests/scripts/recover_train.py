@@ -3,7 +3,8 @@
 The data of step S is a function of S alone (the global batch of the step, split over the
 ranks), so a job that loses a rank mid-step and rolls back sees the same batches as a fault-free
 one. Rank 0 prints ``step S loss L`` (its own share's loss, 8 decimals: no collective of the
-script's own between steps, which a recovery could not resume) and every rank prints ``rank R pid P start`` once and ``rank R pid P done`` at the end.
+script's own between steps, which a recovery could not resume) and every rank prints
+``rank R pid P start`` once and ``rank R pid P done`` at the end.
 """
 
 import json
