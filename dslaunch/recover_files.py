@@ -6,7 +6,10 @@ engine (``engine/inprocess_recovery.py``), which may not import each other. No t
   ``recover`` word for a surviving rank, written whole (rename) by the agent;
 - its **answer** (``ack_path``): what the rank did: ``recovered``, ``joined`` (a replacement) or
   ``refused`` (with why), and the seconds each phase took;
-- a replacement rank gets its instruction in ``JOIN_ENV`` instead.
+- a replacement rank gets its instruction in ``JOIN_ENV`` instead;
+- a **standby** (a process the agent starts ahead, which runs the script up to dslaunch's first
+  call and waits there: ``STANDBY_ENV`` names the file it waits for) is promoted to a lost rank by
+  that file: ``{"env": {...}}``, the rank's environment (``JOIN_ENV`` included).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 
 FILE_ENV = "DSLAUNCH_RECOVER_FILE"
 JOIN_ENV = "DSLAUNCH_RECOVER_JOIN"
+STANDBY_ENV = "DSLAUNCH_RECOVER_STANDBY"
 REFUSED_EXIT = 76  # a rank that cannot recover in process exits with this: the job restarts
 
 

@@ -179,9 +179,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     or a dict; ``config_params=`` is another name for ``config=``."""
     if model is None:
         raise ValueError("dslaunch.initialize: model= is required")
-    source, label = _config_source(args, config, config_params)
     from . import inprocess_recovery
 
+    inprocess_recovery.await_promotion()  # a standby process: until it replaces a lost rank
+    source, label = _config_source(args, config, config_params)
     joining = inprocess_recovery.join_word()  # a replacement rank: built alone, then joins
     if joining:
         inprocess_recovery.init_private_world()

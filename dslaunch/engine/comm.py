@@ -122,6 +122,9 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     """Initialise torch.distributed once (DeepSpeed's signature). Does nothing if already done.
     ``config`` (a config dict): its ``comms_logger`` section switches the comms logger, as
     DeepSpeed's (the byte accounting below is always on)."""
+    from dslaunch.engine.inprocess_recovery import await_promotion
+
+    await_promotion()  # a standby process: until it replaces a lost rank (before any group)
     if isinstance(config, dict) and config.get("comms_logger") is not None:
         from dslaunch.engine.comm_api import configure
 

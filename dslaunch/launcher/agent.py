@@ -73,9 +73,11 @@ def usable_cores() -> int:
 
 class Rank:
     def __init__(self, rank: int, local_rank: int, proc: subprocess.Popen, error_file: str,
-                 torch_error_file: str = ""):
+                 torch_error_file: str = "", progress_file: str = "", stack_file: str = ""):
         self.rank, self.local_rank, self.proc, self.error_file = rank, local_rank, proc, error_file
         self.torch_error_file = torch_error_file
+        # where its progress record and stack dumps go (a promoted standby keeps its stack file)
+        self.progress_file, self.stack_file = progress_file, stack_file
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.reader: threading.Thread | None = None
         self.exited = False
@@ -143,6 +145,8 @@ class Agent:
         # stop) even if no rank of ours runs any more; the answers still to forward
         self.awaiting_word = False
         self.pending_acks: dict = {}  # local rank -> (rank, epoch)
+        self.standby: Rank | None = None  # a warm process that becomes a lost rank at once
+        self.standbys = 0  # how many were started (their file names)
 
     # ---- output ----------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -261,7 +265,7 @@ class Agent:
         now, wall = time.monotonic(), time.time()
         for r in self.ranks:
             if r.proc.poll() is None:
-                rec = progress_record.read(self.progress_file(r.rank))
+                rec = progress_record.read(r.progress_file)
                 if rec is not None:
                     found[str(r.rank)] = rec
                 idle[str(r.rank)] = r.idleness.update(rec, cpu_ticks(r.proc.pid), now, wall)
@@ -274,14 +278,14 @@ class Agent:
         sizes = {}
         for r in ranks:
             try:
-                sizes[r.rank] = os.path.getsize(self.stack_file(r.rank))
+                sizes[r.rank] = os.path.getsize(r.stack_file)
             except OSError:
                 sizes[r.rank] = 0
             try:
                 os.kill(r.proc.pid, signal.SIGUSR2)
             except ProcessLookupError:
                 pass
-        stacks = {str(r.rank): {"python": _read_new(self.stack_file(r.rank), sizes[r.rank])}
+        stacks = {str(r.rank): {"python": _read_new(r.stack_file, sizes[r.rank])}
                   for r in ranks}
         self.event(events.STACKS, stacks=stacks)
         if ranks and shutil.which("py-spy"):  # slower: in an event of their own, after these
@@ -298,10 +302,14 @@ class Agent:
         self.event(events.STARTED, pids={str(r.rank): r.proc.pid for r in self.ranks},
                    gpus=",".join(map(str, self.node["slots"])) if self.gpus else None)
 
-    def _start_rank(self, rank: int, local_rank: int, extra_env: dict | None = None) -> Rank:
-        error_file = os.path.join(self.tmpdir, f"error_{rank}.json")
+    def _start_rank(self, rank: int, local_rank: int, extra_env: dict | None = None,
+                    standby: bool = False) -> Rank:
+        """Start rank ``rank``; with ``standby``, a process that runs the script up to dslaunch's
+        first call and waits there to be promoted to a lost rank (``_promote``)."""
+        name = f"standby{self.standbys}" if standby else str(rank)
+        error_file = os.path.join(self.tmpdir, f"error_{name}.json")
         # torch's @record writes its own format to its own file (errors.read_rank_error)
-        torch_error_file = os.path.join(self.tmpdir, f"torchelastic_error_{rank}.json")
+        torch_error_file = os.path.join(self.tmpdir, f"torchelastic_error_{name}.json")
         for stale in (error_file, torch_error_file):  # a replaced rank's, from its first life
             if os.path.exists(stale):
                 os.unlink(stale)
@@ -314,6 +322,15 @@ class Agent:
                 raise RuntimeError(str(exc)) from None
             argv += ["--cpus", format_cores(cores)]
         env = self.rank_env(rank, local_rank, self.gpus, torch_error_file, cores)
+        progress_file, stack_file = self.progress_file(rank), self.stack_file(rank)
+        if standby:
+            progress_file = os.path.join(self.tmpdir, f"progress_{name}.bin")
+            stack_file = os.path.join(self.tmpdir, f"stacks_{name}.txt")
+            for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "ROLE_RANK", recover_files.FILE_ENV,
+                        progress_record.ENV):  # unknown until promoted
+                env.pop(key, None)
+            env[STACK_FILE_ENV] = stack_file
+            env[recover_files.STANDBY_ENV] = self.standby_file(name)
         env.update(extra_env or {})
         proc = subprocess.Popen(
             [*argv, *self.plan.rank_program(local_rank)],
@@ -324,19 +341,31 @@ class Agent:
             stderr=subprocess.STDOUT,  # one pipe: stdout and stderr stay in order per rank
             start_new_session=True,  # own process group: killpg reaches its children too
         )
-        r = Rank(rank, local_rank, proc, error_file, torch_error_file)
-        self.ranks.append(r)
+        r = Rank(-1 if standby else rank, local_rank, proc, error_file, torch_error_file,
+                 progress_file, stack_file)
         r.reader = threading.Thread(target=self._read_rank, args=(r,), daemon=True)
         r.reader.start()
+        if standby:
+            self.standbys += 1
+            r.standby_file, r.launch_env = self.standby_file(name), env
+            return r
+        self.ranks.append(r)
         threading.Thread(target=self._wait_rank, args=(r,), daemon=True).start()
         return r
 
+    def standby_file(self, name: str) -> str:
+        return os.path.join(self.tmpdir, f"promote_{name}.json")
+
     def _read_rank(self, r: Rank) -> None:
-        prefix = self.plan.prefix(r.rank, self.host).encode()
+        prefixes: dict = {}
         for line in iter(lambda: r.proc.stdout.readline(65536), b""):
             if not line.endswith(b"\n"):
                 line += b"\n"
             r.tail.append(line.decode("utf-8", "replace").rstrip("\n"))
+            prefix = prefixes.get(r.rank)
+            if prefix is None:  # a standby (rank -1) says so until it is promoted
+                prefix = prefixes[r.rank] = (self.plan.prefix(r.rank, self.host) if r.rank >= 0
+                                             else f"[standby {self.host}] ").encode()
             self.write(prefix + line)
 
     def _wait_rank(self, r: Rank) -> None:
@@ -368,6 +397,8 @@ class Agent:
                 pass
 
     def _stop(self, dump: bool) -> None:
+        if self.standby is not None:
+            self._signal_groups(signal.SIGKILL, [self.standby])
         alive = self._alive()
         if dump and alive and not self.escalate.is_set():
             for r in alive:  # the rank itself only: its children may not handle SIGUSR1
@@ -421,7 +452,7 @@ class Agent:
                    signal=events.signal_name(rc), time=failed_at,
                    stopped=errors.caused_by_stop(failed_at, self.stop_time),
                    error=error, output_tail=list(r.tail),
-                   progress=progress_record.read(self.progress_file(r.rank)))  # its last steps
+                   progress=progress_record.read(r.progress_file))  # its last steps
 
     def receive_env(self) -> None:
         """Take the job's environment from the private channel the plan names (plan.py)."""
@@ -492,6 +523,7 @@ class Agent:
             self.stop(dump=False, kill=True)
             self._reap_all()
             return 2
+        self._start_standby()
         faults = inject.HostFaults.from_env(self, {**os.environ, **self.plan.env})
         if faults is not None:
             faults.start()
@@ -574,12 +606,40 @@ class Agent:
                      # --inject faults are per attempt: the replacement must not meet its own again
                      "DSLAUNCH_RESTART_COUNT": str(self.restart_count + epoch)}
             try:
-                r = self._start_rank(rank, local_rank, extra)
+                r = self._promote(rank, local_rank, extra) or self._start_rank(rank, local_rank, extra)
             except (OSError, RuntimeError) as exc:
                 self.event(events.RECOVER_ACK, rank=rank, epoch=epoch, status="refused",
                            why=f"cannot start the replacement on {self.host}: {exc}")
                 continue
             self.event(events.STARTED, pids={str(rank): r.proc.pid}, replacement=True)
+
+    def _start_standby(self) -> None:
+        """With in-process recovery, one warm process per node (DSLAUNCH_RECOVER_STANDBY=0: none):
+        a lost rank of this node is replaced without a process start, torch import and model
+        build on the recovery's path."""
+        if self.plan.recover != "in-process" or self.stopping.is_set() or \
+                {**os.environ, **self.plan.env}.get(recover_files.STANDBY_ENV) == "0":
+            return
+        try:
+            self.standby = self._start_rank(-1, 0, standby=True)
+        except (OSError, RuntimeError) as exc:
+            self.say(f"no standby process for in-process recovery: {exc}")
+
+    def _promote(self, rank: int, local_rank: int, extra: dict) -> Rank | None:
+        """The standby becomes ``rank`` (None: there is none alive)."""
+        r, self.standby = self.standby, None
+        if r is None or r.proc.poll() is not None:
+            return None
+        env = self.rank_env(rank, local_rank, self.gpus)
+        env.update(extra)
+        env.pop(STACK_FILE_ENV, None)  # its faulthandler already writes to its own file
+        delta = {k: v for k, v in env.items() if r.launch_env.get(k) != v}
+        r.rank, r.local_rank, r.progress_file = rank, local_rank, self.progress_file(rank)
+        r.idleness = Idleness(time.monotonic())
+        recover_files.write_json(r.standby_file, {"env": delta})
+        self.ranks.append(r)
+        threading.Thread(target=self._wait_rank, args=(r,), daemon=True).start()
+        return r
 
     def _forward_acks(self) -> None:
         """Send on what the ranks answered to a recover word (their ack files)."""
@@ -589,6 +649,8 @@ class Agent:
                 continue
             del self.pending_acks[local_rank]
             self.event(events.RECOVER_ACK, rank=rank, **{**ack, "epoch": epoch})
+            if ack.get("status") == "joined" and self.standby is None:
+                self._start_standby()  # for the next fault, once this one is over (CPU)
 
     def _fence(self) -> None:
         """Cut off from the launcher for ``fence_timeout`` s: kill this node's ranks (the
@@ -604,7 +666,7 @@ class Agent:
 
     def _reap_all(self) -> None:
         # A rank's leftover children (same process group) must not outlive the job.
-        self._signal_groups(signal.SIGKILL, self.ranks)
+        self._signal_groups(signal.SIGKILL, self.ranks + ([self.standby] if self.standby else []))
 
 
 def _read_new(path: str, start: int) -> str:
