@@ -52,8 +52,9 @@ def _missing(deepspeed: str, why: str) -> Name:
 # alias reports it as the `deepspeed` version, so frameworks' version gates take its code paths.
 DEEPSPEED_VERSION = "0.19.8"
 
-AUTOTP = ("not planned yet: DeepSpeed's AutoTP rewrites HF models; use dslaunch's tensor-parallel "
-          "layers with an mpu (docs/interfaces.md, 'Parallel layouts')")
+AUTOTP = ("not provided: AutoTP training is the config key tensor_parallel.autotp_size (or "
+          "deepspeed.tp_model_init), applied by initialize (engine/autotp.py); DeepSpeed's "
+          "injection internals are not mirrored")
 INFERENCE = "not planned: dslaunch is a training runtime (no inference engine)"
 DATA_EFFICIENCY = "not planned yet: DeepSpeed's data-efficiency library (curriculum, random-LTD)"
 API = "comes with issue 18 (DeepSpeed's public API), in progress"
@@ -105,7 +106,10 @@ NAMES: list[Name] = [
              "`deepspeed` package metadata are the DeepSpeed release the table follows, with "
              "dslaunch's version as the local label (0.19.8+dslaunch.0.1.0), so frameworks' "
              "version gates pass (docs/frameworks.md)"),
-    _missing("deepspeed.tp_model_init", AUTOTP),
+    _present("deepspeed.tp_model_init", "dslaunch.engine.autotp:tp_model_init",
+             "records tp_size (and casts to dtype); initialize splits the model's attention and "
+             "MLP linears (Llama, Qwen2/3, Mistral, Gemma, Phi, GPT-2, GPT-NeoX) over the data x "
+             "model grid; tp_group= refused, ZeRO-3 refused"),
     _missing("deepspeed.init_inference", INFERENCE),
     # -- deepspeed.zero ---------------------------------------------------------------------------
     _present("deepspeed.zero", "dslaunch.zero"),

@@ -407,8 +407,6 @@ def test_defaults_are_deepspeeds_and_marked_default():
 # --- features not supported yet ----------------------------------------------------------------
 
 @pytest.mark.parametrize("section, line", [
-    ({"tensor_parallel": {"autotp_size": 2}},
-     "tensor_parallel.autotp_size: not supported yet (tensor parallelism (size > 1); comes with issue 7)"),
     ({"hybrid_engine": {"enabled": True}},
      "hybrid_engine.enabled: not supported yet (the hybrid (RLHF) engine; not planned yet)"),
     ({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": True}}}},
@@ -454,8 +452,9 @@ def test_every_shipped_config_validates(path, world_size):
         resolve_config(cfg.values, world_size=world_size)  # and the engine takes the filled config
     else:
         cfg = resolve_config(str(path), world_size=world_size)
-    sp = cfg.get("sequence_parallel_size") or 1  # sequence-parallel ranks share a sample
-    dp = world_size // sp if world_size % sp == 0 else world_size
+    # sequence- and tensor-parallel (AutoTP) ranks share a sample
+    mp = (cfg.get("sequence_parallel_size") or 1) * max(cfg.get("tensor_parallel.autotp_size"), 1)
+    dp = world_size // mp if world_size % mp == 0 else world_size
     assert cfg.train_batch_size == (cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
                                     * dp)
 

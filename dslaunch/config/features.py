@@ -31,8 +31,6 @@ def _any_enabled(tree) -> bool:
 
 
 NOT_SUPPORTED_YET = [
-    Feature("tensor_parallel.autotp_size", "tensor parallelism (size > 1)", "issue 7",
-            lambda get: (get("tensor_parallel.autotp_size") or 1) > 1),
     Feature("amp.enabled", "NVIDIA apex AMP (use fp16 or bf16)", "", _enabled("amp")),
     Feature("compression_training", "compression training", "",
             lambda get: _any_enabled(get("compression_training"))),

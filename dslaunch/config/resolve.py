@@ -334,8 +334,8 @@ def _layout_checks(values: dict, sources: dict, problems: list, pipeline_stages:
                         "parallelism (gradients are partitioned while micro-batches are still in "
                         "flight; DeepSpeed refuses it too): use stage 0 or 1")
     if stage >= 3 and isinstance(tp, int) and tp > 1:
-        problems.append("zero_optimization.stage: 3 with tensor parallelism is not supported yet: "
-                        "use stage 0, 1 or 2")
+        problems.append("zero_optimization.stage: 3 with tensor parallelism is not supported yet "
+                        "(AutoTP or an mpu's; DeepSpeed 0.18 refused it too): use stage 0, 1 or 2")
     name = (values.get("optimizer") or {}).get("type")
     problems.extend(onebit_problems(name, stage, zero["offload_optimizer"]["device"]))
     if values["gradient_allreduce_op"] == "sum":  # (DeepSpeed also refuses it at stage 3; we sum)

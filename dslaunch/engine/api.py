@@ -131,6 +131,21 @@ def _configure_activation_checkpointing(resolved, layout) -> None:
               synchronize=section.synchronize_checkpoint_boundary, profile=section.profile)
 
 
+def _resplit_parameters(model, model_parameters):
+    """``model_parameters`` given before AutoTP replaced the split layers' parameters: the
+    model's trainable parameters now (param groups are kept only when nothing was replaced)."""
+    given = list(model_parameters)
+    live = {id(p) for p in model.parameters()}
+    if all(id(p) in live for g in given
+           for p in (g["params"] if isinstance(g, dict) else [g])):
+        return given
+    if any(isinstance(g, dict) for g in given):
+        raise ValueError("dslaunch.initialize: with tensor_parallel.autotp_size, pass "
+                         "model_parameters=None (or the param groups after tp_model_init "
+                         "and initialize split the model); the groups name unsplit parameters")
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def model_hidden_size(model):
     """The hidden size a Hugging Face-style model declares (``config.hidden_size``, the largest of
     ``hidden_sizes``, or its ``text_config``'s), which fills the ZeRO bucket sizes written "auto"
@@ -187,11 +202,20 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if joining:
         inprocess_recovery.init_private_world()
     init_distributed(dist_init_required=dist_init_required)
-    from .sequence.layout import sequence_parallel_mpu
+    from .autotp import autotp_mpu
+    from .sequence.layout import config_sequence_parallel_size, sequence_parallel_mpu
 
+    # tensor_parallel.autotp_size (or tp_model_init): the data x model grid, world / N data ranks
+    mpu, autotp = autotp_mpu(source, model, mpu, config_sequence_parallel_size(source))
     mpu = sequence_parallel_mpu(source, model, mpu)  # sequence_parallel_size: its grid
     resolved = _resolve(source, model, mpu, _config_origin(label))
     cfg = resolved.typed
+    if autotp > 1:  # the model's attention and MLP linears split over the grid's model group
+        from .autotp import apply_autotp
+
+        apply_autotp(model, mpu.get_model_parallel_group())
+        if model_parameters is not None:  # the caller's list names the unsplit parameters
+            model_parameters = _resplit_parameters(model, model_parameters)
     if cfg.bf16.enabled:
         warn_slow_bf16_on_cpu()
     if cfg.expert_parallel.enabled:  # AutoEP: the model's experts become expert-parallel ones

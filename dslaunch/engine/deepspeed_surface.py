@@ -334,14 +334,24 @@ class DeepSpeedSurface:
         return {k: v.detach().cpu() for k, v in state.items()}
 
     def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
-        """As ``_zero3_consolidated_16bit_state_dict``; DeepSpeed also consolidates its AutoTP
-        here, which dslaunch does not have (consolidate a tensor-parallel checkpoint with
-        ``dslaunch ckpt to-fp32``)."""
-        if self.zero_optimization_stage() != 3:
+        """The whole model's state dict in the training dtype, on global rank 0 ({} on the
+        others): under ZeRO stage 3 gathered from the partitions, under tensor parallelism
+        (AutoTP) from the TP slices. Collective: every rank calls it."""
+        if self.zero_optimization_stage() == 3:
+            return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        from .autotp import gather_tp_state, has_tp_splits
+
+        if not has_tp_splits(self.module):
             raise ValueError("_consolidated_16bit_state_dict applies where the weights are "
-                             "partitioned (ZeRO stage 3); for tensor parallelism consolidate a "
-                             "checkpoint with `dslaunch ckpt to-fp32`")
-        return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+                             "partitioned (ZeRO stage 3) or split (tensor parallelism); here "
+                             "every rank holds the whole model: use engine.module.state_dict()")
+        state = gather_tp_state(self.strategy.module_state_dict(), self.module)
+        if self.global_rank != 0:
+            return {}
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return {k: v.detach().cpu() for k, v in state.items()}
 
     # -- the wrapped module's attributes -------------------------------------------------------
     def __getattr__(self, name: str):

@@ -38,6 +38,7 @@ import torch
 
 from dslaunch import progress_record
 
+from ..autotp import gather_tp_state, slice_tp_state
 from .async_save import AsyncSaver, live_storages, snapshot, write_files
 from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
 from .expert_files import EXPERT_FILE, split_module_state, with_local_experts
@@ -142,6 +143,7 @@ def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> di
     # (zero3_module.py). Elsewhere every rank takes part in the gather of the whole weights
     partitioned = partitioned_module_state(strategy, strategy_sd)
     module_sd, part = partitioned if partitioned else (strategy.module_state_dict(), None)
+    module_sd = gather_tp_state(module_sd, engine.module)  # AutoTP: model_states holds it whole
     if exclude_frozen_parameters:
         module_sd = without_frozen(module_sd, engine.module)
     # MoE: each expert in a file of its own (expert_files.py), written by one of its replicas
@@ -298,6 +300,7 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
         raise CheckpointError(f"{mpath}: not a dslaunch model checkpoint (no 'module')")
     module_sd = with_local_experts(engine, states["module"], path)  # MoE: this rank's experts
     part = states.get(PARTITIONED) or {}
+    module_sd = slice_tp_state(module_sd, engine.module)  # AutoTP: this rank's slices
     check_module(module_sd, engine.module, mpath, strict, zero3_shapes(part))
     _load_module(engine, path, meta, module_sd, part, strict)
     if load_module_only:
@@ -457,6 +460,7 @@ def save_16bit_model(engine, save_dir: str, save_filename: str = "pytorch_model.
                   flush=True)
         return False
     state = strategy.module_state_dict()  # every rank takes part (stage 3 gathers)
+    state = gather_tp_state(state, engine.module)  # tensor-parallel slices put back together
     if engine.global_rank == 0:
         if exclude_frozen_parameters:
             state = without_frozen(state, engine.module)

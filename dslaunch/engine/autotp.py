@@ -1,0 +1,288 @@
+"""AutoTP: tensor parallelism for Hugging Face models without a hand-written plan (DeepSpeed's
+``"tensor_parallel": {"autotp_size": N}`` and ``deepspeed.tp_model_init(model, tp_size, dtype)``).
+
+``initialize`` builds the ``data x model`` grid (``topology.build_grid(model=N)``; the
+data-parallel size becomes world / N), reads the model's linear layers by their names and writes
+the plan ``tp_plan.apply_tp_plan`` applies, so AutoTP is the hand-written machinery with the plan
+found instead of written:
+
+- column (output features split, output left split): the attention's query / key / value
+  projections (``q_proj k_proj v_proj``; GPT-NeoX's head-interleaved ``query_key_value``; GPT-2's
+  fused ``c_attn``, each of its three parts split alike) and the MLP's up projections
+  (``gate_proj up_proj``, ``fc1``, ``dense_h_to_4h``, GPT-2's ``c_fc``);
+- row (input features split, partial products all-reduced, bias added once): the attention's
+  output projection (``o_proj``, ``dense``, ``c_proj``) and the MLP's down projection
+  (``down_proj``, ``fc2``, ``dense_4h_to_h``, ``c_proj``);
+- everything else whole on every rank: embeddings, norms, the LM head (so a tied LM head stays
+  tied), and any linear layer the rules do not know (correct, only not split).
+
+Attention heads are split in whole heads: the query heads and, with grouped-query attention, the
+key/value heads must both divide by N (a clear error otherwise). The attention modules of these
+families reshape with ``-1`` heads, so they run on their local heads unchanged; GPT-2's, which
+splits its fused output by ``split_size``, gets its sizes divided. GPT-2's ``Conv1D`` layers
+(weight stored ``[in, out]``) become linear ones; their parameters carry ``tp_conv1d`` so the
+gathered state dict (``gather_tp_state``) is written back in the model's own layout.
+
+Not here: ZeRO stage 3 with AutoTP (refused by the config check, as DeepSpeed 0.18 refused it),
+DeepSpeed's ``partition_config`` layer specs and ``preset_model`` (accepted, unused: the rules
+above cover the families listed), and uneven head splits (DeepSpeed allows them; we refuse).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, _world
+from .tp_plan import _fused3_rows, apply_tp_plan
+
+# the model's last leaf name -> style; "c_proj" is row in both of GPT-2's blocks
+COLUMN = ("q_proj", "k_proj", "v_proj", "query_key_value", "gate_proj", "up_proj", "fc1",
+          "dense_h_to_4h", "c_fc")
+FUSED3 = ("c_attn",)
+ROW = ("o_proj", "down_proj", "dense", "fc2", "dense_4h_to_h", "c_proj")
+
+_RECORDED_ATTR = "ds_autotp_tp_size"  # tp_model_init's record on the model
+
+
+def _is_conv1d(m) -> bool:
+    return type(m).__name__ == "Conv1D" and hasattr(m, "nf") and getattr(m, "weight", None) \
+        is not None and m.weight.dim() == 2
+
+
+def _as_linear(m) -> nn.Linear:
+    """An ``nn.Linear`` view of a linear layer (a GPT-2 ``Conv1D`` transposed into one)."""
+    if isinstance(m, nn.Linear):
+        return m
+    if _is_conv1d(m):
+        w = m.weight  # [in, out]
+        lin = nn.Linear(w.shape[0], w.shape[1], bias=m.bias is not None, device="meta")
+        lin.weight = nn.Parameter(w.detach().t().contiguous())
+        if m.bias is not None:
+            lin.bias = nn.Parameter(m.bias.detach().clone())
+        lin.tp_conv1d = True
+        return lin
+    raise TypeError(f"AutoTP: {type(m).__name__} is not a linear layer")
+
+
+def _tag_conv1d(new, old):
+    if getattr(old, "tp_conv1d", False):
+        new.weight.tp_conv1d = True
+    return new
+
+
+def _column(m, group):
+    lin = _as_linear(m)
+    return _tag_conv1d(ColumnParallelLinear.from_linear(lin, group), lin)
+
+
+def _fused3(m, group):
+    lin = _as_linear(m)
+    return _tag_conv1d(ColumnParallelLinear.from_linear(lin, group, rows=_fused3_rows(lin, group)),
+                       lin)
+
+
+def _row(m, group):
+    lin = _as_linear(m)
+    return _tag_conv1d(RowParallelLinear.from_linear(lin, group), lin)
+
+
+def _linear_like(m) -> bool:
+    return isinstance(m, nn.Linear) or _is_conv1d(m)
+
+
+def autotp_plan(model: nn.Module) -> dict:
+    """``{module name: style}`` for every linear layer of ``model`` the rules above know (the
+    LM head and layers outside the decoder blocks' attention / MLP are left whole)."""
+    plan = {}
+    for name, m in model.named_modules():
+        if not name or not _linear_like(m):
+            continue
+        leaf = name.rpartition(".")[2]
+        if "lm_head" in name or "embed" in name:
+            continue
+        if leaf in FUSED3:
+            plan[name] = _fused3
+        elif leaf in COLUMN:
+            plan[name] = _column
+        elif leaf in ROW:
+            plan[name] = _row
+    if not plan:
+        raise ValueError(f"AutoTP: found no attention or MLP linear layer to split in "
+                         f"{type(model).__name__} (known names: {', '.join(COLUMN + FUSED3 + ROW)})"
+                         "; write a plan for dslaunch.engine.tp_plan.apply_tp_plan instead")
+    return plan
+
+
+def _model_config(model):
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def check_heads(model: nn.Module, tp: int) -> None:
+    """The query heads and the key/value heads (grouped-query attention) must split evenly."""
+    cfg = _model_config(model)
+    if cfg is None:
+        return
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    for count, what, key in ((heads, "attention heads", "num_attention_heads"),
+                             (kv, "key/value heads", "num_key_value_heads")):
+        if isinstance(count, int) and count % tp:
+            raise ValueError(f"tensor_parallel.autotp_size: {tp} does not divide the model's "
+                             f"{count} {what} (config.{key}); use a size that divides it")
+
+
+def _fix_attention_sizes(model: nn.Module, tp: int) -> None:
+    """Attention modules that split a fused projection by a stored size (GPT-2's ``split_size``)
+    get their per-rank sizes."""
+    for m in model.modules():
+        if hasattr(m, "c_attn") and isinstance(m.c_attn, ColumnParallelLinear) \
+                and hasattr(m, "split_size"):
+            m.split_size //= tp
+            m.embed_dim //= tp
+            m.num_heads //= tp
+
+
+def apply_autotp(model: nn.Module, group) -> nn.Module:
+    """Split ``model`` in place over ``group`` (this rank keeps its slice of every split
+    layer); returns it. With one rank in the group the plan is only checked."""
+    tp = _world(group)
+    check_heads(model, tp)
+    apply_tp_plan(model, autotp_plan(model), group)
+    if tp > 1:
+        _fix_attention_sizes(model, tp)
+        model.ds_autotp_parsed = True
+    return model
+
+
+# -- where the size comes from --------------------------------------------------------------------
+
+def tp_model_init(model: nn.Module, tp_size: int, dtype=None, config=None, **kwargs) -> nn.Module:
+    """DeepSpeed's ``tp_model_init``: records the tensor-parallel size (and casts to ``dtype``
+    when given); the split itself happens in ``initialize``, which takes this size when the
+    config has no ``tensor_parallel.autotp_size`` and refuses a config that says otherwise."""
+    if kwargs.get("tp_group") is not None:
+        raise ValueError("tp_model_init: tp_group= is not supported; dslaunch builds the "
+                         "tensor-parallel group from the world size (ranks r..r+tp-1)")
+    size = int(tp_size)
+    if size < 1:
+        raise ValueError(f"tp_model_init: tp_size must be >= 1, got {tp_size}")
+    setattr(model, _RECORDED_ATTR, size)
+    if dtype is not None:
+        model.to(dtype)
+    return model
+
+
+def config_autotp_size(source) -> int:
+    """``tensor_parallel.autotp_size`` (or its alias ``tp_size``) of the config; 0 when absent
+    (a bad value is left for the config validation to report)."""
+    from dslaunch.config import load_config
+
+    try:
+        section = load_config(source).get("tensor_parallel") or {}
+    except Exception:
+        return 0
+    size = section.get("autotp_size", section.get("tp_size", 0))
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
+def autotp_size(source, model) -> int:
+    """The job's AutoTP size: the config's, else ``tp_model_init``'s record; 1 for none."""
+    written, recorded = config_autotp_size(source), getattr(model, _RECORDED_ATTR, None)
+    if written and recorded and written != recorded:
+        raise ValueError(f"tensor_parallel.autotp_size: the config asks for {written} but "
+                         f"tp_model_init recorded tp_size={recorded}; make them agree")
+    return max(written or recorded or 1, 1)
+
+
+def autotp_mpu(source, model, mpu, sequence: int = 1):
+    """For an AutoTP job: the ``data x model`` grid (with ``sequence`` when the config asks for
+    sequence parallelism), or ``mpu`` when it already has that tensor-parallel size; None / the
+    given mpu otherwise. Also returns the size (1: no AutoTP)."""
+    size = autotp_size(source, model)
+    if size == 1:
+        return mpu, 1
+    from .pipe.module import PipelineModule
+
+    if isinstance(model, PipelineModule):
+        raise ValueError("tensor_parallel.autotp_size: not for a PipelineModule (give its "
+                         "layers a tensor-parallel plan and the grid instead)")
+    if mpu is not None:
+        ask = getattr(mpu, "get_model_parallel_world_size", None) or getattr(
+            mpu, "get_tensor_model_parallel_world_size", None)
+        have = int(ask()) if ask is not None else 1
+        if have != size:
+            raise ValueError(f"tensor_parallel.autotp_size: {size} but the mpu's tensor-parallel "
+                             f"size is {have}; make them agree (or pass no mpu)")
+        return mpu, size
+    from .topology import build_grid
+
+    return build_grid(model=size, sequence=sequence), size
+
+
+# -- whole weights back ------------------------------------------------------------------------
+
+def has_tp_splits(module: nn.Module) -> bool:
+    return any(getattr(p, "tensor_model_parallel", False) and hasattr(p, "tp_ranges")
+               for p in module.parameters())
+
+
+def _tp_group_of(module: nn.Module):
+    for m in module.modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and _world(m.group) > 1:
+            return m.group
+    return None
+
+
+def gather_tp_state(state: dict, module: nn.Module) -> dict:
+    """``state`` (a state dict of ``module``'s own names, this rank's slices) with every
+    tensor-parallel slice replaced by the whole tensor, in the layout of the model before the
+    split (GPT-2's Conv1D weights transposed back). Collective over the tensor-parallel group:
+    every rank of it calls it; every rank gets the whole tensors."""
+    group = _tp_group_of(module)
+    if group is None:
+        return state
+    split = {n: p for n, p in module.named_parameters(remove_duplicate=False)
+             if getattr(p, "tensor_model_parallel", False) and hasattr(p, "tp_ranges")}
+    w = dist.get_world_size(group)
+    out = dict(state)
+    for name, p in split.items():
+        if name not in state:
+            continue
+        local = state[name].detach().contiguous()
+        parts = [torch.empty_like(local) for _ in range(w)]
+        dist.all_gather(parts, local, group=group)
+        ranges = [None] * w
+        dist.all_gather_object(ranges, p.tp_ranges, group=group)
+        shape = list(local.shape)
+        shape[p.partition_dim] = p.tp_full
+        full = local.new_empty(shape)
+        for part, rr in zip(parts, ranges):
+            at = 0
+            for start, stop in rr:
+                n = stop - start
+                full.narrow(p.partition_dim, start, n).copy_(part.narrow(p.partition_dim, at, n))
+                at += n
+        out[name] = full.t().contiguous() if getattr(p, "tp_conv1d", False) else full
+    return out
+
+
+def slice_tp_state(state: dict, module: nn.Module) -> dict:
+    """The reverse of ``gather_tp_state`` for this rank: whole tensors (the model's own layout)
+    cut to the slices ``module``'s split parameters hold. Local; entries already of the local
+    shape are kept."""
+    out = dict(state)
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if name not in state or not getattr(p, "tensor_model_parallel", False) \
+                or not hasattr(p, "tp_ranges"):
+            continue
+        full = state[name]
+        if tuple(full.shape) == tuple(p.shape):  # already this rank's slice
+            continue
+        if getattr(p, "tp_conv1d", False):  # the model's [in, out] layout
+            full = full.t()
+        idx = torch.cat([torch.arange(a, b) for a, b in p.tp_ranges])
+        out[name] = full.index_select(p.partition_dim, idx.to(full.device)).contiguous()
+    return out

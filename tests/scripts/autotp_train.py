@@ -1,0 +1,195 @@
+"""Rank script: AutoTP (``tensor_parallel.autotp_size``) on tiny Hugging Face Llama and Qwen2
+models (hidden 64, 2 layers, 4 heads, 2 key/value heads) at ZeRO 0, 1 and 2, against the same
+model trained unsplit in a plain torch loop in this process (AdamW, clipping, the whole batch of
+8 in one forward). The world is TP x DP (--tp); each data rank takes its rows of every batch.
+
+Per run it records the step losses (averaged over the ranks), the reference's, and for every
+split weight whether this rank holds exactly 1/tp of it (elements and bytes), the names left
+whole; the first run also writes ``save_16bit_model`` and ``_consolidated_16bit_state_dict``
+and compares them with the reference's trained weights. ``--families``: the other families'
+tiny models (Mistral, Qwen3, Gemma, Phi, GPT-2, GPT-NeoX) split by ``apply_autotp``, forward
+logits and the embedding's gradient against the whole model. Writes --out/rank_{r}.json."""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import transformers
+
+import dslaunch
+from dslaunch.engine.autotp import apply_autotp, slice_tp_state
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+p.add_argument("--tp", type=int, default=2)
+p.add_argument("--steps", type=int, default=10)
+p.add_argument("--stages", default="0,1,2")
+p.add_argument("--models", default="llama,qwen2")
+p.add_argument("--families", action="store_true")
+p.add_argument("--save", default=None, help="save a checkpoint of the first run here")
+args, _ = p.parse_known_args()
+dslaunch.init_distributed()
+rank, world = dist.get_rank(), dist.get_world_size()
+tp = args.tp
+dp, dp_rank = world // tp, rank // tp
+BATCH, SEQ, VOCAB, MICRO_STEPS = 8, 12, 96, 2
+LR, CLIP = 1e-2, 0.5
+
+
+def build(kind):
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  attention_dropout=0.0)
+    if kind == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).float()
+    if kind == "qwen2":  # q/k/v with biases, tied embeddings
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            **common, tie_word_embeddings=True)).float()
+    raise ValueError(kind)
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+
+
+def reference(kind):
+    model = build(kind)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    losses = []
+    for step in range(args.steps):
+        ids = batch(step)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def split_report(model, full):
+    """Every split weight holds exactly 1/tp of the whole one (elements and bytes)."""
+    whole = dict(full.named_parameters())
+    split, kept, wrong = 0, [], []
+    for n, prm in model.named_parameters():
+        f = whole[n]
+        if getattr(prm, "tensor_model_parallel", False):
+            split += 1
+            if prm.numel() * tp != f.numel() or \
+                    prm.numel() * prm.element_size() * tp != f.numel() * f.element_size():
+                wrong.append(n)
+        else:
+            kept.append(n)
+            if prm.shape != f.shape:
+                wrong.append(n)
+    return {"split": split, "kept": kept, "wrong": wrong,
+            "param_bytes": sum(q.numel() * q.element_size() for q in model.parameters()),
+            "full_bytes": sum(q.numel() * q.element_size() for q in full.parameters())}
+
+
+def train(kind, stage, ref, first):
+    model = build(kind)
+    micro = BATCH // (dp * MICRO_STEPS)
+    config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": MICRO_STEPS,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+              "gradient_clipping": CLIP, "zero_optimization": {"stage": stage},
+              "tensor_parallel": {"autotp_size": tp}, "steps_per_print": 1000}
+    engine, _, _, _ = dslaunch.initialize(model=model, model_parameters=model.parameters(),
+                                          config=config)
+    losses = []
+    for step in range(args.steps):
+        ids = batch(step)
+        total = 0.0
+        for m in range(MICRO_STEPS):
+            rows = ids[(dp_rank * MICRO_STEPS + m) * micro:(dp_rank * MICRO_STEPS + m + 1) * micro]
+            loss = engine(input_ids=rows, labels=rows).loss
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / MICRO_STEPS
+        t = torch.tensor([total], dtype=torch.float64)
+        dist.all_reduce(t)
+        losses.append(t.item() / world)
+    out = {"losses": losses, "ref": ref[0], "dp": engine.dp_world_size,
+           "split": split_report(engine.module, build(kind))}
+    if first:
+        d = Path(args.out) / f"{kind}_16bit"
+        engine.save_16bit_model(str(d))
+        cons = engine._consolidated_16bit_state_dict()
+        if rank == 0:
+            saved = torch.load(d / "pytorch_model.bin", weights_only=True)
+            want = ref[1]
+            out["saved_keys_equal"] = sorted(saved) == sorted(want)
+            out["saved_shapes_equal"] = all(saved[k].shape == want[k].shape for k in want)
+            out["saved_max_diff"] = max((saved[k] - want[k]).abs().max().item() for k in want)
+            local = slice_tp_state(saved, engine.module)  # this rank's slices of the file
+            out["saved_slices_equal_live"] = all(
+                torch.equal(local[n].float(), prm.detach().float())
+                for n, prm in engine.module.named_parameters())
+            out["consolidated_equal_saved"] = sorted(cons) == sorted(saved) and all(
+                torch.equal(cons[k], saved[k]) for k in saved)
+        if args.save:
+            engine.save_checkpoint(args.save, tag="tp")
+            out["saved_checkpoint"] = True
+    return out
+
+
+def families():
+    """Forward logits and the embedding's gradient of each family's tiny model, split vs whole."""
+    from dslaunch.engine.topology import build_grid
+
+    group = build_grid(model=tp).get_model_parallel_group()
+    small = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, max_position_embeddings=64)
+    cfgs = {
+        "mistral": (transformers.MistralForCausalLM,
+                    transformers.MistralConfig(**small, num_key_value_heads=2)),
+        "qwen3": (transformers.Qwen3ForCausalLM,
+                  transformers.Qwen3Config(**small, num_key_value_heads=2, head_dim=16)),
+        "gemma": (transformers.GemmaForCausalLM,
+                  transformers.GemmaConfig(**small, num_key_value_heads=2, head_dim=16)),
+        "phi": (transformers.PhiForCausalLM, transformers.PhiConfig(**small)),
+        "gpt2": (transformers.GPT2LMHeadModel,
+                 transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
+                                         n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0)),
+        "gpt_neox": (transformers.GPTNeoXForCausalLM,
+                     transformers.GPTNeoXConfig(**small, hidden_dropout=0.0,
+                                                attention_dropout=0.0)),
+    }
+    res = {}
+    ids = batch(0)[:2]
+    for name, (cls, cfg) in cfgs.items():
+        torch.manual_seed(0)
+        full = cls(cfg).float().eval()
+        torch.manual_seed(0)
+        part = cls(cfg).float().eval()
+        apply_autotp(part, group)
+        lf = full(input_ids=ids, labels=ids)
+        lp = part(input_ids=ids, labels=ids)
+        lf.loss.backward()
+        lp.loss.backward()
+        emb = [m for m in full.modules() if isinstance(m, torch.nn.Embedding)][0].weight.grad
+        emb_p = [m for m in part.modules() if isinstance(m, torch.nn.Embedding)][0].weight.grad
+        n_split = sum(1 for q in part.parameters() if getattr(q, "tensor_model_parallel", False))
+        res[name] = {"logits": (lf.logits - lp.logits).abs().max().item(),
+                     "emb_grad": (emb - emb_p).abs().max().item(), "split": n_split}
+    return res
+
+
+res = {"rank": rank, "tp_rank": rank % tp, "dp_rank": dp_rank}
+first = True
+for kind in args.models.split(","):
+    ref = reference(kind)
+    for stage in (int(s) for s in args.stages.split(",")):
+        res[f"{kind}_z{stage}"] = train(kind, stage, ref, first)
+        first = False
+if args.families:
+    res["families"] = families()
+Path(args.out).mkdir(parents=True, exist_ok=True)
+Path(args.out, f"rank_{rank}.json").write_text(json.dumps(res))
+dist.barrier()
+dist.destroy_process_group()
