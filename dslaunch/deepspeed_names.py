@@ -58,9 +58,10 @@ AUTOTP = ("not provided: AutoTP training is the config key tensor_parallel.autot
 INFERENCE = "not planned: dslaunch is a training runtime (no inference engine)"
 DATA_EFFICIENCY = "not planned yet: DeepSpeed's data-efficiency library (curriculum, random-LTD)"
 API = "comes with issue 18 (DeepSpeed's public API), in progress"
-UCP = ("not planned: DeepSpeed's universal checkpoint format; dslaunch checkpoints load at "
-       "another world size as they are (resharded on load), `dslaunch ckpt reshape` rewrites "
-       "them")
+UCP = ("not provided: DeepSpeed's checkpoint-conversion internals; a universal checkpoint "
+       "(ds_to_universal.py's output) loads with checkpoint.load_universal, `dslaunch ckpt "
+       "to-universal` writes one (engine/checkpoint/universal.py); dslaunch checkpoints load at "
+       "another world size as they are")
 COLLECTIVE = "collective under ZeRO 1-3: every data-parallel rank calls it, in the same order"
 LOCAL = ("this rank's elements of the parameter, 1-D, under ZeRO 1-3 (DeepSpeed: ZeRO-3 only); "
          "None under stage 0")
@@ -384,7 +385,8 @@ NAMES: list[Name] = [
     _present("deepspeed.checkpoint.utils", "dslaunch.checkpoint.utils"),
     _present("deepspeed.checkpoint.utils.clone_tensors_for_torch_save",
              "dslaunch.engine.checkpoint.clone:clone_tensors_for_torch_save"),
-    *[_missing(f"deepspeed.checkpoint.{name}", UCP) for name in (
+    *[_present(f"deepspeed.checkpoint.{name}", f"dslaunch.engine.checkpoint.universal:{name}",
+               "DeepSpeed's value (the universal checkpoint's keys)") for name in (
         "ORIGINAL_VOCAB_SIZE", "PADDED_VOCAB_SIZE", "UNIVERSAL_CHECKPOINT_INFO",
         "UNIVERSAL_CHECKPOINT_VERSION_KEY", "UNIVERSAL_CHECKPOINT_VERSION_VALUE",
         "PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0", "PARAMETER_WITH_ROW_PARALLELISM_PATTERNS",

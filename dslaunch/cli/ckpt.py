@@ -1,14 +1,17 @@
-"""``dslaunch ckpt to-fp32 | reshape``: offline tools for checkpoints written by the engine
-(the work is done in ``dslaunch/engine/checkpoint/``: ``consolidate.py``, ``reshape.py``)."""
+"""``dslaunch ckpt to-fp32 | reshape | to-universal``: offline tools for checkpoints written by
+the engine (the work is done in ``dslaunch/engine/checkpoint/``: ``consolidate.py``,
+``reshape.py``, ``universal.py``)."""
 
 from __future__ import annotations
+
+import os
 
 import click
 
 
 @click.group("ckpt")
 def ckpt():
-    """Consolidate or reshape dslaunch checkpoints."""
+    """Consolidate, reshape or convert dslaunch checkpoints."""
 
 
 @ckpt.command("to-fp32")
@@ -68,3 +71,26 @@ def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
     except CheckpointError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {dst} for {world_size} ranks")
+
+
+@ckpt.command("to-universal")
+@click.argument("ckpt_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--tag", default=None, help="Checkpoint tag (default: the one in 'latest').")
+@click.option("--out-tag", default=None,
+              help="Tag of the folder written (default: TAG_universal).")
+def to_universal_cmd(ckpt_dir, out_dir, tag, out_tag):
+    """Write DeepSpeed's universal checkpoint (OUT_DIR/TAG_universal/zero/<param>/fp32.pt,
+    exp_avg.pt, ... and OUT_DIR/latest_universal) from a ZeRO 1-3 checkpoint, dslaunch's or
+    DeepSpeed's. DeepSpeed loads it at any world size with "checkpoint": {"load_universal":
+    true}; so does dslaunch."""
+    from dslaunch.engine.checkpoint.files import CheckpointError
+    from dslaunch.engine.checkpoint.universal import to_universal
+
+    try:
+        dst, info = to_universal(ckpt_dir, out_dir, tag, out_tag)
+    except CheckpointError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {dst}: {info['params']} trained parameters with their optimizer states "
+               f"and {info['others']} other tensors (ZeRO stage {info['stage']}, "
+               f"{info['world_size']} ranks); {os.path.join(out_dir, 'latest_universal')} names it")

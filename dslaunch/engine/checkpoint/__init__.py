@@ -30,6 +30,9 @@ Modules (one idea each):
   ``consolidate.py`` runs too, so there is one implementation.
 - ``deepspeed_format.py``: DeepSpeed 0.19's own ZeRO 1-3 checkpoints, read by parameter name
   (``load_checkpoint`` of a DeepSpeed folder: weights, optimizer states, counters).
+- ``universal.py``: DeepSpeed's universal checkpoint (``ds_to_universal.py``'s layout, one
+  folder per parameter with whole tensors): loaded at any world size, ZeRO 0-3 (through
+  ``deepspeed_format.py``'s loader), and written by ``dslaunch ckpt to-universal``.
 - ``reshape.py``: ``dslaunch ckpt reshape``, a ZeRO 0-3 checkpoint rewritten offline for another
   world size. (The CLI itself is ``dslaunch/cli/ckpt.py``.)
 - ``clone.py``: ``clone_tensors_for_torch_save`` (public in ``dslaunch.checkpoint.utils``).

@@ -284,12 +284,13 @@ class DeepSpeedCheckpoint:
 
 
 def load_deepspeed_checkpoint(engine, path: str, strict=True, load_optimizer_states=True,
-                              load_lr_scheduler_states=True, load_module_only=False):
+                              load_lr_scheduler_states=True, load_module_only=False, reader=None):
     """``engine.load_checkpoint`` of a DeepSpeed ZeRO 1-3 checkpoint directory ``path``
-    (``<dir>/<tag>``); returns ``(path, client_state)`` as DeepSpeed does."""
+    (``<dir>/<tag>``); returns ``(path, client_state)`` as DeepSpeed does. ``reader``: another
+    reader with ``DeepSpeedCheckpoint``'s interface (a universal checkpoint: ``universal.py``)."""
     from .save_load import check_module
 
-    ds = DeepSpeedCheckpoint(path)
+    ds = reader if reader is not None else DeepSpeedCheckpoint(path)
     module_sd = ds.module_state_dict()
     check_module(module_sd, engine.module, ds.model_path, strict)
     engine.strategy.load_module_state_dict(module_sd, strict=strict)

@@ -40,6 +40,7 @@ from dslaunch import progress_record
 
 from ..autotp import gather_tp_state, slice_tp_state
 from .async_save import AsyncSaver, live_storages, snapshot, write_files
+from .autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed
 from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
 from .expert_files import EXPERT_FILE, split_module_state, with_local_experts
 from .files import (
@@ -61,6 +62,7 @@ from .files import (
 )
 from .retention import prune
 from .rng import rng_state, set_rng_state
+from .universal import is_universal_checkpoint, load_universal_checkpoint, universal_tag
 from .zero3_module import (
     PARTITIONED,
     full_module_state,
@@ -196,6 +198,7 @@ def _metadata(engine, tag: str, tmp: str) -> dict:
                                             for r in range(engine.world_size)]
             + [EXPERT_FILE.format(*e) for e in _all_experts(engine)],
             **_expert_parallel(engine),
+            **autotp_meta(engine),  # AutoTP: what another TP size needs to re-split
             # for zero_to_fp32's exclude_frozen_parameters
             "frozen_params": [n for n, p in engine.module.named_parameters()
                               if not p.requires_grad]}
@@ -272,14 +275,20 @@ def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_stat
                     load_lr_scheduler_states=True, load_module_only=False):
     """Returns ``(path, client_state)`` as DeepSpeed does; ``(None, None)`` (and a warning)
     when no tag is given and ``load_dir`` has no ``latest`` file. A checkpoint written by
-    DeepSpeed (ZeRO 1-3) loads too (``deepspeed_format.py``)."""
+    DeepSpeed (ZeRO 1-3) loads too (``deepspeed_format.py``), and a universal one
+    (``universal.py``; ``checkpoint.load_universal`` makes tag None read ``latest_universal``)."""
     async_saver(engine).wait()  # a save of ours still in flight is published first
     load_dir = os.fspath(load_dir)
+    if tag is None:  # checkpoint.load_universal: DeepSpeed's latest_universal names the tag
+        tag = universal_tag(load_dir, engine._config.checkpoint.load_universal)
     tag = find_tag(load_dir, tag)
     if tag is None:
         return None, None
     path = os.path.join(load_dir, tag)
-    if is_deepspeed_checkpoint(path):  # a run moving over from DeepSpeed
+    if is_universal_checkpoint(path):  # DeepSpeed's universal format (universal.py)
+        loaded = load_universal_checkpoint(engine, path, strict, load_optimizer_states,
+                                           load_lr_scheduler_states, load_module_only)
+    elif is_deepspeed_checkpoint(path):  # a run moving over from DeepSpeed
         loaded = load_deepspeed_checkpoint(engine, path, strict, load_optimizer_states,
                                            load_lr_scheduler_states, load_module_only)
     else:
@@ -393,6 +402,9 @@ def _load_optimizer_states(engine, path: str, meta: dict) -> None:
     strategy, rank = engine.strategy, engine.global_rank
     saved_world, saved_stage = meta.get("world_size"), meta.get("zero_stage")
     same_world = saved_world == engine.world_size
+    if tp_size_changed(engine, meta):  # AutoTP saved at another TP size (autotp_states.py)
+        load_resplit_optimizer(engine, path, meta)
+        return
     if (saved_stage in ZERO_STAGES and engine.zero_stage in ZERO_STAGES
             and hasattr(strategy, "load_resharded")):
         rstate = load_file(rank_file(path, rank), mmap=True) if same_world else None

@@ -1,0 +1,431 @@
+"""DeepSpeed's *universal checkpoint*, both ways: a folder written by DeepSpeed 0.19's
+``ds_to_universal.py`` loads into the engine (any world size, ZeRO 0-3), and
+``dslaunch ckpt to-universal`` writes one from a dslaunch (or DeepSpeed) ZeRO 1-3 checkpoint that
+DeepSpeed loads with ``checkpoint.load_universal: true``.
+
+The layout, ``<dir>/<tag>/`` (``<dir>/latest_universal`` names the tag):
+
+- ``zero/<param name>/fp32.pt``, ``exp_avg.pt``, ``exp_avg_sq.pt``: ``{"param": the whole
+  tensor in its own shape, "cat_dim": 0}`` (the fp32 master and each optimizer moment, one
+  file per parameter and state: nothing is laid out by rank, which is the point);
+  ``step.pt``: the optimizer's step (a 0-dim tensor). Buffers and frozen parameters get an
+  ``fp32.pt`` too.
+- ``zero/optimizer_state.pt``: the optimizer's ``param_groups`` (hyperparameters) and
+  ZeRO's scalars (``ds_version``, ``zero_stage``, ``clip_grad``, loss scaler...).
+- ``mp_rank_00_model_states.pt``: DeepSpeed's model-states file (counters, lr scheduler, client
+  state at its top level; DeepSpeed takes no weights from it when loading a universal folder).
+
+Reading (``UniversalCheckpoint``) answers the questions ``deepspeed_format.py``'s reader
+answers, by parameter name, so ``load_deepspeed_checkpoint`` loads it the same way: every rank
+cuts its own shard from the whole tensors. Tensor-parallel merges (``sub_param_shape``, more
+than one sub-parameter) are refused: those need a TP layout this reader does not rebuild.
+Files are read with ``torch.load(weights_only=True)``; ``optimizer_state.pt`` pickles DeepSpeed's
+loss scaler and stage enum, allowed as inert records (``deepspeed_format._SAFE``).
+
+Writing (``to_universal``): a dslaunch ZeRO 1-3 checkpoint's shards are gathered parameter by
+parameter (``shard_index.py``), one parameter and state in memory at a time. The loss scaler and
+``clip_grad`` are left out of ``optimizer_state.pt``, so DeepSpeed keeps its own config's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import torch
+
+from .deepspeed_format import DS_KEYS, DeepSpeedCheckpoint, ds_load, is_deepspeed_checkpoint
+from .files import CheckpointError, RankFiles, atomic_text, dslaunch_version, read_meta, resolve_tag
+
+# DeepSpeed's names (deepspeed.checkpoint.constants), the same values
+UNIVERSAL_CHECKPOINT_INFO = "universal_checkpoint_info"
+UNIVERSAL_CHECKPOINT_VERSION_KEY = "universal_checkpoint_version"
+UNIVERSAL_CHECKPOINT_VERSION_VALUE = 0.4
+ORIGINAL_VOCAB_SIZE = "original_vocab_size"
+PADDED_VOCAB_SIZE = "padded_vocab_size"
+VOCABULARY_PARAMETER_PATTERNS = "vocabulary_parameter_patterns"
+PIPELINE_REPLICATED_PARAMETER_PATTERNS = "pipeline_replicated_parameter_patterns"
+PARAMETER_TO_AVERAGE_PATTERNS = "parameter_to_average_patterns"
+PARAMETER_WITH_ROW_PARALLELISM_PATTERNS = "parameter_with_row_parallelism_patterns"
+TP_REPLICATED_PARAMETER_PATTERNS = "tp_replicated_parameter_patterns"
+PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 = "parameter_with_2_sub_params_cat_dim_0"
+PARAMETER_WITH_SUB_PARAMS = "parameter_with_sub_params"
+PARAM = "param"
+CAT_DIM = "cat_dim"
+PARAM_N_SUB_PARAMS = "param_n_sub_params"
+SUB_PARAM_SHAPE = "sub_param_shape"
+VOCAB_TENSOR = "vocab_tensor"
+FP32_WEIGHT_KEY = "fp32"
+
+LATEST = "latest_universal"
+ZERO_DIR = "zero"
+OPTIM_STATE = "optimizer_state.pt"
+MODEL_FILE = "mp_rank_00_model_states.pt"
+# the DeepSpeed release whose universal format (and ds_version check) the writer follows
+DS_FORMAT_VERSION = "0.19.8"
+
+
+def is_universal_checkpoint(path: str) -> bool:
+    """Whether ``<dir>/<tag>`` is a universal checkpoint (``zero/optimizer_state.pt``)."""
+    return os.path.isfile(os.path.join(path, ZERO_DIR, OPTIM_STATE))
+
+
+def universal_tag(load_dir: str, prefer: bool) -> str | None:
+    """The tag ``load_checkpoint(tag=None)`` takes from ``latest_universal``: when the config
+    says ``checkpoint.load_universal`` (DeepSpeed's rule), or when there is no ``latest``."""
+    path = os.path.join(load_dir, LATEST)
+    if not os.path.isfile(path) or (not prefer and os.path.isfile(
+            os.path.join(load_dir, "latest"))):
+        return None
+    with open(path) as f:
+        return f.read().strip() or None
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+class UniversalCheckpoint:
+    """One universal checkpoint read by parameter name, with ``DeepSpeedCheckpoint``'s
+    interface (``where``, ``shape``, ``gather``, ``state_keys``, ``scalars``, ``param_groups``,
+    ``module_state_dict``, ``client_state``, ``model``, ``model_path``)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.zero = os.path.join(path, ZERO_DIR)
+        self.optim = ds_load(os.path.join(self.zero, OPTIM_STATE))
+        if not isinstance(self.optim, dict) or "param_groups" not in self.optim:
+            raise CheckpointError(f"{os.path.join(self.zero, OPTIM_STATE)}: no 'param_groups': "
+                                  "not a universal checkpoint's optimizer state")
+        self.model_path = _model_file(path)
+        self.model = ds_load(self.model_path)
+        if not isinstance(self.model, dict):
+            raise CheckpointError(f"{self.model_path}: not a DeepSpeed model-states file")
+        self._files: dict = {}
+        names = sorted(d for d in _param_dirs(self.zero))
+        self.shape = {n: tuple(self._tensor(n, FP32_WEIGHT_KEY).shape) for n in names}
+        # every name with fp32 weights; buffers are among them (ds_to_universal writes them too)
+        self.where = dict.fromkeys(names)
+
+    def _file(self, name: str, key: str):
+        path = os.path.join(self.zero, name, f"{key}.pt")
+        if path not in self._files:
+            if not os.path.isfile(path):
+                return None
+            try:
+                self._files[path] = torch.load(path, map_location="cpu", weights_only=True,
+                                               mmap=True)
+            except Exception as e:
+                raise CheckpointError(f"{path}: cannot read universal checkpoint file "
+                                      f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") \
+                    from None
+        return self._files[path]
+
+    def _tensor(self, name: str, key: str):
+        d = self._file(name, key)
+        if d is None:
+            return None
+        path = os.path.join(self.zero, name, f"{key}.pt")
+        if not isinstance(d, dict) or not torch.is_tensor(d.get(PARAM)):
+            raise CheckpointError(f"{path}: no '{PARAM}' tensor")
+        if d.get(SUB_PARAM_SHAPE) or int(d.get(PARAM_N_SUB_PARAMS, 1)) > 1:
+            raise CheckpointError(f"{path}: a tensor-parallel parameter made of sub-parameters; "
+                                  "only plain (data-parallel) universal checkpoints are read")
+        return d[PARAM]
+
+    def _padded(self, name: str, key: str, shape) -> torch.Tensor:
+        """The whole tensor, vocabulary padding put back (DeepSpeed strips it: ``vocab_tensor``)
+        when ``shape`` (the model's) has more rows."""
+        t = self._tensor(name, key)
+        if shape is not None and tuple(t.shape) != tuple(shape) and t.dim() == len(shape) \
+                and (self._file(name, key) or {}).get(VOCAB_TENSOR) and t.shape[0] < shape[0]:
+            t = torch.nn.functional.pad(t, (0, 0, 0, shape[0] - t.shape[0]))
+        return t
+
+    def set_model_shapes(self, shapes: dict) -> None:
+        """The model's shapes (vocabulary rows padded beyond the checkpoint's)."""
+        for n, s in shapes.items():
+            if n in self.shape and self.shape[n] != tuple(s) and (
+                    self._file(n, FP32_WEIGHT_KEY) or {}).get(VOCAB_TENSOR):
+                self.shape[n] = tuple(s)
+
+    def gather(self, key, name: str, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        hi = math.prod(self.shape[name]) if hi is None else hi
+        t = self._padded(name, key or FP32_WEIGHT_KEY, self.shape[name])
+        if t is None:  # no optimizer state (never stepped): zeros, as a fresh optimizer has
+            return torch.zeros(hi - lo, dtype=torch.float32)
+        return t.reshape(-1)[lo:hi].float()
+
+    def full(self, name: str) -> torch.Tensor:
+        return self.gather(None, name).view(self.shape[name])
+
+    def state_keys(self) -> list:
+        keys = set()
+        for name in self.where:
+            keys.update(f[:-3] for f in os.listdir(os.path.join(self.zero, name))
+                        if f.endswith(".pt"))
+        return sorted(keys - {FP32_WEIGHT_KEY, "step"})
+
+    def scalars(self) -> dict:
+        """``step`` (the same for every parameter of a group, as DeepSpeed checks)."""
+        for name in self.where:
+            path = os.path.join(self.zero, name, "step.pt")
+            if os.path.isfile(path):
+                step = torch.load(path, map_location="cpu", weights_only=True)
+                return {"step": step.clone() if torch.is_tensor(step) else torch.tensor(step)}
+        return {}
+
+    def param_groups(self) -> list:
+        return self.optim.get("param_groups", [])
+
+    def module_state_dict(self) -> dict:
+        """fp32 weights of every parameter; buffers as ``module`` holds them (their dtype)."""
+        module = self.model.get("module") or {}
+        buffers = set(self.model.get("buffer_names") or [])
+        sd = {n: (module[n].clone() if n in buffers and n in module else self.full(n))
+              for n in self.where}
+        for name, src in (self.model.get("shared_params") or {}).items():
+            if src in sd:
+                sd[name] = sd[src]
+        return sd
+
+    def client_state(self) -> dict:
+        return {k: v for k, v in self.model.items()
+                if k not in DS_KEYS and k != UNIVERSAL_CHECKPOINT_INFO}
+
+
+def _param_dirs(zero: str):
+    for d in os.listdir(zero):
+        if os.path.isfile(os.path.join(zero, d, f"{FP32_WEIGHT_KEY}.pt")):
+            yield d
+
+
+def _model_file(path: str) -> str:
+    for name in (MODEL_FILE, "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name)
+    found = sorted(n for n in os.listdir(path) if n.endswith("_model_states.pt"))
+    if not found:
+        raise CheckpointError(f"{path}: no *_model_states.pt in the universal checkpoint")
+    return os.path.join(path, found[0])
+
+
+def load_universal_checkpoint(engine, path: str, strict=True, load_optimizer_states=True,
+                              load_lr_scheduler_states=True, load_module_only=False):
+    """``engine.load_checkpoint`` of a universal checkpoint ``<dir>/<tag>``: ZeRO 1-3 engines
+    through ``deepspeed_format.load_deepspeed_checkpoint`` (each rank cuts its shard), stage 0
+    here (every rank holds the whole state)."""
+    from .deepspeed_format import load_deepspeed_checkpoint
+
+    uc = UniversalCheckpoint(path)
+    uc.set_model_shapes({n: tuple(p.shape) for n, p in engine.module.named_parameters()})
+    stage0 = engine.zero_stage == 0 and load_optimizer_states and not load_module_only
+    loaded = load_deepspeed_checkpoint(engine, path, strict, load_optimizer_states and not stage0,
+                                       load_lr_scheduler_states, load_module_only, reader=uc)
+    if stage0 and engine.optimizer is not None:
+        _load_stage0(engine, uc)
+    return loaded
+
+
+def _load_stage0(engine, uc: UniversalCheckpoint) -> None:
+    """Stage 0: the optimizer steps whole tensors (its fp32 masters under bf16/fp16)."""
+    from .zero_shards import _scalar_state
+
+    strategy = engine.strategy
+    masters = getattr(strategy, "masters", None)
+    opt = strategy.optimizer
+    keys, scalars = uc.state_keys(), uc.scalars()
+    with torch.no_grad():
+        for name, p in engine.module.named_parameters():
+            if not p.requires_grad or name not in uc.where:
+                continue
+            target = masters[p] if masters is not None else p
+            target.copy_(uc.full(name).to(target.dtype))
+            if masters is not None:
+                p.copy_(target)
+            st = {k: uc.gather(k, name).view_as(target).to(target.device).clone() for k in keys}
+            st.update({k: _scalar_state(opt, k, v, target.device) for k, v in scalars.items()})
+            opt.state[target] = st
+    for pg, hyper in zip(opt.param_groups, uc.param_groups()):
+        pg.update({k: v for k, v in hyper.items() if k in pg and k != "params"})
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+class _DslaunchShards:
+    """A dslaunch ZeRO 1-3 checkpoint read by parameter (the source of ``to_universal``)."""
+
+    def __init__(self, path: str):
+        from .files import load_file, model_file
+        from .pipeline import FORMAT as PIPE_FORMAT
+        from .zero_shards import _old_index
+
+        self.path = path
+        meta = read_meta(path)
+        if meta.get("format") == PIPE_FORMAT:
+            raise CheckpointError(f"{path}: a pipeline/tensor-parallel checkpoint; only ZeRO 0-3 "
+                                  "data-parallel ones convert to universal (TP/PP: not yet)")
+        if meta.get("expert_parallel"):
+            raise CheckpointError(f"{path}: an MoE checkpoint; universal conversion of expert "
+                                  "parameters is not supported")
+        self.stage, self.world = int(meta.get("zero_stage") or 0), int(meta["world_size"])
+        if self.stage not in (1, 2, 3):
+            raise CheckpointError(f"{path}: ZeRO stage {self.stage}; DeepSpeed loads universal "
+                                  "checkpoints into ZeRO 1-3 engines: save with ZeRO 1-3 "
+                                  "(load_checkpoint reshards to any stage 1-3)")
+        self.files = RankFiles(path, self.world)
+        self.model = load_file(model_file(path), mmap=True)
+        z0 = self.files.zero(0)
+        self.groups = []  # per optimizer group: [(name, shape)], {name: (index, ranks)}, state
+        for gi, g in enumerate(z0["groups"]):
+            where = _old_index(self.files, gi, self.world)
+            names = [(n, tuple(where[n][0].where[n][1].shape)) for n in where]
+            self.groups.append((names, where, sorted(g["state"]), dict(g["scalars"])))
+        self.hyper = self.files.raw(0)["strategy"].get("param_groups", [])
+        self.frozen = set(meta.get("frozen_params") or [])
+
+    def gather(self, gi: int, key, name: str) -> torch.Tensor:
+        _, where, _, _ = self.groups[gi]
+        index, ranks = where[name]
+
+        def shard(k):
+            g = self.files.zero(ranks[k])["groups"][gi]
+            return g["master"] if key is None else g["state"][key]
+        return index.gather(shard, name).float()
+
+    def module_state_dict(self) -> dict:
+        if self.stage == 3:
+            from .zero3_module import PARTITIONED, full_module_state
+
+            part = self.model.get(PARTITIONED) or {}
+            if part:
+                return full_module_state(self.path, self.world, self.model["module"], part)
+        return self.model["module"]
+
+
+def _save(obj, path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(obj, path)
+
+
+def to_universal(ckpt_dir: str, out_dir: str, tag=None, out_tag=None) -> str:
+    """Write ``<out_dir>/<out_tag>/`` (default ``<tag>_universal``) and
+    ``<out_dir>/latest_universal`` from a dslaunch ZeRO 1-3 checkpoint (or a DeepSpeed one);
+    returns the folder written. Written under a temporary name and renamed: nothing is
+    half-written. Returns ``(folder, {"params", "others", "stage", "world_size"})``."""
+    ckpt_dir = os.fspath(ckpt_dir)
+    tag = resolve_tag(ckpt_dir, tag)
+    path = os.path.join(ckpt_dir, tag)
+    out_tag = out_tag or f"{tag}_universal"
+    dst = os.path.join(out_dir, out_tag)
+    tmp = os.path.join(out_dir, f".{out_tag}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        if is_deepspeed_checkpoint(path):
+            info = _write_from_deepspeed(path, tmp)
+        else:
+            info = _write_from_dslaunch(path, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if os.path.exists(dst):
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+    atomic_text(os.path.join(out_dir, LATEST), out_tag)
+    return dst, info
+
+
+def _write_param(zero: str, name: str, shape, states: dict, step) -> None:
+    for key, t in states.items():
+        _save({PARAM: t.reshape(shape).contiguous(), CAT_DIM: 0},
+              os.path.join(zero, name, f"{key}.pt"))
+    if step is not None:
+        _save(step, os.path.join(zero, name, "step.pt"))
+
+
+def _step_tensor(scalars: dict):
+    """The step as DeepSpeed's torch optimizers keep it: a 0-dim float32 tensor."""
+    v = scalars.get("step")
+    if v is None:
+        return None
+    return (v if torch.is_tensor(v) else torch.tensor(v)).detach().to(torch.float32).reshape(())
+
+
+def _write_from_dslaunch(path: str, tmp: str) -> dict:
+    src = _DslaunchShards(path)
+    zero = os.path.join(tmp, ZERO_DIR)
+    trained, shapes = set(), []
+    for gi, (names, _, keys, scalars) in enumerate(src.groups):
+        step = _step_tensor(scalars)
+        for name, shape in names:
+            states = {FP32_WEIGHT_KEY: src.gather(gi, None, name)}
+            states.update({k: src.gather(gi, k, name) for k in keys})
+            _write_param(zero, name, shape, states, step)
+            trained.add(name)
+        shapes.append({n: torch.Size(s) for n, s in names})
+    module = src.module_state_dict()
+    for name, t in module.items():  # buffers and frozen parameters: their weights only
+        if name not in trained:
+            _save({PARAM: t.detach().float().clone()},
+                  os.path.join(zero, name, f"{FP32_WEIGHT_KEY}.pt"))
+    m = src.model
+    buffers = [n for n in module if n not in trained and n not in src.frozen]
+    optim = {"param_groups": [dict(h, params=list(range(len(s))))
+                              for h, s in zip(src.hyper, shapes)],
+             "zero_stage": src.stage, "partition_count": [src.world] * len(shapes),
+             "ds_version": DS_FORMAT_VERSION, "dslaunch_version": dslaunch_version()}
+    _save(optim, os.path.join(zero, OPTIM_STATE))
+    client = m.get("client_state") or {}
+    states = {
+        **client,
+        "module": {n: t.detach().clone() for n, t in module.items()},
+        "buffer_names": buffers,
+        "optimizer": None,
+        "param_shapes": shapes,
+        "frozen_param_shapes": {n: module[n].shape for n in module if n in src.frozen},
+        "shared_params": {},
+        "frozen_param_fragments": {},
+        "lr_scheduler": m.get("lr_scheduler"),
+        "data_sampler": None,
+        "random_ltd": None,
+        "skipped_steps": int(m.get("skipped_steps", 0)),
+        "global_steps": int(m["global_steps"]),
+        "global_samples": int(m["global_samples"]),
+        "dp_world_size": src.world,
+        "mp_world_size": 1,
+        "ds_version": DS_FORMAT_VERSION,
+        UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY:
+                                    UNIVERSAL_CHECKPOINT_VERSION_VALUE},
+    }
+    _save(states, os.path.join(tmp, MODEL_FILE))
+    return {"params": len(trained), "others": len(module) - len(trained), "stage": src.stage,
+            "world_size": src.world}
+
+
+def _write_from_deepspeed(path: str, tmp: str) -> dict:
+    """A DeepSpeed ZeRO 1-3 checkpoint, as ``ds_to_universal.py`` would write it (without
+    DeepSpeed installed)."""
+    ds = DeepSpeedCheckpoint(path)
+    zero = os.path.join(tmp, ZERO_DIR)
+    keys, step = ds.state_keys(), _step_tensor(ds.scalars())
+    for name, shape in ds.shape.items():
+        states = {FP32_WEIGHT_KEY: ds.gather(None, name)}
+        states.update({k: ds.gather(k, name) for k in keys})
+        _write_param(zero, name, shape, states, step)
+    module = ds.module_state_dict()
+    for name, t in module.items():
+        if name not in ds.shape:
+            _save({PARAM: t.detach().float().clone()},
+                  os.path.join(zero, name, f"{FP32_WEIGHT_KEY}.pt"))
+    osd = ds.optim[0]["optimizer_state_dict"]
+    optim = {k: v for k, v in osd.items() if k not in (
+        "base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups",
+        "fp32_flat_groups", "optimizer_state_dict")}
+    optim["zero_stage"] = ds.stage
+    optim["param_groups"] = ds.param_groups()
+    optim = {k: v for k, v in optim.items() if type(v).__module__ == "builtins"}
+    optim.setdefault("ds_version", DS_FORMAT_VERSION)
+    _save(optim, os.path.join(zero, OPTIM_STATE))
+    shutil.copyfile(ds.model_path, os.path.join(tmp, MODEL_FILE))
+    return {"params": len(ds.shape), "others": len(module) - len(ds.shape), "stage": ds.stage,
+            "world_size": ds.world}
