@@ -93,3 +93,19 @@ def test_zero2_refuses_and_the_job_restarts_instead(tmp_path):
     assert "restarting the whole job (restart 1 of 1)" in r.stderr
     assert "rank 0 pid" in r.stdout and r.stdout.count("done") == 2
     assert_no_leftovers(marker)
+
+
+def test_config_section_and_flag_choose_the_recovery():
+    from helpers import ROOT
+
+    def planned(*args):
+        r = dslaunch("run", "--nproc-per-node", 2, "--dry-run", "--json", *args, SCRIPT, 1)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)["recover"]
+
+    config = ROOT / "configs" / "inprocess_recovery.json"
+    assert planned() == "restart"
+    assert planned("--config", config) == "in-process"
+    assert planned("--config", config, "--recover", "restart") == "restart"  # the flag wins
+    bad = dslaunch("run", "--nproc-per-node", 2, "--recover", "later", SCRIPT, 1)
+    assert bad.returncode != 0 and "'later' is not one of 'restart', 'in-process'" in bad.stderr

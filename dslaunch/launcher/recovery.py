@@ -131,7 +131,9 @@ class Recovery:
             attempt=attempt, time=failure.time, detector=incidents.detector(failure.kind),
             kind=failure.kind, reason=failure.text, culprit_rank=failure.rank,
             culprit_host=failure.host, last_collective_seq=incidents.last_collectives(self.records),
-            last_step=self.current.step, world_size_before=world_size)
+            # the survivors' agreed step is the last completed one (a heartbeat may not have
+            # reported it yet)
+            last_step=max(self.current.step, step), world_size_before=world_size)
         inc.action, inc.world_size_after = "in-process", world_size
         inc.detect_seconds = round(max(0.0, detected - failure.time), 3)
         inc.stop_seconds, inc.restart_seconds, inc.load_seconds = abort, rebuild, state
