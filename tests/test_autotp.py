@@ -17,11 +17,11 @@ from helpers import results
 STEPS = 10
 
 
-def _job(job_cache, nproc, *extra):
-    job = job_cache.run(f"autotp{nproc}", "autotp_train.py", "--out", "{dir}/o", "--tp", 2,
+def _job(job_cache, nproc, *extra, job=False):
+    run = job_cache.run(f"autotp{nproc}", "autotp_train.py", "--out", "{dir}/o", "--tp", 2,
                         "--steps", STEPS, *extra, nproc=nproc, timeout=240)
-    assert job.ok, job.log[-4000:]
-    return results(job.dir / "o", nproc)
+    assert run.ok, run.log[-4000:]
+    return run if job else results(run.dir / "o", nproc)
 
 
 def _check_runs(ranks, dp):
@@ -52,7 +52,7 @@ def _check_saved(ranks):
 
 
 def test_autotp2_llama_qwen2_zero012(job_cache):
-    ranks = _job(job_cache, 2, "--families")
+    ranks = _job(job_cache, 2, "--families", "--save", "{dir}/ckpt")
     assert [(r["tp_rank"], r["dp_rank"]) for r in ranks] == [(0, 0), (1, 0)]
     _check_runs(ranks, dp=1)
     _check_saved(ranks)
@@ -69,6 +69,21 @@ def test_autotp2_x_dp2_four_ranks(job_cache):
     assert [(r["tp_rank"], r["dp_rank"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     _check_runs(ranks, dp=2)
     _check_saved(ranks)
+
+
+def test_tp2_checkpoint_resumes_at_tp1(job_cache):
+    """The TP 2 run's checkpoint (Llama, ZeRO 0, after 10 steps: whole weights in model_states,
+    each rank's Adam moments of its slices) resumed by one process without tensor parallelism:
+    the optimizer state is put back together (checkpoint/autotp_states.py) and the next 4 losses
+    equal the unsplit reference's steps 11-14."""
+    src = _job(job_cache, 2, "--families", "--save", "{dir}/ckpt", job=True)
+    job = job_cache.python("autotp_resume_tp1", "autotp_resume.py", "--ckpt", src.dir / "ckpt",
+                           "--out", "{dir}/o", "--tp", 1, "--start", STEPS, "--more", 4)
+    (r,) = results(job.dir / "o", 1)
+    assert r["resumed_at"] == STEPS
+    assert len(r["losses"]) == 4
+    for got, want in zip(r["losses"], r["ref"], strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want), (r["losses"], r["ref"])
 
 
 # -- pure logic: plan, refusals ------------------------------------------------------------------

@@ -154,6 +154,13 @@ def apply_autotp(model: nn.Module, group) -> nn.Module:
     if tp > 1:
         _fix_attention_sizes(model, tp)
         model.ds_autotp_parsed = True
+        # every TP rank's rows of every split parameter: a checkpoint names them so that another
+        # TP size can re-split the optimizer state (checkpoint/autotp_states.py)
+        mine = {n: q.tp_ranges for n, q in model.named_parameters()
+                if getattr(q, "tensor_model_parallel", False)}
+        ranges = [None] * tp
+        dist.all_gather_object(ranges, mine, group=group)
+        model.ds_autotp_layout = {"tp_size": tp, "ranges": ranges}
     return model
 
 
