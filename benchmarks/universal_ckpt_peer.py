@@ -6,9 +6,10 @@ one-off check outside CI: it needs the DeepSpeed venv, benchmarks/peers.py).
 1. dslaunch, 2 ranks, ZeRO 2 (gloo, CPU): the tiny GPT of tests/fixtures/universal_ckpt trained
    3 steps on the fixture's batches, ``save_checkpoint``, 3 more steps (their losses);
 2. ``dslaunch ckpt to-universal`` of that checkpoint;
-3. DeepSpeed 0.19.8 (``checkpoint.load_universal``, ZeRO 2, fresh weights from another seed)
-   loads it at world size 1 and 2 (tests/fixtures/universal_ckpt/make_fixture.py ``resume``) and
-   trains the same 3 global batches.
+3. DeepSpeed 0.19.8 (``checkpoint.load_universal``, fresh weights from another seed) loads it
+   (``RUNS``: ZeRO 2 at world size 1 and 2, ZeRO 1 and 3 at 2;
+   tests/fixtures/universal_ckpt/make_fixture.py ``resume``) and trains the same 3 global
+   batches.
 
 Prints (and writes ``universal_ckpt_peer-<time>.json``) both loss lists and the largest
 relative difference.
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from peers import peer_python  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "universal_ckpt"
+RUNS = [(1, 2), (2, 2), (2, 1), (2, 3)]  # DeepSpeed's (world size, ZeRO stage) loading it
 
 
 def _run(cmd, **kw) -> None:
@@ -59,14 +61,15 @@ def main() -> int:
         ours = json.loads((tmp / "out" / "rank_0.json").read_text())["losses"]
         _run(dslaunch + ["ckpt", "to-universal", tmp / "ckpt", tmp / "uni"])
         theirs = {}
-        for n in (1, 2):
+        for n, stage in RUNS:
+            out = tmp / f"ds_{n}_{stage}.json"
             _run([py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                  FIXTURE / "make_fixture.py", "resume", "--ckpt", tmp / "uni",
-                  "--out", tmp / f"ds_{n}.json"])
-            theirs[str(n)] = json.loads((tmp / f"ds_{n}.json").read_text())
+                  FIXTURE / "make_fixture.py", "resume", "--ckpt", tmp / "uni", "--stage", stage,
+                  "--out", out])
+            theirs[f"world {n}, ZeRO {stage}"] = json.loads(out.read_text())
     rel = max(abs(a - b) / abs(b) for losses in theirs.values() for a, b in zip(losses, ours))
     result = {"what": "dslaunch ZeRO-2 (2 ranks) checkpoint -> dslaunch ckpt to-universal -> "
-                      "DeepSpeed 0.19.8 load_universal (ZeRO 2)",
+                      "DeepSpeed 0.19.8 load_universal",
               "dslaunch_losses_after_save": ours, "deepspeed_losses_after_load": theirs,
               "max_rel_diff": rel}
     print(json.dumps(result, indent=1))

@@ -122,6 +122,8 @@ def test_to_universal_of_a_dslaunch_checkpoint_round_trips(tmp_path):
     assert step.dtype == torch.float32 and float(step) == 3.0
     optim = torch.load(out / "zero" / "optimizer_state.pt", weights_only=True)
     assert optim["ds_version"] == "0.19.8" and optim["param_groups"][0]["lr"] == 0.01
+    assert float(optim["optimizer_state_dict"]["state"][0]["step"]) == 3.0  # DeepSpeed ZeRO 3's
+    assert (out / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file()
     model = torch.load(out / "mp_rank_00_model_states.pt", weights_only=True)
     assert model["global_steps"] == 3 and model["dp_world_size"] == 2
     assert model[ds_checkpoint.UNIVERSAL_CHECKPOINT_INFO] == {

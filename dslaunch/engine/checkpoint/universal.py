@@ -62,6 +62,7 @@ LATEST = "latest_universal"
 ZERO_DIR = "zero"
 OPTIM_STATE = "optimizer_state.pt"
 MODEL_FILE = "mp_rank_00_model_states.pt"
+MODEL_3_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 # the DeepSpeed release whose universal format (and ds_version check) the writer follows
 DS_FORMAT_VERSION = "0.19.8"
 
@@ -166,13 +167,20 @@ class UniversalCheckpoint:
         return sorted(keys - {FP32_WEIGHT_KEY, "step"})
 
     def scalars(self) -> dict:
-        """``step`` (the same for every parameter of a group, as DeepSpeed checks)."""
+        """``step`` (the same for every parameter of a group, as DeepSpeed checks); from the
+        optimizer state's first group where no parameter has a ``step.pt`` (ZeRO 3's layout)."""
+        step = None
         for name in self.where:
             path = os.path.join(self.zero, name, "step.pt")
             if os.path.isfile(path):
                 step = torch.load(path, map_location="cpu", weights_only=True)
-                return {"step": step.clone() if torch.is_tensor(step) else torch.tensor(step)}
-        return {}
+                break
+        else:
+            state = (self.optim.get("optimizer_state_dict") or {}).get("state") or {}
+            step = (state.get(0) or {}).get("step") if isinstance(state, dict) else None
+        if step is None:
+            return {}
+        return {"step": step.clone() if torch.is_tensor(step) else torch.tensor(step)}
 
     def param_groups(self) -> list:
         return self.optim.get("param_groups", [])
@@ -200,7 +208,7 @@ def _param_dirs(zero: str):
 
 
 def _model_file(path: str) -> str:
-    for name in (MODEL_FILE, "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+    for name in (MODEL_FILE, MODEL_3_FILE):
         if os.path.isfile(os.path.join(path, name)):
             return os.path.join(path, name)
     found = sorted(n for n in os.listdir(path) if n.endswith("_model_states.pt"))
@@ -370,10 +378,14 @@ def _write_from_dslaunch(path: str, tmp: str) -> dict:
                   os.path.join(zero, name, f"{FP32_WEIGHT_KEY}.pt"))
     m = src.model
     buffers = [n for n in module if n not in trained and n not in src.frozen]
-    optim = {"param_groups": [dict(h, params=list(range(len(s))))
-                              for h, s in zip(src.hyper, shapes)],
-             "zero_stage": src.stage, "partition_count": [src.world] * len(shapes),
-             "ds_version": DS_FORMAT_VERSION, "dslaunch_version": dslaunch_version()}
+    groups = [dict(h, params=list(range(len(s)))) for h, s in zip(src.hyper, shapes)]
+    step = _step_tensor(src.groups[0][3]) if src.groups else None
+    optim = {"param_groups": groups, "zero_stage": src.stage,
+             "partition_count": [src.world] * len(shapes), "ds_version": DS_FORMAT_VERSION,
+             "dslaunch_version": dslaunch_version(),
+             # where a DeepSpeed ZeRO 3 engine reads the step and hyperparameters
+             "optimizer_state_dict": {"state": {0: {"step": step}} if step is not None else {},
+                                      "param_groups": groups}}
     _save(optim, os.path.join(zero, OPTIM_STATE))
     client = m.get("client_state") or {}
     states = {
@@ -398,6 +410,8 @@ def _write_from_dslaunch(path: str, tmp: str) -> dict:
                                     UNIVERSAL_CHECKPOINT_VERSION_VALUE},
     }
     _save(states, os.path.join(tmp, MODEL_FILE))
+    # the name a DeepSpeed ZeRO 3 engine looks for (the same content)
+    shutil.copyfile(os.path.join(tmp, MODEL_FILE), os.path.join(tmp, MODEL_3_FILE))
     return {"params": len(trained), "others": len(module) - len(trained), "stage": src.stage,
             "world_size": src.world}
 
