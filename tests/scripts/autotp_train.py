@@ -8,7 +8,9 @@ split weight whether this rank holds exactly 1/tp of it (elements and bytes), th
 whole; the first run also writes ``save_16bit_model`` and ``_consolidated_16bit_state_dict``
 and compares them with the reference's trained weights. ``--families``: the other families'
 tiny models (Mistral, Qwen3, Gemma, Phi, GPT-2, GPT-NeoX) split by ``apply_autotp``, forward
-logits and the embedding's gradient against the whole model. Writes --out/rank_{r}.json."""
+logits and the embedding's gradient against the whole model. ``--extras``: the Llama in bf16
+(ZeRO 1) and with Hugging Face's activation checkpointing (ZeRO 0). Writes
+--out/rank_{r}.json."""
 
 import argparse
 import json
@@ -78,13 +80,16 @@ def split_report(model, full):
             "full_bytes": sum(q.numel() * q.element_size() for q in full.parameters())}
 
 
-def train(kind, stage, ref, first):
+def train(kind, stage, ref, first, bf16=False, act_ckpt=False):
     model = build(kind)
+    if act_ckpt:  # Hugging Face's activation checkpointing around each decoder layer
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     micro = BATCH // (dp * MICRO_STEPS)
     config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": MICRO_STEPS,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
               "gradient_clipping": CLIP, "zero_optimization": {"stage": stage},
-              "tensor_parallel": {"autotp_size": tp}, "steps_per_print": 1000}
+              "tensor_parallel": {"autotp_size": tp}, "steps_per_print": 1000,
+              "bf16": {"enabled": bf16}}
     engine, _, _, _ = dslaunch.initialize(model=model, model_parameters=model.parameters(),
                                           config=config)
     losses = []
@@ -176,6 +181,7 @@ if __name__ == "__main__":
     p.add_argument("--stages", default="0,1,2")
     p.add_argument("--models", default="llama,qwen2")
     p.add_argument("--families", action="store_true")
+    p.add_argument("--extras", action="store_true", help="bf16 and activation checkpointing runs")
     p.add_argument("--save", default=None, help="save a checkpoint of the first run here")
     args, _ = p.parse_known_args()
     dslaunch.init_distributed()
@@ -189,6 +195,10 @@ if __name__ == "__main__":
         for stage in (int(s) for s in args.stages.split(",")):
             res[f"{kind}_z{stage}"] = train(kind, stage, ref, first)
             first = False
+    if args.extras:  # bf16 (ZeRO 1) and activation checkpointing (ZeRO 0) on the Llama
+        ref = reference("llama", args.steps)
+        res["llama_bf16_z1"] = train("llama", 1, ref, False, bf16=True)
+        res["llama_actckpt_z0"] = train("llama", 0, ref, False, act_ckpt=True)
     if args.families:
         res["families"] = families()
     Path(args.out).mkdir(parents=True, exist_ok=True)
