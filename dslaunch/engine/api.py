@@ -246,6 +246,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     layout = model.grid if isinstance(model, PipelineModule) else mpu
     set_layout(layout)
     _configure_activation_checkpointing(resolved, layout)
+    engine._config_source = (source, _config_origin(label))  # an in-process resize re-reads it
     if joining:
         inprocess_recovery.join(engine, joining)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

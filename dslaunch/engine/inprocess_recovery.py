@@ -216,7 +216,10 @@ def load_engine_state(engine, state: dict) -> None:
 def _take_world(engine) -> None:
     """The engine's view of the (new) group: rank, size, the strategy's hooks."""
     comm = engine.comm
+    before = comm.world_size
     comm.rebind()
+    if comm.world_size != before:
+        _resize_batch(engine)
     engine.global_rank, engine.world_size = comm.rank, comm.world_size
     engine.dp_world_size = comm.world_size
     engine.strategy.rebind_world()
@@ -224,6 +227,24 @@ def _take_world(engine) -> None:
         sampler = engine.training_dataloader.sampler
         if hasattr(sampler, "num_replicas"):
             sampler.rank, sampler.num_replicas = comm.rank, comm.world_size
+
+
+def _resize_batch(engine) -> None:
+    """The world changed size (a lost host): the batch triad as the config resolves for it, the
+    rule a restart on that many ranks follows (a written train_batch_size is kept by changing the
+    accumulation steps where it divides; else the global batch follows the world). Raises
+    ConfigError when the config cannot run at that size."""
+    from .api import resolve_engine_config
+
+    source, origin = getattr(engine, "_config_source", (None, None))
+    if source is None:
+        raise RuntimeError("the engine's config source is unknown")
+    cfg = resolve_engine_config(source, engine.module, origin=origin)
+    engine._micro_batch = cfg.train_micro_batch_size_per_gpu
+    engine._gas = cfg.gradient_accumulation_steps
+    engine._train_batch = cfg.train_batch_size
+    engine.tput_timer.batch_size = engine._train_batch
+    engine.micro_steps = engine.global_steps * engine._gas
 
 
 def _rendezvous(engine, joining: bool) -> tuple:
@@ -272,7 +293,10 @@ def recover(engine, watch: Watch) -> None:
     if len(steps) != 1:
         _refuse(watch, f"the survivors disagree on the last completed step ({steps})")
     t_state = time.time()
-    _take_world(engine)
+    try:
+        _take_world(engine)
+    except Exception as exc:
+        _refuse(watch, f"the job cannot go on at world size {word['world_size']}: {exc}")
     watch.ack(status="recovered", step=engine.global_steps, joined=sum(m["joining"] for m in members),
               seconds={"abort": round(t_abort - (watch.aborted_at or t_abort), 3),
                        "rebuild": round(t_group - t_abort, 3),
@@ -308,18 +332,17 @@ def join(engine, word: dict) -> None:
 # imported while a standby waits, not on the recovery's path: the engine's modules, and torch's
 # compiler, which torch.optim's first Optimizer imports (about 4 s of the replacement's 4.6 s on
 # this project's 2-core host)
-_WARM_MODULES = ("torch._dynamo", "dslaunch.engine.engine", "dslaunch.engine.pipe.engine",
-                 "dslaunch.engine.sequence.layout", "dslaunch.config")
-
-
 def _prewarm() -> None:
-    import importlib
+    try:  # only a head start: the real imports report any error
+        import torch._dynamo  # noqa: F401
 
-    for name in _WARM_MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception:
-            pass
+        from dslaunch import config  # noqa: F401
+
+        from . import engine  # noqa: F401
+        from .pipe import engine as pipe_engine  # noqa: F401
+        from .sequence import layout  # noqa: F401
+    except Exception:
+        pass
 
 
 def await_promotion() -> None:

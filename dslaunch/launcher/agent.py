@@ -589,7 +589,13 @@ class Agent:
             self.event(events.ERROR, message=f"unreadable recover word: {text[:200]}")
             return
         epoch = int(word["epoch"])
+        renumber = word.get("renumber")  # a lost host: the others go on as a smaller world
+        if renumber:
+            self.node["ranks"] = [renumber.get(str(r), r) for r in self.node["ranks"]]
+            self.plan.world_size = int(word["world_size"])
         for r in self._alive():
+            if renumber:
+                r.rank = renumber.get(str(r.rank), r.rank)
             path = self.recover_file(r.local_rank)
             self.pending_acks[r.local_rank] = (r.rank, epoch)
             recover_files.write_json(path, {**word, "rank": r.rank})

@@ -235,8 +235,10 @@ class JobController:
                     why = (f"no heartbeat for {limit:g} s" if n in heard
                            else f"its agent never reported, {limit:g} s after the launch")
                     self.lost_hosts[host] = why
-                    self._fail(Failure(time.time() - silent, "lost",
-                                       f"host {host} (node {n}) lost: {why}", host=host), agents)
+                    failure = Failure(time.time() - silent, "lost",
+                                      f"host {host} (node {n}) lost: {why}", host=host)
+                    if not self.in_process.take_lost_host(n, failure, agents, attempt):
+                        self._fail(failure, agents)
                     for a in agents:  # its agent is unreachable: drop the connection too
                         if n in a.node_ranks:
                             self._kill_agent(a)
@@ -302,7 +304,8 @@ class JobController:
         self.recovery.heard = {self.plan.node(n)["host"] for n, seen in last_seen.items()
                                if n not in lost and end - seen < self.heartbeat_timeout}
         # the ranks this launcher started (with --no_ssh, only its own node's)
-        expected = sum(len(self.plan.node(n)["ranks"]) for a in agents for n in a.node_ranks)
+        expected = sum(len(self.plan.node(n)["ranks"]) for a in agents for n in a.node_ranks
+                       if n not in self.in_process.dropped_nodes)
         code, failure = self._finish(exits, expected)
         self._end_view(code)
         return code, failure
@@ -390,12 +393,14 @@ class JobController:
         self._fail(Failure(action.wall_time, "hang", f"{what}: {action.headline}", host=host,
                            rank=culprit), agents)
 
-    def _after_in_process_recovery(self, replaced: list) -> None:
+    def _after_in_process_recovery(self, renumber: dict | None) -> None:
         """The ranks run again on a new group: the watchdog's clocks start afresh (the survivors
-        sat in a failed collective for the whole recovery) and the replaced ranks run again."""
+        sat in a failed collective for the whole recovery) on the ranks as now numbered."""
+        hosts = {r: rk.host for r, rk in (self.watch.ranks.items() if self.watch else ())}
+        if renumber is not None:
+            hosts = {new: hosts[int(old)] for old, new in renumber.items() if int(old) in hosts}
         if self.watch is not None:
-            self.watch = watchdog.Watchdog(self.hang_timeout, {
-                r: rk.host for r, rk in self.watch.ranks.items()}, time.monotonic())
+            self.watch = watchdog.Watchdog(self.hang_timeout, hosts, time.monotonic())
 
     def _stop(self, agents, command: str) -> None:
         if self.stop_sent == command or (self.stop_sent == events.CMD_KILL):

@@ -37,6 +37,8 @@ class InFlight:
     deadline: float  # monotonic
     waiting: set  # ranks yet to answer
     acks: dict = dataclasses.field(default_factory=dict)
+    lost_node: int | None = None  # a lost host's node the world goes on without
+    renumber: dict | None = None  # {old rank (str): new rank} then
 
 
 class InProcessRecovery:
@@ -45,6 +47,8 @@ class InProcessRecovery:
         self.done = 0  # recoveries that worked (they count against --max-restarts)
         self.inflight: InFlight | None = None
         self.hung: dict = {}  # rank killed for a hang -> the watchdog's headline
+        self.dropped_nodes: set = set()  # nodes of lost hosts the job went on without
+        self.dropped_ranks = 0  # their ranks (no exit will come from them)
 
     @property
     def enabled(self) -> bool:
@@ -104,6 +108,42 @@ class InProcessRecovery:
                f"running, rank {rank} starts again on {host}")
         return True
 
+    # ---- a lost host: go on without it ------------------------------------------------------------
+    def take_lost_host(self, n: int, failure: errors.Failure, agents, attempt: int) -> bool:
+        """Host of node ``n`` lost: the other hosts' ranks go on as a smaller world (renumbered in
+        order) when at least MIN hosts remain. False: the ordinary failure path."""
+        c = self.c
+        plan = c.plan
+        if not self.enabled or c.stop_sent or c.interrupts or self.inflight is not None \
+                or not self._budget_left(attempt):
+            return False
+        live_nodes = [node for node in plan.nodes
+                      if node["node_rank"] != n and node["node_rank"] not in self.dropped_nodes]
+        minimum = plan.nnodes[0] if plan.nnodes else len(plan.nodes)
+        if not live_nodes or len(live_nodes) < minimum:
+            return False
+        survivors = [r for node in live_nodes for r in node["ranks"]]
+        renumber = {str(old): new for new, old in enumerate(survivors)}
+        first = live_nodes[0]
+        master = plan.master_addr if first["node_rank"] == 0 else first["host"]
+        epoch = self.done + 1
+        word = {"epoch": epoch, "world_size": len(survivors), "master_addr": master,
+                "master_port": plan.master_port + epoch,
+                # every host's connections are shut (the lost one's most of all)
+                "hosts": sorted({node["host"] for node in plan.nodes}), "replace": [],
+                "renumber": renumber}
+        line = f"{events.CMD_RECOVER} {json.dumps(word, separators=(',', ':'))}"
+        for a in agents:
+            if not a.finished and n not in a.node_ranks:
+                c.runner.send(a, line)
+        self.inflight = InFlight(epoch, failure, time.time(), time.monotonic() + RECOVER_TIMEOUT,
+                                 set(range(len(survivors))))
+        self.inflight.lost_node, self.inflight.renumber = n, renumber
+        c._say(f"{failure.text}; recovering in process: the {len(survivors)} ranks of "
+               f"{', '.join(node['host'] for node in live_nodes)} go on without it (world size "
+               f"{plan.world_size} -> {len(survivors)})")
+        return True
+
     # ---- the ranks' answers -----------------------------------------------------------------------
     def on_ack(self, ev: dict, agents) -> None:
         inf = self.inflight
@@ -141,11 +181,17 @@ class InProcessRecovery:
         steps = {a.get("step") for a in acks}
         step = max(s for s in steps if s is not None)
         seconds = time.time() - inf.failure.time
-        self.c.recovery.in_process(self.c.attempt, inf.failure, inf.detected, step, self.c.plan.world_size,
+        before, after = self.c.plan.world_size - self.dropped_ranks, len(acks)
+        self.c.recovery.in_process(self.c.attempt, inf.failure, inf.detected, step, before,
                                    abort=phase("abort"), rebuild=phase("rebuild"),
-                                   state=phase("state"))
+                                   state=phase("state"), world_size_after=after)
         joined = sorted(int(a["rank"]) for a in acks if a.get("status") == "joined")
-        self.c._say(f"recovered in process {seconds:.1f} s after the fault: rank(s) "
-                    f"{', '.join(map(str, joined))} replaced, the others kept their processes; "
-                    f"training goes on from step {step}")
-        self.c._after_in_process_recovery(joined)
+        if inf.lost_node is not None:
+            self.dropped_nodes.add(inf.lost_node)
+            self.dropped_ranks += before - after
+            what = f"the world went on without the lost host ({before} -> {after} ranks)"
+        else:
+            what = f"rank(s) {', '.join(map(str, joined))} replaced"
+        self.c._say(f"recovered in process {seconds:.1f} s after the fault: {what}, the others "
+                    f"kept their processes; training goes on from step {step}")
+        self.c._after_in_process_recovery(inf.renumber)

@@ -121,8 +121,9 @@ class Recovery:
         self.pending = inc
         return new
 
-    def in_process(self, attempt: int, failure, detected: float, step: int, world_size: int, *, abort: float,
-                   rebuild: float, state: float) -> None:
+    def in_process(self, attempt: int, failure, detected: float, step: int, world_size: int, *,
+                   abort: float, rebuild: float, state: float,
+                   world_size_after: int | None = None) -> None:
         """An in-process recovery worked (launcher/inprocess.py): its incident record. The
         survivors kept their state, so no step is lost beyond the interrupted one's work."""
         if self.pending is not None:
@@ -134,7 +135,7 @@ class Recovery:
             # the survivors' agreed step is the last completed one (a heartbeat may not have
             # reported it yet)
             last_step=max(self.current.step, step), world_size_before=world_size)
-        inc.action, inc.world_size_after = "in-process", world_size
+        inc.action, inc.world_size_after = "in-process", world_size_after or world_size
         inc.detect_seconds = round(max(0.0, detected - failure.time), 3)
         inc.stop_seconds, inc.restart_seconds, inc.load_seconds = abort, rebuild, state
         inc.resumed(step, time.time())

@@ -1,10 +1,14 @@
 """In-process recovery across hosts (ssh, namespace hosts with their own addresses): a rank of
 host2 killed mid-job is replaced on host2 while the three others keep their processes; the losses
-equal the fault-free run's, and nothing of the job is left on any host."""
+equal the fault-free run's, and nothing of the job is left on any host. host2 powered off: host1's
+ranks go on alone, as a world of 2."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,4 +44,41 @@ def test_rank_on_host2_replaced_in_process(cluster, jobdir):
     rc, ref_out, ref_err = _run(cluster, jobdir)
     assert rc == 0, ref_err[-3000:]
     assert losses == _losses(ref_out)
+    cluster.assert_clean(jobdir, hosts=["host1", "host2"])
+
+
+def test_powered_off_host_the_others_go_on_in_process(cluster, jobdir):
+    """host2 powered off mid-job (link down, every process killed): the two ranks of host1 keep
+    their processes and go on as a world of 2 from the interrupted step, their losses those of a
+    single process trained with world 4 then 2 (within 1e-6 relative: the all-reduce adds in
+    another order)."""
+    hf = jobdir / "hostfile"
+    hf.write_text("host1 slots=2\nhost2 slots=2\n")
+    steps = 24
+    job = Job(cluster, jobdir, "-H", str(hf), "--launcher", "ssh", "--grace-period", "2",
+              "--log-dir", str(jobdir / "logs"), "--nnodes", "1:2", "--recover", "in-process",
+              "--max-restarts", "1", "--env", "RECOVER_SLEEP=0.4", SCRIPT, str(steps))
+    try:
+        job.wait_for("step 6 loss")
+        cluster.host_down("host2")
+        rc, out, err = job.finish()
+    finally:
+        cluster.host_up("host2")
+    assert rc == 0, out[-3000:] + err[-3000:]
+    assert "go on without it (world size 4 -> 2)" in err, err[-3000:]
+    assert "recovered in process" in err and "restarting" not in err, err[-5000:]
+    starts = re.findall(r"rank (\d) pid (\d+) start", out)
+    assert sorted(r for r, _ in starts) == ["0", "1", "2", "3"]  # nobody started again
+    resumed = int(re.search(r"training goes on from step (\d+)", err).group(1))
+    losses = _losses(out)
+    assert sorted(losses) == list(range(1, steps + 1))
+    env = dict(os.environ, RECOVER_REFERENCE=f"4@0,2@{resumed}")
+    env.pop("DSLAUNCH_CONFIG", None)
+    ref = subprocess.run([sys.executable, SCRIPT, str(steps)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    expected = _losses(ref.stdout)
+    for step, loss in losses.items():
+        assert abs(loss - expected[step]) <= 1e-6 * max(1.0, abs(expected[step])), (step, loss,
+                                                                                     expected[step])
     cluster.assert_clean(jobdir, hosts=["host1", "host2"])

@@ -1,15 +1,22 @@
 """A dslaunch engine job for in-process recovery: ``recover_train.py STEPS [CONFIG_JSON]``.
 
-The data of step S is a function of S alone (the global batch of the step, split over the
-ranks), so a job that loses a rank mid-step and rolls back sees the same batches as a fault-free
-one. Rank 0 prints ``step S loss L`` (its own share's loss, 8 decimals: no collective of the
-script's own between steps, which a recovery could not resume) and every rank prints
-``rank R pid P start`` once and ``rank R pid P done`` at the end.
+The data of step S is a function of S and of the world size at that step (the step's global
+batch, split over the ranks in order), so a job that loses a rank mid-step and rolls back sees the
+same batches as a fault-free one. Rank 0 prints ``step S loss L`` (its own share's loss, 8
+decimals: no collective of the script's own between steps, which a recovery could not resume)
+and every rank prints ``rank R pid P start`` once and ``rank R pid P done`` at the end.
+
+- ``RECOVER_SLEEP=SECONDS``: sleep after each step (a fault then lands mid-job);
+- ``RECOVER_REFERENCE=4@0,2@7``: no launcher, one process trains on the whole global batch of
+  each step, with the world size that step had (4 from step 0, 2 from step 7): the reference a
+  job whose world shrank at step 7 must match (the mean loss over the ranks' equal shares is the
+  mean over the global batch), printing the loss of rank 0's share.
 """
 
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -22,33 +29,48 @@ config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
           "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5,
                                                        "warmup_max_lr": 1e-2}},
           "steps_per_print": 10 ** 6, **config}
+reference = [tuple(map(int, part.split("@"))) for part in
+             os.environ.get("RECOVER_REFERENCE", "").split(",") if part]
+sleep = float(os.environ.get("RECOVER_SLEEP", "0"))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 engine, *_ = dslaunch.initialize(model=model, config=config)
-rank, world = engine.global_rank, engine.world_size
-print(f"rank {rank} pid {os.getpid()} start at step {engine.global_steps}", flush=True)
+print(f"rank {engine.global_rank} pid {os.getpid()} start at step {engine.global_steps}",
+      flush=True)
 micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
 
 
+def world_at(step: int) -> int:
+    if not reference:
+        return engine.world_size
+    return [w for w, start in reference if start <= step][-1]
+
+
 def batch(step: int, micro_step: int):
+    """(x, y) of this rank's share, and the slice of rank 0's share in it."""
+    world = world_at(step)
     g = torch.Generator().manual_seed(1000 * step + micro_step)
     x = torch.randn(micro * world, 16, generator=g)
     y = x[:, :1].sin() + 0.1 * x[:, 1:2]
-    share = slice(rank * micro, (rank + 1) * micro)
-    return x[share], y[share]
+    if reference:  # one process, the whole global batch
+        return x, y, slice(0, micro)
+    share = slice(engine.global_rank * micro, (engine.global_rank + 1) * micro)
+    return x[share], y[share], slice(0, micro)
 
 
 while engine.global_steps < steps:
     step = engine.global_steps
     losses = []
     for m in range(gas):
-        x, y = batch(step, m)
-        loss = torch.nn.functional.mse_loss(engine(x), y)
+        x, y, first = batch(step, m)
+        out = engine(x)
+        loss = torch.nn.functional.mse_loss(out, y)
         engine.backward(loss)
         engine.step()
-        losses.append(loss.detach())
+        losses.append(torch.nn.functional.mse_loss(out[first], y[first]).detach())
     if engine.global_steps == step + 1:  # the step happened (not rolled back by a recovery)
-        if rank == 0:
+        if engine.global_rank == 0:
             print(f"step {engine.global_steps} loss {torch.stack(losses).mean().item():.8f}",
                   flush=True)
-print(f"rank {rank} pid {os.getpid()} done", flush=True)
+        time.sleep(sleep)
+print(f"rank {engine.global_rank} pid {os.getpid()} done", flush=True)
