@@ -31,7 +31,7 @@ def _check_runs(ranks, dp):
                 and k[-3:] in ("_z0", "_z1", "_z2") and k.count("_") == 1}
         assert sorted(runs) == [f"{m}_z{s}" for m in ("llama", "qwen2") for s in (0, 1, 2)]
         for name, run in runs.items():
-            assert run["dp"] == dp
+            assert run["dp"] == dp and run["params_kept"], name
             assert len(run["losses"]) == STEPS
             for got, want in zip(run["losses"], run["ref"], strict=True):
                 assert abs(got - want) <= 1e-5 * abs(want), (name, r["rank"], run["losses"],

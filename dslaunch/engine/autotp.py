@@ -66,26 +66,41 @@ def _as_linear(m) -> nn.Linear:
     raise TypeError(f"AutoTP: {type(m).__name__} is not a linear layer")
 
 
-def _tag_conv1d(new, old):
-    if getattr(old, "tp_conv1d", False):
-        new.weight.tp_conv1d = True
+_MARKS = ("tensor_model_parallel", "partition_dim", "tp_full", "tp_ranges")
+
+
+def _keep_params(new, lin, orig):
+    """``new`` (the parallel layer) holding ``orig``'s own Parameter objects, their data now this
+    rank's slices: an optimizer or param groups built before ``initialize`` (the Hugging Face
+    Trainer builds its own after ``tp_model_init``) still name the trained tensors."""
+    for attr in ("weight", "bias"):
+        old, part = getattr(orig, attr, None), getattr(new, attr, None)
+        if not isinstance(old, nn.Parameter) or not isinstance(part, nn.Parameter):
+            continue
+        old.data = part.data
+        for mark in _MARKS:
+            if hasattr(part, mark):
+                setattr(old, mark, getattr(part, mark))
+        if attr == "weight" and getattr(lin, "tp_conv1d", False):
+            old.tp_conv1d = True  # held [out, in] now; saved back as the model's [in, out]
+        new._parameters[attr] = old
     return new
 
 
 def _column(m, group):
     lin = _as_linear(m)
-    return _tag_conv1d(ColumnParallelLinear.from_linear(lin, group), lin)
+    return _keep_params(ColumnParallelLinear.from_linear(lin, group), lin, m)
 
 
 def _fused3(m, group):
     lin = _as_linear(m)
-    return _tag_conv1d(ColumnParallelLinear.from_linear(lin, group, rows=_fused3_rows(lin, group)),
-                       lin)
+    return _keep_params(ColumnParallelLinear.from_linear(lin, group,
+                                                         rows=_fused3_rows(lin, group)), lin, m)
 
 
 def _row(m, group):
     lin = _as_linear(m)
-    return _tag_conv1d(RowParallelLinear.from_linear(lin, group), lin)
+    return _keep_params(RowParallelLinear.from_linear(lin, group), lin, m)
 
 
 def _linear_like(m) -> bool:

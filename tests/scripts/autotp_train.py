@@ -90,6 +90,7 @@ def train(kind, stage, ref, first, bf16=False, act_ckpt=False):
               "gradient_clipping": CLIP, "zero_optimization": {"stage": stage},
               "tensor_parallel": {"autotp_size": tp}, "steps_per_print": 1000,
               "bf16": {"enabled": bf16}}
+    before = {id(q) for q in model.parameters()}
     engine, _, _, _ = dslaunch.initialize(model=model, model_parameters=model.parameters(),
                                           config=config)
     losses = []
@@ -106,6 +107,8 @@ def train(kind, stage, ref, first, bf16=False, act_ckpt=False):
         dist.all_reduce(t)
         losses.append(t.item() / world)
     out = {"losses": losses, "ref": ref[0], "dp": engine.dp_world_size,
+           # the split layers keep the model's Parameter objects (optimizers built before)
+           "params_kept": {id(q) for q in engine.module.parameters()} == before,
            "split": split_report(engine.module, build(kind))}
     if first:
         d = Path(args.out) / f"{kind}_16bit"
