@@ -30,6 +30,11 @@ def _starts(out: str) -> dict:
     return found
 
 
+def _digests(out: str) -> set:
+    """The state digests the ranks printed at the end (one each)."""
+    return set(re.findall(r"rank \d+ pid \d+ done (\w+)", out))
+
+
 def _incidents(tmp_path) -> list:
     path = tmp_path / "logs" / "incidents.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -56,6 +61,7 @@ def test_killed_rank_is_replaced_and_the_others_keep_their_processes(tmp_path):
     losses = _losses(r.stdout)
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert losses == _fault_free(GAS2)  # the same floats: same state, same data per step
+    assert len(_digests(r.stdout)) == 1  # the replacement's model and Adam state: a survivor's
     [inc] = _incidents(tmp_path)
     assert inc["action"] == "in-process" and inc["culprit_rank"] == 2
     assert inc["steps_redone"] == 0 and inc["world_size_after"] == 3

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from test_elastic import Job
 
+from dslaunch.launcher import incidents
+
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "recover_train.py")
 STEPS = 8
@@ -81,4 +83,8 @@ def test_powered_off_host_the_others_go_on_in_process(cluster, jobdir):
     for step, loss in losses.items():
         assert abs(loss - expected[step]) <= 1e-6 * max(1.0, abs(expected[step])), (step, loss,
                                                                                      expected[step])
+    [inc] = incidents.read(str(jobdir / "logs" / "incidents.jsonl"))
+    assert inc["action"] == "in-process" and inc["kind"] == "lost" and inc["steps_redone"] == 0
+    assert (inc["world_size_before"], inc["world_size_after"]) == (4, 2)
+    print(f"host loss in process: {incidents.breakdown(inc)}")  # pytest -s shows the phases
     cluster.assert_clean(jobdir, hosts=["host1", "host2"])

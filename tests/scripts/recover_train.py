@@ -73,4 +73,18 @@ while engine.global_steps < steps:
             print(f"step {engine.global_steps} loss {torch.stack(losses).mean().item():.8f}",
                   flush=True)
         time.sleep(sleep)
-print(f"rank {engine.global_rank} pid {os.getpid()} done", flush=True)
+
+
+def state_digest() -> str:
+    import hashlib
+
+    h = hashlib.sha1()
+    tensors = [p.detach() for p in engine.module.parameters()]
+    for state in engine.optimizer.state.values():
+        tensors += [v for _, v in sorted(state.items()) if torch.is_tensor(v)]
+    for t in tensors:
+        h.update(t.contiguous().float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+print(f"rank {engine.global_rank} pid {os.getpid()} done {state_digest()}", flush=True)
