@@ -225,8 +225,8 @@ NAMES: list[Name] = [
              "dslaunch.accelerator.real_accelerator:set_accelerator"),
     # -- deepspeed.ops ----------------------------------------------------------------------------
     _present("deepspeed.ops", "dslaunch.ops",
-             "the optimizers (adam, adagrad, lion, lamb) and the op builders (op_builder) "
-             "of dslaunch's compiled ops, which dslaunch.kernels builds"),
+             "the optimizers (adam, adagrad, lion, lamb), the op builders (op_builder) "
+             "of dslaunch's compiled ops, which dslaunch.kernels builds, and sparse_attention"),
     _present("deepspeed.ops.adam", "dslaunch.ops.adam"),
     _present("deepspeed.ops.adam.DeepSpeedCPUAdam", "dslaunch.engine.optim.cpu_adam:DSCPUAdam",
              "DeepSpeed's signature; CPU parameters only (fp32 or bf16, fp32 states); when the "
@@ -281,8 +281,26 @@ NAMES: list[Name] = [
         "pin_memory_load", "quantizer", "ragged_ops", "ragged_utils", "random_ltd", "sdaa",
         "spatial_inference", "stochastic_transformer", "supa", "transformer",
         "transformer_inference", "utils", "xpu")],
-    _missing("deepspeed.ops.sparse_attention",
-             "not planned: DeepSpeed's block-sparse attention kernels"),
+    _present("deepspeed.ops.sparse_attention", "dslaunch.ops.sparse_attention",
+             "DeepSpeed 0.18's (0.19 removed it); runs on the CPU without Triton, in fp32, "
+             "bf16 or fp16 (DeepSpeed: fp16 on a GPU only)"),
+    *[_present(f"deepspeed.ops.sparse_attention.{name}",
+               f"dslaunch.engine.sparse_attention.layouts:{name}",
+               "make_layout(seq_len) equals DeepSpeed 0.18's")
+      for name in ("SparsityConfig", "DenseSparsityConfig", "FixedSparsityConfig",
+                   "VariableSparsityConfig", "BigBirdSparsityConfig",
+                   "BSLongformerSparsityConfig", "LocalSlidingWindowSparsityConfig")],
+    _present("deepspeed.ops.sparse_attention.SparseSelfAttention",
+             "dslaunch.engine.sparse_attention.modules:SparseSelfAttention",
+             "computes scores, softmax and context on the layout's kept blocks only (torch "
+             "gathers per chunk of block rows; backward recomputes, keeping no seq^2 tensor); "
+             "rpe, key-padding and attention masks as DeepSpeed's softmax applies them"),
+    _present("deepspeed.ops.sparse_attention.BertSparseSelfAttention",
+             "dslaunch.engine.sparse_attention.modules:BertSparseSelfAttention"),
+    _present("deepspeed.ops.sparse_attention.SparseAttentionUtils",
+             "dslaunch.engine.sparse_attention.utils:SparseAttentionUtils",
+             "replace_model_self_attention_with_sparse_self_attention works on Hugging Face "
+             "BERT/RoBERTa (DeepSpeed's calls a method the model lacks)"),
     _missing("deepspeed.ops.transformer",
              "not planned: DeepSpeed's fused transformer-layer kernels "
              "(DeepSpeedTransformerLayer)"),

@@ -24,7 +24,7 @@ from typing import Any, Optional
 class Leaf:
     """One scalar (or small list) key."""
 
-    kind: str  # "int" | "float" | "bool" | "str" | "floats" (list of numbers) | "any"
+    kind: str  # "int" | "float" | "bool" | "str" | "floats" / "ints" (lists) | "any"
     default: Any = None
     low: Optional[float] = None  # inclusive bounds
     high: Optional[float] = None
@@ -38,7 +38,8 @@ class Leaf:
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) if c is not None else "null" for c in self.choices)
         names = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-                 "any": "any value", "floats": f"a list of {self.length or 'several'} numbers"}
+                 "any": "any value", "floats": f"a list of {self.length or 'several'} numbers",
+                 "ints": f"a list of {self.length or 'several'} integers"}
         text = names[self.kind]
         if self.low is not None and self.high is not None:
             text += f" in [{_num(self.low)}, {_num(self.high)}]"
@@ -380,6 +381,22 @@ AUTOTUNING = Section({
     "num_tuning_micro_batch_sizes": I(3, 1),
 }, aliases={"start_step": "start_profile_step", "end_step": "end_profile_step"})
 
+SPARSE_ATTENTION = Section({
+    "mode": S("fixed", ("dense", "fixed", "variable", "bigbird", "bslongformer", "local")),
+    "block": I(16, 1),
+    "different_layout_per_head": B(),
+    "num_local_blocks": I(4, 1),  # fixed
+    "num_global_blocks": I(1, 1),  # fixed, bigbird
+    "attention": S("bidirectional", ("unidirectional", "bidirectional")),
+    "horizontal_global_attention": B(),  # fixed, variable
+    "num_different_global_patterns": I(1, 1),  # fixed
+    "num_random_blocks": I(0, 0),  # variable, bigbird (bigbird's own default is 1)
+    "local_window_blocks": Leaf("ints", [4], low=1),  # variable
+    "global_block_indices": Leaf("ints", [0], low=0),  # variable, bslongformer
+    "global_block_end_indices": Leaf("ints", None, low=1),  # variable, bslongformer
+    "num_sliding_window_blocks": I(3, 1),  # bigbird, bslongformer, local
+}, optional=True)
+
 TOP = Section({
     "train_batch_size": I(None, 1),
     "train_micro_batch_size_per_gpu": I(None, 1),
@@ -449,6 +466,10 @@ TOP = Section({
                            "tol": F(1e-2, 0.0), "stability": F(1e-6, 0.0),
                            "gas_boundary_resolution": I(1, 1),
                            "layer_name": S("bert.encoder.layer"), "layer_num": I(0, 0)}),
+    # DeepSpeed 0.18's block-sparse attention layout (0.19 removed it); the model builds its
+    # layout from it (dslaunch.engine.sparse_attention.modules.sparsity_config_from_dict); each
+    # mode reads its own keys, as DeepSpeed's; "local" (LocalSlidingWindow) is dslaunch's
+    "sparse_attention": SPARSE_ATTENTION,
     "autotuning": AUTOTUNING,
     "hybrid_engine": _enabled_open(),
     "nebula": _enabled_open(),

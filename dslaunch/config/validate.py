@@ -176,6 +176,13 @@ def check_leaf(spec: Leaf, value: Any):
         else:
             number = float(number)
         return _in_range(spec, number), number
+    if kind == "ints":  # a list of integers (integral floats accepted) within [low, high]
+        if not isinstance(value, (list, tuple)) or (spec.length and len(value) != spec.length):
+            return False, None
+        numbers = [None if isinstance(v, bool) else _as_number(v) for v in value]
+        if any(n is None or float(n) != int(n) or not _in_range(spec, n) for n in numbers):
+            return False, None
+        return True, [int(n) for n in numbers]
     if kind == "floats":
         if not isinstance(value, (list, tuple)) or (spec.length and len(value) != spec.length):
             return False, None

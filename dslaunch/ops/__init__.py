@@ -1,11 +1,12 @@
 """``dslaunch.ops``, as ``deepspeed.ops``: the optimizers under DeepSpeed's class names and
 signatures, usable as plain torch optimizers outside the engine (``adam``: DeepSpeedCPUAdam,
 FusedAdam; ``adagrad``: DeepSpeedCPUAdagrad; ``lion``: DeepSpeedCPULion, FusedLion; ``lamb``:
-FusedLamb), and ``op_builder``: DeepSpeed's builder classes over dslaunch's compiled ops
-(``AsyncIOBuilder().load().aio_handle(...)``, loaded on first use).
+FusedLamb), ``op_builder``: DeepSpeed's builder classes over dslaunch's compiled ops
+(``AsyncIOBuilder().load().aio_handle(...)``, loaded on first use), and ``sparse_attention``
+(DeepSpeed 0.18's block-sparse attention, loaded on first use).
 
 A face: the implementation is ``dslaunch/engine/optim/`` (``cpu_adam.py`` over the compiled ops
-of ``dslaunch/kernels``, ``fused.py``, ``lamb.py``).
+of ``dslaunch/kernels``, ``fused.py``, ``lamb.py``) and ``dslaunch/engine/sparse_attention/``.
 """
 
 from dslaunch.deepspeed_names import face_getattr
