@@ -25,7 +25,8 @@ from typing import Any, Mapping, Optional
 
 from .schema import TOP, Leaf, Section
 
-_KIND_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "floats": tuple, "any": Any}
+_KIND_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "floats": tuple, "ints": tuple,
+               "any": Any}
 _CLASSES: dict = {}  # id(Section) -> its generated dataclass
 
 
