@@ -145,11 +145,52 @@ def test_tp_model_init_records_and_must_agree_with_the_config():
         autotp_size({"tensor_parallel": {"autotp_size": 4}}, model)
 
 
-def test_zero3_with_autotp_is_refused_and_dp_is_world_over_tp():
+def test_zero3_with_autotp_is_refused_and_the_batch_counts_every_rank():
+    """As DeepSpeed's (and as the Hugging Face Trainer fills it), an AutoTP job's batch triad
+    counts the tensor-parallel ranks: 4 ranks x micro 2 = 8, though the 2 ranks of a TP group
+    train on the same samples (data-parallel size 2)."""
     from dslaunch.config import ConfigError, resolve_config
 
     base = {"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"autotp_size": 2}}
     cfg = resolve_config({**base, "zero_optimization": {"stage": 2}}, world_size=4)
-    assert cfg.get("train_batch_size") == 4  # micro 2 x data-parallel 2 (4 ranks / TP 2)
+    assert cfg.get("train_batch_size") == 8
     with pytest.raises(ConfigError, match="stage: 3 with tensor parallelism is not supported"):
         resolve_config({**base, "zero_optimization": {"stage": 3}}, world_size=4)
+
+
+# -- the Hugging Face Trainer under --as-deepspeed ------------------------------------------------
+
+HF_AUTOTP = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+             "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+             "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+             "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto",
+                                                       "eps": "auto", "weight_decay": "auto"}},
+             "zero_optimization": {"stage": 1, "stage3_gather_16bit_weights_on_model_save": True},
+             "tensor_parallel": {"autotp_size": 2}}
+
+
+@pytest.mark.slow
+def test_hf_trainer_autotp2_equals_its_ddp_run(job_cache):
+    """TrainingArguments(deepspeed=config with tensor_parallel.autotp_size 2): Transformers calls
+    deepspeed.tp_model_init and fills the batch triad counting both ranks (train_batch_size 16 =
+    2 ranks x micro 2 x accumulation 4, as DeepSpeed counts it); the two TP ranks train on the
+    same 8 samples per step, as plain DDP on 2 ranks x micro 2 x accumulation 2 does: the logged
+    losses are equal, and save_model() writes the whole model (gathered from the TP slices)."""
+    safetensors = pytest.importorskip("safetensors.torch")
+    tp = job_cache.run("hf-autotp2", "hf_trainer.py", "--out", "{dir}", "--model", "llama",
+                       "--grad-accum", 4, "--save-model", config=HF_AUTOTP,
+                       config_flag="--deepspeed", flags=("--as-deepspeed",))
+    ddp = job_cache.torchrun("hf-ddp-llama", "hf_trainer.py", "--out", "{dir}", "--model",
+                             "llama", "--save-model")
+    ours, ref = tp.json("result.json"), ddp.json("result.json")
+    assert ours["engine_module"].startswith("dslaunch.")
+    assert (ours["engine"]["micro"], ours["engine"]["gas"], ours["engine"]["train_batch"]) == \
+        (2, 4, 16)
+    assert sorted(ours["losses"]) == sorted(ref["losses"]) == [1, 2, 3, 4, 5]
+    for step, want in ref["losses"].items():
+        assert abs(ours["losses"][step] - want) <= 1e-5 * want, (ours["losses"], ref["losses"])
+    saved = safetensors.load_file(str(tp.dir / "model" / "model.safetensors"))
+    want = safetensors.load_file(str(ddp.dir / "model" / "model.safetensors"))
+    assert sorted(saved) == sorted(want)
+    assert all(saved[k].shape == want[k].shape for k in want)
+    assert max((saved[k] - want[k]).abs().max().item() for k in want) < 1e-3

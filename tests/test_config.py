@@ -452,9 +452,8 @@ def test_every_shipped_config_validates(path, world_size):
         resolve_config(cfg.values, world_size=world_size)  # and the engine takes the filled config
     else:
         cfg = resolve_config(str(path), world_size=world_size)
-    # sequence- and tensor-parallel (AutoTP) ranks share a sample
-    mp = (cfg.get("sequence_parallel_size") or 1) * max(cfg.get("tensor_parallel.autotp_size"), 1)
-    dp = world_size // mp if world_size % mp == 0 else world_size
+    sp = cfg.get("sequence_parallel_size") or 1  # sequence-parallel ranks share a sample
+    dp = world_size // sp if world_size % sp == 0 else world_size  # (AutoTP's ranks count)
     assert cfg.train_batch_size == (cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps
                                     * dp)
 

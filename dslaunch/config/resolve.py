@@ -92,11 +92,12 @@ class ResolvedConfig:
 
 
 def _data_parallel_size(values: dict, world_size: int) -> int:
-    """The data-parallel size once pipeline stages, tensor-parallel and sequence-parallel ranks
-    take their share."""
+    """The data-parallel size of the batch triad once pipeline stages and sequence-parallel ranks
+    take their share. AutoTP's ``tensor_parallel.autotp_size`` takes none: DeepSpeed checks an
+    AutoTP job's triad against the whole world (tensor-parallel ranks, which train on the same
+    samples, counted; the Hugging Face Trainer fills ``train_batch_size`` so)."""
     model_parallel = 1
     for size in ((values.get("pipeline") or {}).get("stages"),
-                 (values.get("tensor_parallel") or {}).get("autotp_size"),
                  values.get("sequence_parallel_size")):
         if isinstance(size, int) and not isinstance(size, bool) and size > 1:
             model_parallel *= size

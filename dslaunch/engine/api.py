@@ -68,10 +68,16 @@ def _config_origin(label: str):
     return os.environ.get("DSLAUNCH_CONFIG_PATH") if label == CONFIG_ENV else None
 
 
-def _layout(model, mpu):
-    """(data-parallel size, pipeline stages or None, tensor-parallel size or None) of this job."""
+def _layout(model, mpu, batch_counts_tp=False):
+    """(data-parallel size, pipeline stages or None, tensor-parallel size or None) of this job.
+    ``batch_counts_tp``: AutoTP on the grid ``initialize`` built, whose batch triad counts the
+    tensor-parallel ranks as DeepSpeed's does (``autotp.autotp_mpu``)."""
 
     from .pipe.module import PipelineModule
+
+    if batch_counts_tp:
+        tp = mpu.get_model_parallel_world_size()
+        return mpu.get_data_parallel_world_size() * tp, None, tp
 
     if isinstance(model, PipelineModule):
         grid = model.grid
@@ -100,11 +106,11 @@ def resolve_engine_config(source, model, mpu=None, origin=None):
     return _resolve(source, model, mpu, origin).typed
 
 
-def _resolve(source, model, mpu=None, origin=None):
+def _resolve(source, model, mpu=None, origin=None, batch_counts_tp=False):
 
     from dslaunch.config import resolve_config
 
-    dp, stages, tp = _layout(model, mpu)
+    dp, stages, tp = _layout(model, mpu, batch_counts_tp)
     resolved = resolve_config(source, world_size=_world_size(), dp_world_size=dp,
                               model_num_params=sum(p.numel() for p in model.parameters()),
                               pipeline_stages=stages, tensor_parallel_size=tp, origin=origin,
@@ -206,9 +212,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     from .sequence.layout import config_sequence_parallel_size, sequence_parallel_mpu
 
     # tensor_parallel.autotp_size (or tp_model_init): the data x model grid, world / N data ranks
-    mpu, autotp = autotp_mpu(source, model, mpu, config_sequence_parallel_size(source))
+    # (the batch triad counts all N x data ranks, as DeepSpeed's; tp ranks share their samples)
+    mpu, autotp, grid_ours = autotp_mpu(source, model, mpu, config_sequence_parallel_size(source))
     mpu = sequence_parallel_mpu(source, model, mpu)  # sequence_parallel_size: its grid
-    resolved = _resolve(source, model, mpu, _config_origin(label))
+    resolved = _resolve(source, model, mpu, _config_origin(label), batch_counts_tp=grid_ours)
     cfg = resolved.typed
     if autotp > 1:  # the model's attention and MLP linears split over the grid's model group
         from .autotp import apply_autotp

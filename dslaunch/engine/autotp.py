@@ -222,10 +222,12 @@ def autotp_size(source, model) -> int:
 def autotp_mpu(source, model, mpu, sequence: int = 1):
     """For an AutoTP job: the ``data x model`` grid (with ``sequence`` when the config asks for
     sequence parallelism), or ``mpu`` when it already has that tensor-parallel size; None / the
-    given mpu otherwise. Also returns the size (1: no AutoTP)."""
+    given mpu otherwise. Also returns the size (1: no AutoTP) and whether the grid is ours (then,
+    as in DeepSpeed, the config's batch triad counts every rank but sequence-parallel ones: the
+    tensor-parallel ranks too, and the Hugging Face Trainer fills ``train_batch_size`` so)."""
     size = autotp_size(source, model)
     if size == 1:
-        return mpu, 1
+        return mpu, 1, False
     from .pipe.module import PipelineModule
 
     if isinstance(model, PipelineModule):
@@ -238,10 +240,10 @@ def autotp_mpu(source, model, mpu, sequence: int = 1):
         if have != size:
             raise ValueError(f"tensor_parallel.autotp_size: {size} but the mpu's tensor-parallel "
                              f"size is {have}; make them agree (or pass no mpu)")
-        return mpu, size
+        return mpu, size, False
     from .topology import build_grid
 
-    return build_grid(model=size, sequence=sequence), size
+    return build_grid(model=size, sequence=sequence), size, True
 
 
 # -- whole weights back ------------------------------------------------------------------------
