@@ -11,6 +11,7 @@ import torch
 
 import dslaunch.engine.sparse_attention.block_attention as block_attention
 from dslaunch.engine.sparse_attention.block_attention import (
+    BlockTable,
     block_sparse_attention,
     layout_to_token_mask,
 )
@@ -85,8 +86,9 @@ def _inputs(B, H, L, D, dtype, seed=0):
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-@pytest.mark.parametrize("chunk", [1 << 24, 700])  # one chunk; many chunks of a few block rows
-def test_equals_dense_with_layout_mask_fp32(name, chunk, monkeypatch):
+# one chunk, rows grouped as the table chooses; many chunks of 1, 2 or 4 block rows per group
+@pytest.mark.parametrize("chunk,group", [(1 << 24, None), (700, 1), (2000, 2), (3000, 4)])
+def test_equals_dense_with_layout_mask_fp32(name, chunk, group, monkeypatch):
     monkeypatch.setattr(block_attention, "CHUNK_ELEMENTS", chunk)
     random.seed(1)
     B, H, L, D, block = 2, 3, 96, 16, 8
@@ -95,7 +97,8 @@ def test_equals_dense_with_layout_mask_fp32(name, chunk, monkeypatch):
     kpm = torch.zeros(B, L)
     kpm[1, -7:] = -10000.0  # padding of the second sample, DeepSpeed's additive form
     rpe = 0.1 * torch.randn(1, H, L, L, generator=torch.Generator().manual_seed(3))
-    out = block_sparse_attention(q, k, v, layout, block, rpe=rpe, key_padding_mask=kpm)
+    table = BlockTable(layout, block, group)
+    out = block_sparse_attention(q, k, v, table, block, rpe=rpe, key_padding_mask=kpm)
     ref = _dense(q, k, v, layout_to_token_mask(layout, block), D ** -0.5, kpm=kpm, rpe=rpe)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(out)
@@ -136,6 +139,7 @@ def test_unidirectional_with_causal_mask(name):
     layout = make(H, block=block, attention="unidirectional").make_layout(L)
     assert torch.equal(layout, torch.tril(layout))
     causal = torch.tril(torch.ones(L, L))
+    assert BlockTable(layout, block, 2).group == 2
     module = sa.SparseSelfAttention(make(H, block=block, attention="unidirectional"),
                                     max_seq_length=L)
     module.master_layout.copy_(layout)  # the random blocks of the layout checked above

@@ -25,39 +25,67 @@ from typing import Optional
 
 import torch
 
-# score elements (batch * heads * rows * kept columns) per chunk: ~64 MB of fp32 scores
-CHUNK_ELEMENTS = 1 << 24
+# score elements (batch * heads * rows * kept columns) per chunk: ~16 MB of fp32 scores
+CHUNK_ELEMENTS = 1 << 22
+
+
+# rows of one group: at most this many tokens (the M of the chunk's matmuls)
+GROUP_TOKENS = 256
+# a group may keep at most this much more than its widest row would alone
+GROUP_SLACK = 1.25
 
 
 class BlockTable:
-    """A layout as per-(head, block row) lists of kept column blocks.
+    """A layout as kept column blocks per (head, group of ``group`` consecutive block rows).
 
-    ``cols`` [heads, rows, width] int64 (ascending, padded with column 0), ``valid`` the same
-    shape, bool; ``width`` the most blocks any row keeps.
+    Consecutive rows that keep (nearly) the same columns share one gather and one matmul: the
+    group's columns are the union of its rows' (``cols`` [heads, groups, width], ascending,
+    padded with column 0), ``keep`` [heads, groups, group, width] says which of them each row
+    keeps. ``group`` is the largest power of two dividing the row count (tokens per group at
+    most GROUP_TOKENS) whose widest union stays within GROUP_SLACK of the widest single row.
     """
 
-    def __init__(self, layout: torch.Tensor):
+    def __init__(self, layout: torch.Tensor, block: int = 16, group: Optional[int] = None):
         if layout.dim() != 3 or layout.shape[1] != layout.shape[2]:
             raise ValueError(f"layout must be [heads, blocks, blocks], got {tuple(layout.shape)}")
         keep = layout.to(torch.bool).cpu()
-        counts = keep.sum(-1)
-        self.width = max(int(counts.max()), 1)
-        order = torch.sort(keep.to(torch.int8), dim=-1, descending=True, stable=True).indices
-        cols = order[..., :self.width].clone()
-        valid = torch.arange(self.width) < counts.unsqueeze(-1)
-        cols[~valid] = 0
-        self.cols, self.valid = cols, valid
         self.heads, self.rows = keep.shape[0], keep.shape[1]
         self.density = float(keep.float().mean())
+        if group is None:
+            base = self._width(keep, 1)
+            group = 1
+            while (self.rows % (group * 2) == 0 and group * 2 * block <= GROUP_TOKENS
+                   and self._width(keep, group * 2) <= GROUP_SLACK * base):
+                group *= 2
+        if self.rows % group:
+            raise ValueError(f"group {group} does not divide the {self.rows} block rows")
+        self.group = group
+        union = keep.view(self.heads, self.rows // group, group, self.rows).any(2)
+        counts = union.sum(-1)
+        self.width = max(int(counts.max()), 1)
+        order = torch.sort(union.to(torch.int8), dim=-1, descending=True, stable=True).indices
+        cols = order[..., :self.width].clone()
+        in_union = torch.arange(self.width) < counts.unsqueeze(-1)  # [H, groups, W]
+        cols[~in_union] = 0
+        rows_keep = keep.view(self.heads, self.rows // group, group, self.rows)
+        picked = torch.gather(rows_keep, 3, cols.unsqueeze(2).expand(-1, -1, group, -1))
+        self.cols, self.keep = cols, picked & in_union.unsqueeze(2)
+        self.drop = ~self.keep
+
+    @staticmethod
+    def _width(keep, group):
+        heads, rows = keep.shape[0], keep.shape[1]
+        return int(keep.view(heads, rows // group, group, rows).any(2).sum(-1).max())
 
     def to(self, device):
-        self.cols, self.valid = self.cols.to(device), self.valid.to(device)
+        self.cols, self.keep, self.drop = (t.to(device) for t in (self.cols, self.keep,
+                                                                  self.drop))
         return self
 
 
-def _chunk_rows(batch: int, heads: int, block: int, width: int, rows: int) -> int:
-    per_row = batch * heads * block * width * block
-    return max(1, min(rows, CHUNK_ELEMENTS // max(per_row, 1)))
+def _chunk_groups(batch: int, heads: int, tokens: int, width_tokens: int, groups: int) -> int:
+    per_group = batch * heads * tokens * width_tokens
+    return max(1, min(groups, CHUNK_ELEMENTS // max(per_group, 1)))
 
 
 def _neg_inf_where_zero(mask: torch.Tensor) -> torch.Tensor:
@@ -65,8 +93,8 @@ def _neg_inf_where_zero(mask: torch.Tensor) -> torch.Tensor:
 
 
 class _Masks:
-    """The additive terms of one chunk's scores [B, H, rows, block, width*block], gathered from
-    the given rpe / key-padding / attention masks."""
+    """The additive terms of one chunk's scores [B, H, g, G*bs, W*bs] (g groups of G block
+    rows), gathered from the given rpe / key-padding / attention masks."""
 
     def __init__(self, block, rpe, key_padding_mask, kp_mode, attn_mask, attn_mode):
         self.block = block
@@ -81,41 +109,46 @@ class _Masks:
             self.am = _neg_inf_where_zero(am) if attn_mode == "mul" else am
 
     def add(self, scores, rows, cols, head_index):
-        """scores [B, H, R, bs, W*bs]; rows [R] block-row ids; cols [H, R, W]."""
+        """rows [g, G] block-row ids; cols [H, g, W]."""
         b = self.block
-        B, H, R = scores.shape[0], scores.shape[1], scores.shape[2]
+        B, H = scores.shape[0], scores.shape[1]
+        g, G = rows.shape
         W = cols.shape[-1]
+        r = rows.view(1, g, G, 1)
+        c = cols.unsqueeze(2)  # [H, g, 1, W]
         if self.rpe is not None:
             rpe = self.rpe
             n = rpe.shape[-1] // b
             blocks = rpe.reshape(rpe.shape[0], rpe.shape[1], n, b, n, b).permute(0, 1, 2, 4, 3, 5)
-            picked = blocks[:, head_index, rows.view(1, R, 1), cols]  # [Br, H, R, W, bs, bs]
-            scores = scores + picked.permute(0, 1, 2, 4, 3, 5).reshape(-1, H, R, b, W * b).float()
+            picked = blocks[:, head_index.view(H, 1, 1, 1), r, c]  # [Br, H, g, G, W, bs, bs]
+            scores = scores + picked.permute(0, 1, 2, 3, 5, 4, 6).reshape(
+                -1, H, g, G * b, W * b).float()
         if self.kpm is not None:
             n = self.kpm.shape[-1] // b
-            picked = self.kpm.reshape(B, n, b)[:, cols]  # [B, H, R, W, bs]
-            scores = scores + picked.reshape(B, H, R, 1, W * b)
+            picked = self.kpm.reshape(B, n, b)[:, cols]  # [B, H, g, W, bs]
+            scores = scores + picked.reshape(B, H, g, 1, W * b)
         if self.am is not None:
             n = self.am.shape[-1] // b
             blocks = self.am.reshape(n, b, n, b).permute(0, 2, 1, 3)
-            picked = blocks[rows.view(1, R, 1), cols]  # [H, R, W, bs, bs]
-            scores = scores + picked.permute(0, 1, 3, 2, 4).reshape(1, H, R, b, W * b)
+            picked = blocks[r, c]  # [H, g, G, W, bs, bs]
+            scores = scores + picked.permute(0, 1, 2, 4, 3, 5).reshape(1, H, g, G * b, W * b)
         return scores
 
 
 def _gather(blocks, head_index, cols):
-    """blocks [B, H, n, bs, D] -> the kept blocks [B, H, R, W*bs, D] (fp32)."""
+    """blocks [B, H, n, bs, D] -> the kept blocks [B, H, g, W*bs, D] (fp32)."""
     B, H, _, b, D = blocks.shape
-    R, W = cols.shape[1], cols.shape[2]
-    return blocks[:, head_index, cols].reshape(B, H, R, W * b, D).float()
+    g, W = cols.shape[1], cols.shape[2]
+    return blocks[:, head_index, cols].reshape(B, H, g, W * b, D).float()
 
 
-def _chunk_scores(qc, kg, scale, masks, rows, cols, valid, head_index, block):
-    scores = torch.matmul(qc, kg.transpose(-1, -2)) * scale  # [B, H, R, bs, W*bs]
+def _chunk_scores(qs, kg, masks, rows, cols, drop, head_index, block):
+    """qs: the chunk's queries already scaled; drop [H, g, G, W]: slots a row does not keep."""
+    scores = torch.matmul(qs, kg.transpose(-1, -2))  # [B, H, g, G*bs, W*bs]
     scores = masks.add(scores, rows, cols, head_index)
-    W = cols.shape[-1]
-    pad = ~valid.repeat_interleave(block, dim=-1)  # [H, R, W*bs]
-    return scores.masked_fill(pad.unsqueeze(0).unsqueeze(3), float("-inf")), W
+    H, g, G, W = drop.shape
+    drop = drop.view(H, g, G, 1, W, 1).expand(H, g, G, block, W, block)
+    return scores.masked_fill_(drop.reshape(1, H, g, G * block, W * block), float("-inf"))
 
 
 class _BlockSparseAttention(torch.autograd.Function):
@@ -124,27 +157,31 @@ class _BlockSparseAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, table, block, scale, masks):
         B, H, L, D = q.shape
         n = L // block
-        qb, kb, vb = (t.reshape(B, H, n, block, D) for t in (q, k, v))
+        G = table.group
+        T = G * block  # tokens per group
+        ng = n // G
+        qg = q.reshape(B, H, ng, T, D)
+        kb, vb = (t.reshape(B, H, n, block, D) for t in (k, v))
         head_index = torch.arange(H, device=q.device).view(H, 1, 1)
-        out = torch.empty(B, H, n, block, D, dtype=torch.float32, device=q.device)
-        lse = torch.empty(B, H, n, block, dtype=torch.float32, device=q.device)
-        step = _chunk_rows(B, H, block, table.width, n)
-        for r0 in range(0, n, step):
-            r1 = min(r0 + step, n)
-            rows = torch.arange(r0, r1, device=q.device)
-            cols, valid = table.cols[:, r0:r1], table.valid[:, r0:r1]
+        out = torch.empty(B, H, ng, T, D, dtype=torch.float32, device=q.device)
+        lse = torch.empty(B, H, ng, T, dtype=torch.float32, device=q.device)
+        step = _chunk_groups(B, H, T, table.width * block, ng)
+        for g0 in range(0, ng, step):
+            g1 = min(g0 + step, ng)
+            rows = torch.arange(g0 * G, g1 * G, device=q.device).view(g1 - g0, G)
+            cols, drop = table.cols[:, g0:g1], table.drop[:, g0:g1]
             kg = _gather(kb, head_index, cols)
             vg = _gather(vb, head_index, cols)
-            qc = qb[:, :, r0:r1].float()
-            scores, _ = _chunk_scores(qc, kg, scale, masks, rows, cols, valid, head_index, block)
+            qs = qg[:, :, g0:g1].float() * scale
+            scores = _chunk_scores(qs, kg, masks, rows, cols, drop, head_index, block)
             m = scores.amax(-1, keepdim=True)
             m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-            e = torch.exp(scores - m)
-            total = e.sum(-1, keepdim=True)
-            p = e / total.clamp_min(torch.finfo(torch.float32).tiny)
-            out[:, :, r0:r1] = torch.matmul(p, vg)
-            lse[:, :, r0:r1] = torch.where(total > 0, m + torch.log(total),
-                                          torch.full_like(m, float("inf"))).squeeze(-1)
+            p = scores.sub_(m).exp_()  # in place: the chunk's scores become probabilities
+            total = p.sum(-1, keepdim=True)
+            p.div_(total.clamp_min(torch.finfo(torch.float32).tiny))
+            out[:, :, g0:g1] = torch.matmul(p, vg)
+            lse[:, :, g0:g1] = torch.where(total > 0, m + torch.log(total),
+                                           torch.full_like(m, float("inf"))).squeeze(-1)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.table, ctx.block, ctx.scale, ctx.masks = table, block, scale, masks
         return out.reshape(B, H, L, D).to(q.dtype)
@@ -155,33 +192,38 @@ class _BlockSparseAttention(torch.autograd.Function):
         table, block, scale, masks = ctx.table, ctx.block, ctx.scale, ctx.masks
         B, H, L, D = q.shape
         n = L // block
-        qb, kb, vb = (t.reshape(B, H, n, block, D) for t in (q, k, v))
-        gob = grad_out.reshape(B, H, n, block, D).float()
+        G = table.group
+        T = G * block
+        ng = n // G
+        qg = q.reshape(B, H, ng, T, D)
+        kb, vb = (t.reshape(B, H, n, block, D) for t in (k, v))
+        gog = grad_out.reshape(B, H, ng, T, D).float()
         head_index = torch.arange(H, device=q.device).view(H, 1, 1)
-        dq = torch.zeros(B, H, n, block, D, dtype=torch.float32, device=q.device)
+        dq = torch.zeros(B, H, ng, T, D, dtype=torch.float32, device=q.device)
         dk = torch.zeros(B, H * n, block, D, dtype=torch.float32, device=q.device)
         dv = torch.zeros(B, H * n, block, D, dtype=torch.float32, device=q.device)
-        delta = (gob * out).sum(-1, keepdim=True)  # [B, H, n, bs, 1]
-        step = _chunk_rows(B, H, block, table.width, n)
-        for r0 in range(0, n, step):
-            r1 = min(r0 + step, n)
-            rows = torch.arange(r0, r1, device=q.device)
-            cols, valid = table.cols[:, r0:r1], table.valid[:, r0:r1]
-            R, W = cols.shape[1], cols.shape[2]
+        delta = (gog * out).sum(-1, keepdim=True)  # [B, H, ng, T, 1]
+        step = _chunk_groups(B, H, T, table.width * block, ng)
+        for g0 in range(0, ng, step):
+            g1 = min(g0 + step, ng)
+            rows = torch.arange(g0 * G, g1 * G, device=q.device).view(g1 - g0, G)
+            cols, drop = table.cols[:, g0:g1], table.drop[:, g0:g1]
+            W = cols.shape[-1]
             kg = _gather(kb, head_index, cols)
             vg = _gather(vb, head_index, cols)
-            qc = qb[:, :, r0:r1].float()
-            scores, _ = _chunk_scores(qc, kg, scale, masks, rows, cols, valid, head_index, block)
-            p = torch.exp(scores - lse[:, :, r0:r1].unsqueeze(-1))  # [B, H, R, bs, W*bs]
-            go = gob[:, :, r0:r1]
-            dp = torch.matmul(go, vg.transpose(-1, -2))
-            ds = p * (dp - delta[:, :, r0:r1]) * scale
-            dq[:, :, r0:r1] = torch.matmul(ds, kg)
-            flat = (head_index * n + cols).reshape(-1)  # [H*R*W] rows of dk / dv
-            dk.index_add_(1, flat, torch.matmul(ds.transpose(-1, -2), qc)
-                          .reshape(B, H * R * W, block, D))
+            qs = qg[:, :, g0:g1].float() * scale
+            scores = _chunk_scores(qs, kg, masks, rows, cols, drop, head_index, block)
+            p = scores.sub_(lse[:, :, g0:g1].unsqueeze(-1)).exp_()  # [B, H, g, T, W*bs]
+            go = gog[:, :, g0:g1]
+            # d(loss)/d(scores) = p * (dp - delta); scores = scale * q k^T
+            ds = torch.matmul(go, vg.transpose(-1, -2)).sub_(delta[:, :, g0:g1]).mul_(p)
+            dq[:, :, g0:g1] = torch.matmul(ds, kg).mul_(scale)
+            flat = (head_index * n + cols).reshape(-1)  # [H*g*W] rows of dk / dv
+            count = H * (g1 - g0) * W
+            dk.index_add_(1, flat, torch.matmul(ds.transpose(-1, -2), qs)
+                          .reshape(B, count, block, D))
             dv.index_add_(1, flat, torch.matmul(p.transpose(-1, -2), go)
-                          .reshape(B, H * R * W, block, D))
+                          .reshape(B, count, block, D))
         shape = (B, H, L, D)
         return (dq.reshape(shape).to(q.dtype), dk.reshape(shape).to(k.dtype),
                 dv.reshape(shape).to(v.dtype), None, None, None, None)
@@ -195,7 +237,7 @@ def block_sparse_attention(q, k, v, layout_or_table, block: int, scale: Optional
     if L % block:
         raise ValueError(f"sequence length {L} is not a multiple of the block size {block}")
     table = (layout_or_table if isinstance(layout_or_table, BlockTable)
-             else BlockTable(layout_or_table))
+             else BlockTable(layout_or_table, block))
     if table.rows != L // block:
         raise ValueError(f"the layout has {table.rows} block rows; {L} tokens make {L // block}")
     if table.heads != H:

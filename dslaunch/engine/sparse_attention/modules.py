@@ -68,7 +68,7 @@ class SparseSelfAttention(nn.Module):
             self.get_layout(L)
         key = (L, str(device))
         if key not in self._tables:
-            self._tables[key] = BlockTable(self.get_layout(L)).to(device)
+            self._tables[key] = BlockTable(self.get_layout(L), self.sparsity_config.block).to(device)
         return self._tables[key]
 
     @staticmethod
