@@ -25,6 +25,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
            "1-bit sign pack with error feedback, and decode, for the compressed all-reduce"),
     OpSpec("cpu_quantize", "cpu", ("cpu/quantize.cpp",),
            "block-wise symmetric int8/int4 quantize/dequantize (ZeRO++ qwZ/qgZ)"),
+    OpSpec("cpu_block_sparse_attn", "cpu", ("cpu/block_sparse_attn.cpp",),
+           "block-sparse attention forward on the kept blocks (sparse_attention)"),
     OpSpec("cpu_membw", "cpu", ("cpu/cpu_membw.cpp",),
            "STREAM-style bandwidth probes (copy/triad/read) for benchmarks"),
     OpSpec("async_io", "cpu", ("aio/aio_engine.cpp", "aio/aio_py.cpp"),

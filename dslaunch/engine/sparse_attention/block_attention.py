@@ -9,12 +9,16 @@ scores are scaled, then ``rpe`` ([batch or 1, heads, seq, seq]) is added, then t
 mask ([batch, seq]) and the attention mask ([seq, seq]) are added (mode ``"add"``) or turn their
 zeros into -inf (mode ``"mul"``). A row with no key left gives zeros (dense softmax gives NaN).
 
-How: per head and block row, the kept column blocks are listed (padded to the longest row, the
-padding masked). Row blocks are processed in chunks; for a chunk the kept key/value blocks are
-gathered and two batched matmuls give the chunk's [block, kept*block] scores and its output.
-Only q, k, v, the output and one log-sum-exp per row are kept for backward, which recomputes
-each chunk's probabilities (as flash attention does), so memory grows with the kept blocks of
-one chunk, never with seq^2. Arithmetic is fp32 whatever the input dtype (bf16/fp16 inputs are
+How (torch path): consecutive block rows that keep nearly the same column blocks form groups
+(``BlockTable``); per head and group the kept column blocks are listed (padded, the padding and
+the slots a row does not keep masked). Groups are processed in chunks of bounded size; for a
+chunk the kept key/value blocks are gathered and two batched matmuls give the chunk's
+[group tokens, kept*block] scores and its output. Only q, k, v, the output and one log-sum-exp
+per row are kept for backward, which recomputes each chunk's probabilities (as flash attention
+does), so memory grows with the kept blocks of one chunk, never with seq^2. On CPU tensors
+without rpe or masks the forward is the compiled op ``cpu_block_sparse_attn`` (one block row at
+a time, online softmax over the kept blocks, OpenMP; the torch path when it cannot be built);
+the backward is the torch path's either way. Arithmetic is fp32 whatever the input dtype (bf16/fp16 inputs are
 upcast per chunk; the output has the input's dtype). Gradients flow to q, k and v (not to the
 masks or rpe, as in DeepSpeed).
 """
@@ -52,10 +56,10 @@ class BlockTable:
         self.heads, self.rows = keep.shape[0], keep.shape[1]
         self.density = float(keep.float().mean())
         if group is None:
-            base = self._width(keep, 1)
+            base = self._work(keep, 1)
             group = 1
             while (self.rows % (group * 2) == 0 and group * 2 * block <= GROUP_TOKENS
-                   and self._width(keep, group * 2) <= GROUP_SLACK * base):
+                   and self._work(keep, group * 2) <= GROUP_SLACK * base):
                 group *= 2
         if self.rows % group:
             raise ValueError(f"group {group} does not divide the {self.rows} block rows")
@@ -71,21 +75,37 @@ class BlockTable:
         picked = torch.gather(rows_keep, 3, cols.unsqueeze(2).expand(-1, -1, group, -1))
         self.cols, self.keep = cols, picked & in_union.unsqueeze(2)
         self.drop = ~self.keep
+        self.group_width = counts.max(0).values.tolist()  # per group, the widest head's
+        self._chunks = {}
 
     @staticmethod
-    def _width(keep, group):
+    def _work(keep, group):
+        """Score elements computed per token column when rows go in groups of ``group``."""
         heads, rows = keep.shape[0], keep.shape[1]
-        return int(keep.view(heads, rows // group, group, rows).any(2).sum(-1).max())
+        union = keep.view(heads, rows // group, group, rows).any(2).sum(-1)
+        return int(union.max(0).values.sum()) * group
+
+    def chunks(self, per_slot: int):
+        """(first group, end group, width) spans whose scores hold at most about CHUNK_ELEMENTS
+        (``per_slot``: elements of one group x one kept slot); width: the span's widest group,
+        so a few wide rows (a global row) do not widen the others."""
+        key = (per_slot, CHUNK_ELEMENTS)
+        if key not in self._chunks:
+            spans, g0, width = [], 0, 0
+            for g, w in enumerate(self.group_width):
+                w = max(w, 1)
+                if g > g0 and max(width, w) * (g + 1 - g0) * per_slot > CHUNK_ELEMENTS:
+                    spans.append((g0, g, width))
+                    g0, width = g, 0
+                width = max(width, w)
+            spans.append((g0, len(self.group_width), width))
+            self._chunks[key] = spans
+        return self._chunks[key]
 
     def to(self, device):
         self.cols, self.keep, self.drop = (t.to(device) for t in (self.cols, self.keep,
                                                                   self.drop))
         return self
-
-
-def _chunk_groups(batch: int, heads: int, tokens: int, width_tokens: int, groups: int) -> int:
-    per_group = batch * heads * tokens * width_tokens
-    return max(1, min(groups, CHUNK_ELEMENTS // max(per_group, 1)))
 
 
 def _neg_inf_where_zero(mask: torch.Tensor) -> torch.Tensor:
@@ -146,9 +166,39 @@ def _chunk_scores(qs, kg, masks, rows, cols, drop, head_index, block):
     """qs: the chunk's queries already scaled; drop [H, g, G, W]: slots a row does not keep."""
     scores = torch.matmul(qs, kg.transpose(-1, -2))  # [B, H, g, G*bs, W*bs]
     scores = masks.add(scores, rows, cols, head_index)
+    if not bool(drop.any()):  # every row of the chunk keeps every slot (no padding)
+        return scores
     H, g, G, W = drop.shape
     drop = drop.view(H, g, G, 1, W, 1).expand(H, g, G, block, W, block)
     return scores.masked_fill_(drop.reshape(1, H, g, G * block, W * block), float("-inf"))
+
+
+# the forward through the compiled CPU op (cpp/cpu/block_sparse_attn.cpp) where it applies:
+# CPU tensors, no rpe / masks; False: always the torch path
+USE_COMPILED = True
+
+
+def _compiled_op(q, masks):
+    if not USE_COMPILED or q.device.type != "cpu" or masks.rpe is not None or \
+            masks.kpm is not None or masks.am is not None:
+        return None
+    from dslaunch.kernels import load_op
+
+    return load_op("cpu_block_sparse_attn")
+
+
+def _compiled_forward(op, q, k, v, table, block, scale):
+    """out [B, H, L, D] fp32 and lse [B, H, L] from the compiled op."""
+    B, H, L, D = q.shape
+    qf, kf, vf = (t.detach().float().contiguous() for t in (q, k, v))
+    cols = table.cols.contiguous()
+    keep = table.keep.to(torch.uint8).contiguous()
+    out = torch.empty(B, H, L, D, dtype=torch.float32)
+    lse = torch.empty(B, H, L, dtype=torch.float32)
+    op.forward(qf.data_ptr(), kf.data_ptr(), vf.data_ptr(), cols.data_ptr(), keep.data_ptr(),
+               out.data_ptr(), lse.data_ptr(), B, H, L, D, block, table.group, table.width,
+               scale, torch.get_num_threads())
+    return out, lse
 
 
 class _BlockSparseAttention(torch.autograd.Function):
@@ -160,16 +210,22 @@ class _BlockSparseAttention(torch.autograd.Function):
         G = table.group
         T = G * block  # tokens per group
         ng = n // G
+        op = _compiled_op(q, masks)
+        if op is not None:
+            out, lse = _compiled_forward(op, q, k, v, table, block, scale)
+            ctx.save_for_backward(q, k, v, out.view(B, H, ng, T, D), lse.view(B, H, ng, T))
+            ctx.table, ctx.block, ctx.scale, ctx.masks = table, block, scale, masks
+            ctx.compiled = True
+            return out.to(q.dtype)
+        ctx.compiled = False
         qg = q.reshape(B, H, ng, T, D)
         kb, vb = (t.reshape(B, H, n, block, D) for t in (k, v))
         head_index = torch.arange(H, device=q.device).view(H, 1, 1)
         out = torch.empty(B, H, ng, T, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, ng, T, dtype=torch.float32, device=q.device)
-        step = _chunk_groups(B, H, T, table.width * block, ng)
-        for g0 in range(0, ng, step):
-            g1 = min(g0 + step, ng)
+        for g0, g1, width in table.chunks(B * H * T * block):
             rows = torch.arange(g0 * G, g1 * G, device=q.device).view(g1 - g0, G)
-            cols, drop = table.cols[:, g0:g1], table.drop[:, g0:g1]
+            cols, drop = table.cols[:, g0:g1, :width], table.drop[:, g0:g1, :, :width]
             kg = _gather(kb, head_index, cols)
             vg = _gather(vb, head_index, cols)
             qs = qg[:, :, g0:g1].float() * scale
@@ -203,11 +259,9 @@ class _BlockSparseAttention(torch.autograd.Function):
         dk = torch.zeros(B, H * n, block, D, dtype=torch.float32, device=q.device)
         dv = torch.zeros(B, H * n, block, D, dtype=torch.float32, device=q.device)
         delta = (gog * out).sum(-1, keepdim=True)  # [B, H, ng, T, 1]
-        step = _chunk_groups(B, H, T, table.width * block, ng)
-        for g0 in range(0, ng, step):
-            g1 = min(g0 + step, ng)
+        for g0, g1, width in table.chunks(B * H * T * block):
             rows = torch.arange(g0 * G, g1 * G, device=q.device).view(g1 - g0, G)
-            cols, drop = table.cols[:, g0:g1], table.drop[:, g0:g1]
+            cols, drop = table.cols[:, g0:g1, :width], table.drop[:, g0:g1, :, :width]
             W = cols.shape[-1]
             kg = _gather(kb, head_index, cols)
             vg = _gather(vb, head_index, cols)

@@ -1,0 +1,135 @@
+// Op "cpu_block_sparse_attn": the forward of block-sparse attention on the CPU, computing only
+// the blocks a layout keeps (dslaunch/engine/sparse_attention/block_attention.py holds the torch
+// path this must equal, and the backward).
+//
+// q, k, v, out: fp32 [B, H, L, D] contiguous; L = n * block. The layout comes as the torch
+// path's table: block rows in groups of `group`; cols int64 [H, n/group, W] (the group's kept
+// column blocks), keep uint8 [H, n/group, group, W] (1: this block row keeps that slot).
+// For each (batch, head, block row), OpenMP-parallel: the block's queries (scaled) against each
+// kept key block (transposed into a small buffer so the inner loop runs over keys), an online
+// softmax per query row (running max, sum and weighted sum of values), then
+// out = sum / total and lse = max + log(total) (lse is what the torch backward recomputes with).
+// A row that keeps nothing gets out 0 and lse +inf, as the torch path.
+//
+// forward(q, k, v, cols, keep, out, lse, B, H, L, D, block, group, W, scale, nthreads)
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "dslaunch/py_optim.h"
+
+#ifndef TORCH_EXTENSION_NAME
+#define TORCH_EXTENSION_NAME cpu_block_sparse_attn
+#endif
+
+namespace {
+
+void attend_block_row(const float* q, const float* k, const float* v, const int64_t* cols,
+                      const uint8_t* keep, float* out, float* lse, int64_t L, int64_t D,
+                      int64_t bs, int64_t W, float scale, float* qs, float* kt, float* s,
+                      float* acc, float* m, float* l) {
+  // q, out: this block row's [bs, D]; k, v: this (batch, head)'s [L, D]; lse: [bs]
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < bs * D; ++i) qs[i] = q[i] * scale;
+  for (int64_t i = 0; i < bs * D; ++i) acc[i] = 0.0f;
+  for (int64_t i = 0; i < bs; ++i) {
+    m[i] = neg_inf;
+    l[i] = 0.0f;
+  }
+  for (int64_t j = 0; j < W; ++j) {
+    if (!keep[j]) continue;
+    const float* kb = k + cols[j] * bs * D;
+    const float* vb = v + cols[j] * bs * D;
+    for (int64_t t = 0; t < bs; ++t)  // kt[d][t] = kb[t][d]
+      for (int64_t d = 0; d < D; ++d) kt[d * bs + t] = kb[t * D + d];
+    for (int64_t i = 0; i < bs; ++i) {
+      float* si = s + i * bs;
+      for (int64_t t = 0; t < bs; ++t) si[t] = 0.0f;
+      const float* qi = qs + i * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float qd = qi[d];
+        const float* kd = kt + d * bs;
+#pragma omp simd
+        for (int64_t t = 0; t < bs; ++t) si[t] += qd * kd[t];
+      }
+      float mx = m[i];
+      for (int64_t t = 0; t < bs; ++t) mx = si[t] > mx ? si[t] : mx;
+      const float corr = std::exp(m[i] - mx);
+      float total = 0.0f;
+      for (int64_t t = 0; t < bs; ++t) {
+        si[t] = std::exp(si[t] - mx);
+        total += si[t];
+      }
+      l[i] = l[i] * corr + total;
+      m[i] = mx;
+      float* ai = acc + i * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) ai[d] *= corr;
+      for (int64_t t = 0; t < bs; ++t) {
+        const float p = si[t];
+        const float* vt = vb + t * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) ai[d] += p * vt[d];
+      }
+    }
+  }
+  for (int64_t i = 0; i < bs; ++i) {
+    float* oi = out + i * D;
+    const float* ai = acc + i * D;
+    if (l[i] > 0.0f) {
+      const float inv = 1.0f / l[i];
+      for (int64_t d = 0; d < D; ++d) oi[d] = ai[d] * inv;
+      lse[i] = m[i] + std::log(l[i]);
+    } else {
+      for (int64_t d = 0; d < D; ++d) oi[d] = 0.0f;
+      lse[i] = std::numeric_limits<float>::infinity();
+    }
+  }
+  (void)L;
+}
+
+}  // namespace
+
+static PyObject* forward(PyObject*, PyObject* args) {
+  unsigned long long qp, kp, vp, cp, keepp, op, lp;
+  long long B, H, L, D, bs, group, W;
+  double scale;
+  int nthreads;
+  if (!PyArg_ParseTuple(args, "KKKKKKKLLLLLLLdi", &qp, &kp, &vp, &cp, &keepp, &op, &lp, &B, &H,
+                        &L, &D, &bs, &group, &W, &scale, &nthreads))
+    return nullptr;
+  if (bs <= 0 || group <= 0 || L % (bs * group) != 0 || D <= 0 || W <= 0) {
+    PyErr_SetString(PyExc_ValueError, "block_sparse_attn: L must be a multiple of block * group");
+    return nullptr;
+  }
+  const float* q = reinterpret_cast<const float*>(qp);
+  const float* k = reinterpret_cast<const float*>(kp);
+  const float* v = reinterpret_cast<const float*>(vp);
+  const int64_t* cols = reinterpret_cast<const int64_t*>(cp);
+  const uint8_t* keep = reinterpret_cast<const uint8_t*>(keepp);
+  float* out = reinterpret_cast<float*>(op);
+  float* lse = reinterpret_cast<float*>(lp);
+  const int64_t n = L / bs, ng = n / group, units = B * H * n;
+  const float sc = static_cast<float>(scale);
+  Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel num_threads(nthreads)
+  {
+    std::vector<float> qs(bs * D), kt(bs * D), s(bs * bs), acc(bs * D), m(bs), l(bs);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t bh = u / n, r = u % n, h = bh % H, g = r / group, rb = r % group;
+      const int64_t base = bh * L * D;
+      attend_block_row(q + base + r * bs * D, k + base, v + base, cols + (h * ng + g) * W,
+                       keep + ((h * ng + g) * group + rb) * W, out + base + r * bs * D,
+                       lse + bh * L + r * bs, L, D, bs, W, sc, qs.data(), kt.data(), s.data(),
+                       acc.data(), m.data(), l.data());
+    }
+  }
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+DSLAUNCH_PY_MODULE(TORCH_EXTENSION_NAME, "block-sparse attention forward (OpenMP, SIMD)",
+                   {"forward", forward, METH_VARARGS,
+                    "q, k, v [B, H, L, D] fp32 + the layout table -> out, lse"})
