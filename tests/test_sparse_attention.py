@@ -189,7 +189,7 @@ def test_bert_sparse_self_attention_and_utils():
     mask = torch.zeros(2, 1, 1, 48)
     out = layer(hidden, mask)
     assert out.shape == (2, 48, 32)
-    split = lambda x: x.view(2, 48, 4, 8).permute(0, 2, 1, 3)  # noqa: E731
+    split = lambda x: x.view(2, 48, 4, 8).permute(0, 2, 1, 3)
     ref = _dense(split(layer.query(hidden)), split(layer.key(hidden)), split(layer.value(hidden)),
                  layout_to_token_mask(layer.sparse_self_attention.get_layout(48), 8), 8 ** -0.5)
     torch.testing.assert_close(out, ref.permute(0, 2, 1, 3).reshape(2, 48, 32),

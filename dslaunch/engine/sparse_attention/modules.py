@@ -24,6 +24,10 @@ from dslaunch.engine.sparse_attention.layouts import (
     VariableSparsityConfig,
 )
 
+# DeepSpeed's default arguments (the base class has no pattern: name a layout)
+DEFAULT_SPARSITY_CONFIG = SparsityConfig(num_heads=4)
+DEFAULT_BERT_SPARSITY_CONFIG = FixedSparsityConfig(num_heads=4)
+
 
 class SparseSelfAttention(nn.Module):
     """Block-sparse self-attention (Sparse Transformers, Child et al. 2019).
@@ -39,7 +43,7 @@ class SparseSelfAttention(nn.Module):
     Scores are scaled by head_dim ** -0.5.
     """
 
-    def __init__(self, sparsity_config=SparsityConfig(num_heads=4), key_padding_mask_mode="add",
+    def __init__(self, sparsity_config=DEFAULT_SPARSITY_CONFIG, key_padding_mask_mode="add",
                  attn_mask_mode="mul", max_seq_length=2048):
         super().__init__()
         self.sparsity_config = sparsity_config
@@ -109,7 +113,7 @@ class BertSparseSelfAttention(nn.Module):
     [batch, seq, hidden] -> [batch, seq, hidden], ``attention_mask`` the additive
     [batch, 1, 1, seq] (or [batch, seq]) key-padding mask."""
 
-    def __init__(self, config, sparsity_config=FixedSparsityConfig(num_heads=4)):
+    def __init__(self, config, sparsity_config=DEFAULT_BERT_SPARSITY_CONFIG):
         super().__init__()
         if config.hidden_size % config.num_attention_heads != 0:
             raise ValueError(f"hidden size {config.hidden_size} is not a multiple of the "

@@ -14,8 +14,10 @@ import torch
 from torch.nn import functional as F
 
 from dslaunch.engine.log import logger
-from dslaunch.engine.sparse_attention.layouts import SparsityConfig
-from dslaunch.engine.sparse_attention.modules import BertSparseSelfAttention
+from dslaunch.engine.sparse_attention.modules import (
+    DEFAULT_SPARSITY_CONFIG,
+    BertSparseSelfAttention,
+)
 
 
 class SparseAttentionUtils:
@@ -58,7 +60,7 @@ class SparseAttentionUtils:
 
     @staticmethod
     def replace_model_self_attention_with_sparse_self_attention(
-            model, max_position, sparsity_config=SparsityConfig(num_heads=4)):
+            model, max_position, sparsity_config=DEFAULT_SPARSITY_CONFIG):
         if hasattr(model, "bert"):
             model.config.max_position_embeddings = max_position
             layers = model.bert.encoder.layer
@@ -74,7 +76,7 @@ class SparseAttentionUtils:
 
     @staticmethod
     def replace_self_attention_layer_with_sparse_self_attention_layer(
-            config, layers, sparsity_config=SparsityConfig(num_heads=4)):
+            config, layers, sparsity_config=DEFAULT_SPARSITY_CONFIG):
         """Each layer's ``attention.self`` becomes a BertSparseSelfAttention that keeps the
         layer's query/key/value linears."""
         for layer in layers:
