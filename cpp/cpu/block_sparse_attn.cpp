@@ -12,6 +12,12 @@
 // A row that keeps nothing gets out 0 and lse +inf, as the torch path.
 //
 // forward(q, k, v, cols, keep, out, lse, B, H, L, D, block, group, W, scale, nthreads)
+//
+// backward(q, k, v, out, lse, dout, cols, keep, dq, dk, dv, B, H, L, D, block, group, W, scale,
+//          nthreads): dq, dk, dv fp32 [B, H, L, D], zero on entry. Per (batch, head), OpenMP over
+// those pairs (dk and dv of a pair are written by one thread: no atomics), block rows in order:
+// p = exp(scale * q k^T - lse) recomputed per kept block, dp = dout v^T,
+// ds = p * (dp - rowsum(dout * out)), dq += scale * ds k, dk += scale * ds^T q, dv += p^T dout.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -89,7 +95,123 @@ void attend_block_row(const float* q, const float* k, const float* v, const int6
   (void)L;
 }
 
+void backward_pair(const float* q, const float* k, const float* v, const float* out,
+                   const float* lse, const float* dout, const int64_t* cols, const uint8_t* keep,
+                   float* dq, float* dk, float* dv, int64_t L, int64_t D, int64_t bs,
+                   int64_t group, int64_t W, float scale, int64_t h, int64_t ng) {
+  // one (batch, head): q.. dv point at its [L, D]; lse at its [L]; cols/keep: the whole table
+  std::vector<float> qs(bs * D), kt(bs * D), vt(bs * D), p(bs * bs), ds(bs * bs), delta(bs);
+  const int64_t n = L / bs;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t g = r / group, rb = r % group;
+    const int64_t* rc = cols + (h * ng + g) * W;
+    const uint8_t* rk = keep + ((h * ng + g) * group + rb) * W;
+    const float* qr = q + r * bs * D;
+    const float* dor = dout + r * bs * D;
+    const float* orow = out + r * bs * D;
+    const float* lr = lse + r * bs;
+    float* dqr = dq + r * bs * D;
+    for (int64_t i = 0; i < bs * D; ++i) qs[i] = qr[i] * scale;
+    for (int64_t i = 0; i < bs; ++i) {
+      float acc = 0.0f;
+      for (int64_t d = 0; d < D; ++d) acc += dor[i * D + d] * orow[i * D + d];
+      delta[i] = acc;
+    }
+    for (int64_t j = 0; j < W; ++j) {
+      if (!rk[j]) continue;
+      const int64_t c = rc[j];
+      const float* kb = k + c * bs * D;
+      const float* vb = v + c * bs * D;
+      float* dkb = dk + c * bs * D;
+      float* dvb = dv + c * bs * D;
+      for (int64_t t = 0; t < bs; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          kt[d * bs + t] = kb[t * D + d];
+          vt[d * bs + t] = vb[t * D + d];
+        }
+      for (int64_t i = 0; i < bs; ++i) {
+        float* pi = p.data() + i * bs;
+        float* dsi = ds.data() + i * bs;
+        for (int64_t t = 0; t < bs; ++t) pi[t] = dsi[t] = 0.0f;
+        const float* qi = qs.data() + i * D;
+        const float* doi = dor + i * D;
+        for (int64_t d = 0; d < D; ++d) {
+          const float qd = qi[d], dd = doi[d];
+          const float* kd = kt.data() + d * bs;
+          const float* vd = vt.data() + d * bs;
+#pragma omp simd
+          for (int64_t t = 0; t < bs; ++t) {
+            pi[t] += qd * kd[t];
+            dsi[t] += dd * vd[t];
+          }
+        }
+        for (int64_t t = 0; t < bs; ++t) {
+          pi[t] = std::exp(pi[t] - lr[i]);
+          dsi[t] = pi[t] * (dsi[t] - delta[i]);
+        }
+        float* dqi = dqr + i * D;
+        for (int64_t t = 0; t < bs; ++t) {
+          const float w = dsi[t] * scale;
+          const float* kr = kb + t * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) dqi[d] += w * kr[d];
+        }
+      }
+      for (int64_t t = 0; t < bs; ++t) {
+        float* dkt = dkb + t * D;
+        float* dvt = dvb + t * D;
+        for (int64_t i = 0; i < bs; ++i) {
+          const float w = ds[i * bs + t], pw = p[i * bs + t];
+          const float* qi = qs.data() + i * D;
+          const float* doi = dor + i * D;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) {
+            dkt[d] += w * qi[d];
+            dvt[d] += pw * doi[d];
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+static PyObject* backward(PyObject*, PyObject* args) {
+  unsigned long long qp, kp, vp, op, lp, gp, cp, keepp, dqp, dkp, dvp;
+  long long B, H, L, D, bs, group, W;
+  double scale;
+  int nthreads;
+  if (!PyArg_ParseTuple(args, "KKKKKKKKKKKLLLLLLLdi", &qp, &kp, &vp, &op, &lp, &gp, &cp, &keepp,
+                        &dqp, &dkp, &dvp, &B, &H, &L, &D, &bs, &group, &W, &scale, &nthreads))
+    return nullptr;
+  if (bs <= 0 || group <= 0 || L % (bs * group) != 0 || D <= 0 || W <= 0) {
+    PyErr_SetString(PyExc_ValueError, "block_sparse_attn: L must be a multiple of block * group");
+    return nullptr;
+  }
+  const float* q = reinterpret_cast<const float*>(qp);
+  const float* k = reinterpret_cast<const float*>(kp);
+  const float* v = reinterpret_cast<const float*>(vp);
+  const float* out = reinterpret_cast<const float*>(op);
+  const float* lse = reinterpret_cast<const float*>(lp);
+  const float* dout = reinterpret_cast<const float*>(gp);
+  const int64_t* cols = reinterpret_cast<const int64_t*>(cp);
+  const uint8_t* keep = reinterpret_cast<const uint8_t*>(keepp);
+  float* dq = reinterpret_cast<float*>(dqp);
+  float* dk = reinterpret_cast<float*>(dkp);
+  float* dv = reinterpret_cast<float*>(dvp);
+  const int64_t ng = L / bs / group, pairs = B * H;
+  const float sc = static_cast<float>(scale);
+  Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+  for (int64_t bh = 0; bh < pairs; ++bh) {
+    const int64_t base = bh * L * D;
+    backward_pair(q + base, k + base, v + base, out + base, lse + bh * L, dout + base, cols, keep,
+                  dq + base, dk + base, dv + base, L, D, bs, group, W, sc, bh % H, ng);
+  }
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
 
 static PyObject* forward(PyObject*, PyObject* args) {
   unsigned long long qp, kp, vp, cp, keepp, op, lp;
@@ -132,4 +254,6 @@ static PyObject* forward(PyObject*, PyObject* args) {
 
 DSLAUNCH_PY_MODULE(TORCH_EXTENSION_NAME, "block-sparse attention forward (OpenMP, SIMD)",
                    {"forward", forward, METH_VARARGS,
-                    "q, k, v [B, H, L, D] fp32 + the layout table -> out, lse"})
+                    "q, k, v [B, H, L, D] fp32 + the layout table -> out, lse"},
+                   {"backward", backward, METH_VARARGS,
+                    "q, k, v, out, lse, dout + the layout table -> dq, dk, dv"})

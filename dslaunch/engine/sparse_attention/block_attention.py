@@ -18,7 +18,8 @@ per row are kept for backward, which recomputes each chunk's probabilities (as f
 does), so memory grows with the kept blocks of one chunk, never with seq^2. On CPU tensors
 without rpe or masks the forward is the compiled op ``cpu_block_sparse_attn`` (one block row at
 a time, online softmax over the kept blocks, OpenMP; the torch path when it cannot be built);
-the backward is the torch path's either way. Arithmetic is fp32 whatever the input dtype (bf16/fp16 inputs are
+the backward of such a forward too, when there are at least as many (batch, head) pairs as
+threads (each pair's dk and dv belong to one thread), else the torch path's. Arithmetic is fp32 whatever the input dtype (bf16/fp16 inputs are
 upcast per chunk; the output has the input's dtype). Gradients flow to q, k and v (not to the
 masks or rpe, as in DeepSpeed).
 """
@@ -201,6 +202,19 @@ def _compiled_forward(op, q, k, v, table, block, scale):
     return out, lse
 
 
+def _compiled_backward(op, q, k, v, out, lse, grad_out, table, block, scale):
+    B, H, L, D = q.shape
+    qf, kf, vf, gf = (t.detach().float().contiguous() for t in (q, k, v, grad_out))
+    cols = table.cols.contiguous()
+    keep = table.keep.to(torch.uint8).contiguous()
+    dq, dk, dv = (torch.zeros(B, H, L, D, dtype=torch.float32) for _ in range(3))
+    op.backward(qf.data_ptr(), kf.data_ptr(), vf.data_ptr(), out.contiguous().data_ptr(),
+                lse.contiguous().data_ptr(), gf.data_ptr(), cols.data_ptr(), keep.data_ptr(),
+                dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, L, D, block, table.group,
+                table.width, scale, torch.get_num_threads())
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None)
+
+
 class _BlockSparseAttention(torch.autograd.Function):
 
     @staticmethod
@@ -247,6 +261,9 @@ class _BlockSparseAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         table, block, scale, masks = ctx.table, ctx.block, ctx.scale, ctx.masks
         B, H, L, D = q.shape
+        op = _compiled_op(q, masks) if ctx.compiled else None
+        if op is not None and B * H >= torch.get_num_threads():  # one (batch, head) per thread
+            return _compiled_backward(op, q, k, v, out, lse, grad_out, table, block, scale)
         n = L // block
         G = table.group
         T = G * block
