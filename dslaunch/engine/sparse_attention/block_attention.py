@@ -19,8 +19,8 @@ does), so memory grows with the kept blocks of one chunk, never with seq^2. On C
 without rpe or masks the forward is the compiled op ``cpu_block_sparse_attn`` (one block row at
 a time, online softmax over the kept blocks, OpenMP; the torch path when it cannot be built);
 the backward of such a forward too, when there are at least as many (batch, head) pairs as
-threads (each pair's dk and dv belong to one thread), else the torch path's. Arithmetic is fp32 whatever the input dtype (bf16/fp16 inputs are
-upcast per chunk; the output has the input's dtype). Gradients flow to q, k and v (not to the
+threads (each pair's dk and dv belong to one thread), else the torch path's. Arithmetic is
+fp32 whatever the input dtype (bf16/fp16 inputs are upcast; the output has the input's dtype). Gradients flow to q, k and v (not to the
 masks or rpe, as in DeepSpeed).
 """
 
