@@ -20,8 +20,8 @@ without rpe or masks the forward is the compiled op ``cpu_block_sparse_attn`` (o
 a time, online softmax over the kept blocks, OpenMP; the torch path when it cannot be built);
 the backward of such a forward too, when there are at least as many (batch, head) pairs as
 threads (each pair's dk and dv belong to one thread), else the torch path's. Arithmetic is
-fp32 whatever the input dtype (bf16/fp16 inputs are upcast; the output has the input's dtype). Gradients flow to q, k and v (not to the
-masks or rpe, as in DeepSpeed).
+fp32 whatever the input dtype (bf16/fp16 inputs are upcast; the output has the input's dtype).
+Gradients flow to q, k and v (not to the masks or rpe, as in DeepSpeed).
 """
 
 from __future__ import annotations
