@@ -263,3 +263,47 @@ def test_compiled_forward_equals_torch_path(name, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     ref = _dense(q, k, v, layout_to_token_mask(layout, block), D ** -0.5)
     torch.testing.assert_close(results[1][0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_trains_through_the_engine_with_the_config_section():
+    """A model builds its layout from the config's sparse_attention section (as DeepSpeed's
+    BERT example reads it) and trains under dslaunch.initialize with that config: bf16, the
+    engine hands the section back in engine.config, the loss falls."""
+    import dslaunch
+    from dslaunch.config import load_config
+
+    config = load_config(ROOT / "configs/sparse_attention_fixed.json")
+    torch.manual_seed(0)
+    random.seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(32, 32)
+            layout = sparsity_config_from_dict(config["sparse_attention"], 4)
+            self.attn = sa.BertSparseSelfAttention(SimpleNamespace(hidden_size=32,
+                                                                   num_attention_heads=4),
+                                                   layout)
+            self.head = torch.nn.Linear(32, 32)
+
+        def forward(self, ids):
+            causal = torch.tril(torch.ones(ids.shape[1], ids.shape[1]))
+            h = self.embed(ids)
+            q, k, v = (self.attn.transpose_for_scores(f(h))
+                       for f in (self.attn.query, self.attn.key, self.attn.value))
+            ctx = self.attn.sparse_self_attention(q, k, v, attn_mask=causal)
+            ctx = ctx.permute(0, 2, 1, 3).reshape(h.shape)
+            logits = self.head(h + ctx)[:, :-1]
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, 32).float(),
+                                                     ids[:, 1:].reshape(-1))
+
+    engine, *_ = dslaunch.initialize(model=Tiny(), config=dict(config))
+    assert engine.config["sparse_attention"]["num_local_blocks"] == 8
+    ids = torch.randint(0, 32, (2, 128), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for _ in range(8):
+        loss = engine(ids)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
