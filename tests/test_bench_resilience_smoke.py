@@ -19,7 +19,8 @@ def test_options():
     assert args.scenario_list == ["host-loss", "hang"] and args.peer_list == ["torchrun"]
     assert (args.minutes, args.fault_every, args.hang_timeout) == (4.0, 120.0, 15.0)
     assert br.parse_args(["--smoke"]).part_list == ["b"]
-    for bad in (["--parts", "e"], ["--scenarios", "flood"], ["--hosts", "1"], ["--peers", "deepspeed"]):
+    assert br.parse_args(["--parts", "e"]).part_list == ["e"]  # in-process vs restart, on its own
+    for bad in (["--parts", "f"], ["--scenarios", "flood"], ["--hosts", "1"], ["--peers", "deepspeed"]):
         with pytest.raises(SystemExit):
             br.parse_args(bad)
     assert br.rank_line("[host1:0] STEP 0 12 1795725035.529 1") == ("STEP", 0, ["12"], 1795725035.529, 1)
