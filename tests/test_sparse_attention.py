@@ -242,9 +242,11 @@ def test_config_example_and_face():
 
 
 @pytest.mark.parametrize("name", ["fixed", "variable", "bigbird", "local"])
-def test_compiled_forward_equals_torch_path(name, monkeypatch):
-    """The compiled CPU forward (cpp/cpu/block_sparse_attn.cpp; used on CPU tensors without
-    masks) gives the torch path's output, and the backward (torch) the same gradients."""
+@pytest.mark.parametrize("mask", [None, "key_padding", "causal"])
+def test_compiled_equals_torch_path(name, mask, monkeypatch):
+    """The compiled CPU op (cpp/cpu/block_sparse_attn.cpp; CPU tensors without rpe) gives the
+    torch path's output and gradients, with DeepSpeed's key-padding ('add') and attention
+    ('mul') masks too."""
     from dslaunch.kernels import load_op
 
     if load_op("cpu_block_sparse_attn") is None:
@@ -253,15 +255,24 @@ def test_compiled_forward_equals_torch_path(name, monkeypatch):
     B, H, L, D, block = 2, 3, 128, 16, 8
     layout = LAYOUTS[name](H, block).make_layout(L)
     q, k, v = _inputs(B, H, L, D, torch.float32, seed=11)
+    kpm = am = None
+    if mask == "key_padding":
+        kpm = torch.zeros(B, L)
+        kpm[1, -9:] = -10000.0
+    if mask == "causal":
+        am = torch.tril(torch.ones(L, L))
+    grad = torch.randn(B, H, L, D, generator=torch.Generator().manual_seed(12))
     results = []
     for compiled in (False, True):
         monkeypatch.setattr(block_attention, "USE_COMPILED", compiled)
-        out = block_sparse_attention(q, k, v, layout, block)
-        results.append((out, torch.autograd.grad(out, (q, k, v), torch.ones_like(out))))
+        out = block_sparse_attention(q, k, v, layout, block, key_padding_mask=kpm, attn_mask=am)
+        results.append((out, torch.autograd.grad(out, (q, k, v), grad)))
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
     for a, b in zip(results[1][1], results[0][1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    ref = _dense(q, k, v, layout_to_token_mask(layout, block), D ** -0.5)
+    ref = _dense(q, k, v, layout_to_token_mask(layout, block), D ** -0.5, kpm=kpm, attn_mask=am)
+    if mask == "causal":  # a row whose kept keys are all later gets 0 here, NaN in dense
+        ref = torch.nan_to_num(ref)
     torch.testing.assert_close(results[1][0], ref, rtol=1e-5, atol=1e-5)
 
 

@@ -11,9 +11,12 @@
 // out = sum / total and lse = max + log(total) (lse is what the torch backward recomputes with).
 // A row that keeps nothing gets out 0 and lse +inf, as the torch path.
 //
-// forward(q, k, v, cols, keep, out, lse, B, H, L, D, block, group, W, scale, nthreads)
+// Masks (optional, 0 for none): kpm fp32 [B, L] and am fp32 [L, L], additive (-inf masks),
+// added to the scaled scores as the torch path adds them.
 //
-// backward(q, k, v, out, lse, dout, cols, keep, dq, dk, dv, B, H, L, D, block, group, W, scale,
+// forward(q, k, v, cols, keep, kpm, am, out, lse, B, H, L, D, block, group, W, scale, nthreads)
+//
+// backward(q, k, v, out, lse, dout, cols, keep, kpm, am, dq, dk, dv, B, H, L, D, block, group, W, scale,
 //          nthreads): dq, dk, dv fp32 [B, H, L, D], zero on entry. Per (batch, head), OpenMP over
 // those pairs (dk and dv of a pair are written by one thread: no atomics), block rows in order:
 // p = exp(scale * q k^T - lse) recomputed per kept block, dp = dout v^T,
@@ -31,8 +34,19 @@
 
 namespace {
 
+// The additive masks on one query row's scores against one key block: kpm (this batch's [L])
+// at the keys, am ([L, L] from this block row's first query) at (query, key); null: none.
+inline void add_masks(float* si, const float* kpm, const float* am, int64_t i, int64_t c0,
+                      int64_t L, int64_t bs) {
+  if (kpm)
+    for (int64_t t = 0; t < bs; ++t) si[t] += kpm[c0 + t];
+  if (am)
+    for (int64_t t = 0; t < bs; ++t) si[t] += am[i * L + c0 + t];
+}
+
 void attend_block_row(const float* q, const float* k, const float* v, const int64_t* cols,
-                      const uint8_t* keep, float* out, float* lse, int64_t L, int64_t D,
+                      const uint8_t* keep, const float* kpm, const float* am, float* out,
+                      float* lse, int64_t L, int64_t D,
                       int64_t bs, int64_t W, float scale, float* qs, float* kt, float* s,
                       float* acc, float* m, float* l) {
   // q, out: this block row's [bs, D]; k, v: this (batch, head)'s [L, D]; lse: [bs]
@@ -59,8 +73,10 @@ void attend_block_row(const float* q, const float* k, const float* v, const int6
 #pragma omp simd
         for (int64_t t = 0; t < bs; ++t) si[t] += qd * kd[t];
       }
+      add_masks(si, kpm, am, i, cols[j] * bs, L, bs);
       float mx = m[i];
       for (int64_t t = 0; t < bs; ++t) mx = si[t] > mx ? si[t] : mx;
+      if (mx == neg_inf) continue;  // every key so far masked: nothing to add
       const float corr = std::exp(m[i] - mx);
       float total = 0.0f;
       for (int64_t t = 0; t < bs; ++t) {
@@ -92,12 +108,11 @@ void attend_block_row(const float* q, const float* k, const float* v, const int6
       lse[i] = std::numeric_limits<float>::infinity();
     }
   }
-  (void)L;
 }
 
 void backward_pair(const float* q, const float* k, const float* v, const float* out,
                    const float* lse, const float* dout, const int64_t* cols, const uint8_t* keep,
-                   float* dq, float* dk, float* dv, int64_t L, int64_t D, int64_t bs,
+                   const float* kpm, const float* am, float* dq, float* dk, float* dv, int64_t L, int64_t D, int64_t bs,
                    int64_t group, int64_t W, float scale, int64_t h, int64_t ng) {
   // one (batch, head): q.. dv point at its [L, D]; lse at its [L]; cols/keep: the whole table
   std::vector<float> qs(bs * D), kt(bs * D), vt(bs * D), p(bs * bs), ds(bs * bs), delta(bs);
@@ -145,6 +160,7 @@ void backward_pair(const float* q, const float* k, const float* v, const float* 
             dsi[t] += dd * vd[t];
           }
         }
+        add_masks(pi, kpm, am ? am + r * bs * L : nullptr, i, c * bs, L, bs);
         for (int64_t t = 0; t < bs; ++t) {
           pi[t] = std::exp(pi[t] - lr[i]);
           dsi[t] = pi[t] * (dsi[t] - delta[i]);
@@ -178,12 +194,13 @@ void backward_pair(const float* q, const float* k, const float* v, const float* 
 }  // namespace
 
 static PyObject* backward(PyObject*, PyObject* args) {
-  unsigned long long qp, kp, vp, op, lp, gp, cp, keepp, dqp, dkp, dvp;
+  unsigned long long qp, kp, vp, op, lp, gp, cp, keepp, kpmp, amp, dqp, dkp, dvp;
   long long B, H, L, D, bs, group, W;
   double scale;
   int nthreads;
-  if (!PyArg_ParseTuple(args, "KKKKKKKKKKKLLLLLLLdi", &qp, &kp, &vp, &op, &lp, &gp, &cp, &keepp,
-                        &dqp, &dkp, &dvp, &B, &H, &L, &D, &bs, &group, &W, &scale, &nthreads))
+  if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKKLLLLLLLdi", &qp, &kp, &vp, &op, &lp, &gp, &cp, &keepp,
+                        &kpmp, &amp, &dqp, &dkp, &dvp, &B, &H, &L, &D, &bs, &group, &W, &scale,
+                        &nthreads))
     return nullptr;
   if (bs <= 0 || group <= 0 || L % (bs * group) != 0 || D <= 0 || W <= 0) {
     PyErr_SetString(PyExc_ValueError, "block_sparse_attn: L must be a multiple of block * group");
@@ -206,20 +223,22 @@ static PyObject* backward(PyObject*, PyObject* args) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
   for (int64_t bh = 0; bh < pairs; ++bh) {
     const int64_t base = bh * L * D;
+    const float* kpm = kpmp ? reinterpret_cast<const float*>(kpmp) + (bh / H) * L : nullptr;
     backward_pair(q + base, k + base, v + base, out + base, lse + bh * L, dout + base, cols, keep,
-                  dq + base, dk + base, dv + base, L, D, bs, group, W, sc, bh % H, ng);
+                  kpm, reinterpret_cast<const float*>(amp), dq + base, dk + base, dv + base, L,
+                  D, bs, group, W, sc, bh % H, ng);
   }
   Py_END_ALLOW_THREADS
   Py_RETURN_NONE;
 }
 
 static PyObject* forward(PyObject*, PyObject* args) {
-  unsigned long long qp, kp, vp, cp, keepp, op, lp;
+  unsigned long long qp, kp, vp, cp, keepp, kpmp, amp, op, lp;
   long long B, H, L, D, bs, group, W;
   double scale;
   int nthreads;
-  if (!PyArg_ParseTuple(args, "KKKKKKKLLLLLLLdi", &qp, &kp, &vp, &cp, &keepp, &op, &lp, &B, &H,
-                        &L, &D, &bs, &group, &W, &scale, &nthreads))
+  if (!PyArg_ParseTuple(args, "KKKKKKKKKLLLLLLLdi", &qp, &kp, &vp, &cp, &keepp, &kpmp, &amp, &op,
+                        &lp, &B, &H, &L, &D, &bs, &group, &W, &scale, &nthreads))
     return nullptr;
   if (bs <= 0 || group <= 0 || L % (bs * group) != 0 || D <= 0 || W <= 0) {
     PyErr_SetString(PyExc_ValueError, "block_sparse_attn: L must be a multiple of block * group");
@@ -242,8 +261,10 @@ static PyObject* forward(PyObject*, PyObject* args) {
     for (int64_t u = 0; u < units; ++u) {
       const int64_t bh = u / n, r = u % n, h = bh % H, g = r / group, rb = r % group;
       const int64_t base = bh * L * D;
+      const float* kpm = kpmp ? reinterpret_cast<const float*>(kpmp) + (bh / H) * L : nullptr;
+      const float* am = amp ? reinterpret_cast<const float*>(amp) + r * bs * L : nullptr;
       attend_block_row(q + base + r * bs * D, k + base, v + base, cols + (h * ng + g) * W,
-                       keep + ((h * ng + g) * group + rb) * W, out + base + r * bs * D,
+                       keep + ((h * ng + g) * group + rb) * W, kpm, am, out + base + r * bs * D,
                        lse + bh * L + r * bs, L, D, bs, W, sc, qs.data(), kt.data(), s.data(),
                        acc.data(), m.data(), l.data());
     }

@@ -16,7 +16,7 @@ chunk the kept key/value blocks are gathered and two batched matmuls give the ch
 [group tokens, kept*block] scores and its output. Only q, k, v, the output and one log-sum-exp
 per row are kept for backward, which recomputes each chunk's probabilities (as flash attention
 does), so memory grows with the kept blocks of one chunk, never with seq^2. On CPU tensors
-without rpe or masks the forward is the compiled op ``cpu_block_sparse_attn`` (one block row at
+without rpe (masks [B, L] / [L, L] are fine) the forward is the compiled op ``cpu_block_sparse_attn`` (one block row at
 a time, online softmax over the kept blocks, OpenMP; the torch path when it cannot be built);
 the backward of such a forward too, when there are at least as many (batch, head) pairs as
 threads (each pair's dk and dv belong to one thread), else the torch path's. Arithmetic is
@@ -175,20 +175,28 @@ def _chunk_scores(qs, kg, masks, rows, cols, drop, head_index, block):
 
 
 # the forward through the compiled CPU op (cpp/cpu/block_sparse_attn.cpp) where it applies:
-# CPU tensors, no rpe / masks; False: always the torch path
+# CPU tensors, no rpe, masks (if any) [B, L] / [L, L]; False: always the torch path
 USE_COMPILED = True
 
 
 def _compiled_op(q, masks):
+    B, _, L, _ = q.shape
     if not USE_COMPILED or q.device.type != "cpu" or masks.rpe is not None or \
-            masks.kpm is not None or masks.am is not None:
+            (masks.kpm is not None and tuple(masks.kpm.shape) != (B, L)) or \
+            (masks.am is not None and tuple(masks.am.shape) != (L, L)):
         return None
     from dslaunch.kernels import load_op
 
     return load_op("cpu_block_sparse_attn")
 
 
-def _compiled_forward(op, q, k, v, table, block, scale):
+def _mask_ptrs(masks):
+    kpm = None if masks.kpm is None else masks.kpm.float().contiguous()
+    am = None if masks.am is None else masks.am.float().contiguous()
+    return (kpm, am), (0 if kpm is None else kpm.data_ptr(), 0 if am is None else am.data_ptr())
+
+
+def _compiled_forward(op, q, k, v, table, block, scale, masks):
     """out [B, H, L, D] fp32 and lse [B, H, L] from the compiled op."""
     B, H, L, D = q.shape
     qf, kf, vf = (t.detach().float().contiguous() for t in (q, k, v))
@@ -196,21 +204,23 @@ def _compiled_forward(op, q, k, v, table, block, scale):
     keep = table.keep.to(torch.uint8).contiguous()
     out = torch.empty(B, H, L, D, dtype=torch.float32)
     lse = torch.empty(B, H, L, dtype=torch.float32)
+    _hold, (kpm, am) = _mask_ptrs(masks)  # _hold keeps the fp32 masks alive for the call
     op.forward(qf.data_ptr(), kf.data_ptr(), vf.data_ptr(), cols.data_ptr(), keep.data_ptr(),
-               out.data_ptr(), lse.data_ptr(), B, H, L, D, block, table.group, table.width,
+               kpm, am, out.data_ptr(), lse.data_ptr(), B, H, L, D, block, table.group, table.width,
                scale, torch.get_num_threads())
     return out, lse
 
 
-def _compiled_backward(op, q, k, v, out, lse, grad_out, table, block, scale):
+def _compiled_backward(op, q, k, v, out, lse, grad_out, table, block, scale, masks):
     B, H, L, D = q.shape
     qf, kf, vf, gf = (t.detach().float().contiguous() for t in (q, k, v, grad_out))
     cols = table.cols.contiguous()
     keep = table.keep.to(torch.uint8).contiguous()
     dq, dk, dv = (torch.zeros(B, H, L, D, dtype=torch.float32) for _ in range(3))
+    _hold, (kpm, am) = _mask_ptrs(masks)  # _hold keeps the fp32 masks alive for the call
     op.backward(qf.data_ptr(), kf.data_ptr(), vf.data_ptr(), out.contiguous().data_ptr(),
                 lse.contiguous().data_ptr(), gf.data_ptr(), cols.data_ptr(), keep.data_ptr(),
-                dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, L, D, block, table.group,
+                kpm, am, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, L, D, block, table.group,
                 table.width, scale, torch.get_num_threads())
     return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None)
 
@@ -226,7 +236,7 @@ class _BlockSparseAttention(torch.autograd.Function):
         ng = n // G
         op = _compiled_op(q, masks)
         if op is not None:
-            out, lse = _compiled_forward(op, q, k, v, table, block, scale)
+            out, lse = _compiled_forward(op, q, k, v, table, block, scale, masks)
             ctx.save_for_backward(q, k, v, out.view(B, H, ng, T, D), lse.view(B, H, ng, T))
             ctx.table, ctx.block, ctx.scale, ctx.masks = table, block, scale, masks
             ctx.compiled = True
@@ -263,7 +273,8 @@ class _BlockSparseAttention(torch.autograd.Function):
         B, H, L, D = q.shape
         op = _compiled_op(q, masks) if ctx.compiled else None
         if op is not None and B * H >= torch.get_num_threads():  # one (batch, head) per thread
-            return _compiled_backward(op, q, k, v, out, lse, grad_out, table, block, scale)
+            return _compiled_backward(op, q, k, v, out, lse, grad_out, table, block, scale,
+                                      masks)
         n = L // block
         G = table.group
         T = G * block
