@@ -292,10 +292,10 @@ NAMES: list[Name] = [
                    "BSLongformerSparsityConfig", "LocalSlidingWindowSparsityConfig")],
     _present("deepspeed.ops.sparse_attention.SparseSelfAttention",
              "dslaunch.engine.sparse_attention.modules:SparseSelfAttention",
-             "computes scores, softmax and context on the layout's kept blocks only (forward: "
-             "a compiled CPU op, or torch gathers per chunk of block rows; backward recomputes, "
-             "keeping no seq^2 tensor); rpe, key-padding and attention masks as DeepSpeed's "
-             "softmax applies them"),
+             "computes scores, softmax and context on the layout's kept blocks only (a "
+             "compiled CPU op, or torch gathers per chunk of block rows; the backward "
+             "recomputes, keeping no seq^2 tensor); rpe, key-padding and attention masks as "
+             "DeepSpeed's softmax applies them"),
     _present("deepspeed.ops.sparse_attention.BertSparseSelfAttention",
              "dslaunch.engine.sparse_attention.modules:BertSparseSelfAttention"),
     _present("deepspeed.ops.sparse_attention.SparseAttentionUtils",
