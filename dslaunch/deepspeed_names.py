@@ -590,7 +590,30 @@ NAMES: list[Name] = [
                    "configure_moe_param_groups")],
     _missing("deepspeed.module_inject", AUTOTP),
     _missing("deepspeed.inference", INFERENCE),
-    _missing("deepspeed.compression", "not planned yet: DeepSpeed's compression library"),
+    _present("deepspeed.compression", "dslaunch.compression",
+             "DeepSpeed 0.19 removed it (0.18.9 has it): weight quantization and sparse, row and "
+             "head pruning of nn.Linear; activation quantization, channel pruning, layer "
+             "reduction, snip_momentum and tensor-parallel layers (mpu=) are refused"),
+    _present("deepspeed.compression.compress", "dslaunch.compression.compress"),
+    *[_present(f"deepspeed.compression.compress.{name}",
+               f"dslaunch.engine.compression.compress:{name}", why) for name, why in (
+        ("init_compression", "teacher_model is accepted for layer_reduction, which is refused"),
+        ("redundancy_clean", "also sets out_features/in_features of the shrunk related modules"),
+        ("get_module_name", ""))],
+    _present("deepspeed.compression.init_compression",
+             "dslaunch.engine.compression.compress:init_compression"),
+    _present("deepspeed.compression.redundancy_clean",
+             "dslaunch.engine.compression.compress:redundancy_clean"),
+    _present("deepspeed.compression.compression_scheduler",
+             "dslaunch.engine.compression.scheduler:compression_scheduler",
+             "also steps weight quantization's bits (start_bits -> target_bits, MoQ's schedule)"),
+    _present("deepspeed.compression.scheduler", "dslaunch.compression.scheduler"),
+    _present("deepspeed.compression.scheduler.compression_scheduler",
+             "dslaunch.engine.compression.scheduler:compression_scheduler"),
+    _present("deepspeed.compression.basic_layer", "dslaunch.compression.basic_layer"),
+    _present("deepspeed.compression.basic_layer.LinearLayer_Compress",
+             "dslaunch.engine.compression.layers:LinearLayer_Compress",
+             "head pruning also takes method l1 (each head's column block's L1 norm)"),
     _missing("deepspeed.launcher.runner", "the launcher is the `dslaunch run` command; "
              "`python -m dslaunch` takes a `deepspeed` command line as typed (its flags, "
              "`.deepspeed_env`; docs/launcher.md)"),

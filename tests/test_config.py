@@ -409,8 +409,11 @@ def test_defaults_are_deepspeeds_and_marked_default():
 @pytest.mark.parametrize("section, line", [
     ({"hybrid_engine": {"enabled": True}},
      "hybrid_engine.enabled: not supported yet (the hybrid (RLHF) engine; not planned yet)"),
-    ({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": True}}}},
-     "compression_training: not supported yet (compression training; not planned yet)"),
+    ({"compression_training": {"channel_pruning": {
+        "shared_parameters": {"enabled": True},
+        "different_groups": {"g": {"params": {"dense_ratio": 0.5}, "modules": ["conv"]}}}}},
+     "compression_training.channel_pruning: not supported yet (dslaunch applies "
+     "weight_quantization, sparse_pruning, row_pruning and head_pruning)"),
 ])
 def test_features_not_supported_yet(section, line):
     assert problems({**BASE, **section}) == [line]

@@ -22,6 +22,8 @@ from typing import Any, Optional
 
 from .auto import resolve_autos
 from .batch import GAS, MBS, TBS, TRIAD, resolve_batch
+from .compression import CompressionConfigError
+from .compression import parse as parse_compression
 from .curriculum import schedule_problems
 from .elasticity import resolve_elastic
 from .errors import ConfigError
@@ -196,6 +198,11 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
     curriculum = values["curriculum_learning"]
     if curriculum["enabled"] is True:
         problems.extend(schedule_problems(curriculum))
+    if values.get("compression_training"):  # typed here (compression.py), applied by the engine
+        try:
+            parse_compression(values["compression_training"])
+        except CompressionConfigError as exc:
+            problems.append(str(exc))
     eigen = values["eigenvalue"]
     if eigen["enabled"] is True:
         if (isinstance(eigen["layer_num"], int) and eigen["layer_num"] < 1) or not eigen["layer_name"]:

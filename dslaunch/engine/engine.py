@@ -35,6 +35,16 @@ from .progressive_layer_drop import ProgressiveLayerDrop
 from .zero import build_optimizer_strategy
 
 
+def _compression_scheduler(model, section):
+    """The compression scheduler when the section switches a method on, else None."""
+    if not section or not any(((section.get(m) or {}).get("shared_parameters") or {}).get("enabled")
+                              for m in section if m != "layer_reduction"):
+        return None
+    from .compression import compression_scheduler  # only jobs that compress import it
+
+    return compression_scheduler(model, section)
+
+
 class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     """What ``dslaunch.initialize`` returns: call it like the model, then ``backward(loss)`` and
     ``step()`` on every micro-batch (DeepSpeed's contract), or ``step()`` only at the boundaries
@@ -155,6 +165,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self._eigenvalues = EigenvalueAtBoundaries.from_config(cfg.eigenvalue, model, self.device)
         self.eigenvalue = self._eigenvalues.eigenvalue if self._eigenvalues else None
         self.block_eigenvalue = None
+        # compression_training: the scheduler switches on what init_compression set up
+        self.compression_scheduler = _compression_scheduler(model, cfg.compression_training)
         self._init_surface(client_optimizer_name)
         # dslaunch run --recover in-process: a lost peer is survived inside backward()/step()
         self._recovery = inprocess_recovery.Watch.from_env()
@@ -194,6 +206,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             difficulty = self.curriculum_scheduler_legacy.update_difficulty(self.global_steps + 1)
             if self._config.curriculum_learning.curriculum_type == "seqlen":
                 kwargs["curriculum_seqlen"] = difficulty  # the model cuts its sequences
+        if self.compression_scheduler is not None and self.global_steps == 0:
+            self.compression_scheduler.step(step_zero_check=True)  # offset-0 methods: on now
         with self.autocast.region(), (self._eigenvalues.forward_region() if self._eigenvalues
                                       else contextlib.nullcontext()):
             out = self.module(*args, **kwargs)
@@ -287,6 +301,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             else:
                 self.skipped_steps += 1
             self.global_steps += 1
+            if self.compression_scheduler is not None:  # after the step, as DeepSpeed's
+                self.compression_scheduler.step()
             if self._progress is not None:  # also what the live job view shows (launcher/jobview.py)
                 self._progress.step(self.global_steps, self._tokens, self._device_memory())
             if self._managed_accumulation:

@@ -1,0 +1,14 @@
+"""``dslaunch.compression``, as ``deepspeed.compression`` (DeepSpeed 0.18; 0.19 removed it):
+``init_compression``, ``redundancy_clean`` and ``compression_scheduler`` for weight quantization
+and sparse / row / head pruning. A face: the implementation is ``dslaunch/engine/compression/``.
+"""
+
+from dslaunch.engine.compression import compression_scheduler, init_compression, redundancy_clean
+
+__all__ = ["init_compression", "redundancy_clean", "compression_scheduler"]
+
+
+def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
+    from dslaunch.deepspeed_names import face_getattr
+
+    return face_getattr(__name__)(name)

@@ -1,0 +1,13 @@
+"""``dslaunch.compression.basic_layer``, as ``deepspeed.compression.basic_layer``: the compressed
+linear layer. A face: the implementation is ``dslaunch/engine/compression/layers.py``.
+"""
+
+from dslaunch.engine.compression.layers import LinearLayer_Compress
+
+__all__ = ["LinearLayer_Compress"]
+
+
+def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
+    from dslaunch.deepspeed_names import missing_attribute
+
+    raise missing_attribute(__name__, name)

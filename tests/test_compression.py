@@ -1,0 +1,200 @@
+"""Compression training (issue 34 part 3; DeepSpeed 0.18's deepspeed.compression): weight
+quantization values and bit schedule, sparse / row / head pruning masks, redundancy_clean shrinking
+the model with the same outputs, the engine stepping the schedule, and the config section's
+errors. DeepSpeed 0.18.9's own values are compared by benchmarks/compare_compression_ds018.py
+(needs a DeepSpeed 0.18 venv; not in CI)."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import dslaunch
+from dslaunch.config import resolve_config
+from dslaunch.config.errors import ConfigError
+from dslaunch.engine.compression import (
+    LinearLayer_Compress,
+    compression_scheduler,
+    init_compression,
+    quantize,
+    redundancy_clean,
+    scheduled_bits,
+)
+
+
+class Block(nn.Module):
+    """An attention-like block: q/k/v, an output projection o, an MLP fc1 -> fc2."""
+
+    def __init__(self, width=16, hidden=32):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+        self.fc1, self.fc2 = nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x):
+        h = self.o(self.q(x) * self.k(x) + self.v(x))
+        return self.fc2(torch.relu(self.fc1(h)))
+
+
+def _section(**methods):
+    return {"compression_training": methods}
+
+
+def _method(params, modules, related=None, **shared):
+    group = {"params": params, "modules": modules}
+    if related is not None:
+        group["related_modules"] = related
+    return {"shared_parameters": {"enabled": True, "schedule_offset": 0, **shared},
+            "different_groups": {"g1": group}}
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "asymmetric"])
+@pytest.mark.parametrize("bits", [3, 4, 8])
+def test_quantized_values_per_group_at_most_2_pow_bits(kind, bits):
+    torch.manual_seed(0)
+    w = torch.randn(64, 48)
+    q = quantize(w, bits, groups=4, kind=kind)
+    for group in q.reshape(4, -1):
+        assert 2 < group.unique().numel() <= 2 ** bits
+    assert (q - w).abs().max() <= 2 * (w.max() - w.min()) / 2 ** bits  # within a step or two
+    # ternary and binary: 3 and 2 values
+    assert quantize(w, 2).unique().numel() == 3 and quantize(w, 1).unique().numel() == 2
+
+
+def test_bit_schedule_follows_start_target_period():
+    # MoQ's rule: one bit less at P, 2P, 4P ... steps after the offset, never below target
+    assert [scheduled_bits(8, 4, 2, k) for k in range(0, 18)] == \
+        [8, 8, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 5, 5, 5, 5, 4, 4]
+    assert scheduled_bits(8, 4, 2, 10_000) == 4
+    model = Block()
+    cfg = _section(weight_quantization=_method(
+        {"start_bits": 6, "target_bits": 3, "quantization_period": 1}, ["fc1"],
+        schedule_offset=2, quantize_weight_in_forward=True))
+    init_compression(model, cfg)
+    sched = compression_scheduler(model, cfg)
+    seen = []
+    for _ in range(8):
+        sched.step()
+        seen.append((model.fc1.weight_quantization_enabled, model.fc1.weight.start_bits))
+    assert seen == [(False, 6), (True, 6), (True, 5), (True, 4), (True, 4), (True, 3), (True, 3),
+                    (True, 3)]
+    x = torch.randn(5, 16)
+    sched.training_steps = 100
+    sched.step()
+    assert model.fc1.weight.start_bits == 3
+    weight, _ = model.fc1.compressed_weight_and_bias()
+    assert weight.unique().numel() <= 2 ** 3
+    model.fc1(x).sum().backward()  # straight-through gradient reaches the fp32 weight
+    assert model.fc1.weight.grad is not None and model.fc1.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("method", ["l1", "topk"])
+def test_pruned_rows_heads_and_sparse_values_are_zero(method):
+    torch.manual_seed(1)
+    model = Block()
+    cfg = _section(
+        sparse_pruning=_method({"dense_ratio": 0.3}, ["q"], method=method),
+        row_pruning=_method({"dense_ratio": 0.25}, ["fc1"], method=method),
+        head_pruning=_method({"dense_ratio": 0.5}, ["o"], method=method, num_heads=4))
+    init_compression(model, cfg)
+    assert all(isinstance(getattr(model, n), LinearLayer_Compress) for n in ("q", "fc1", "o"))
+    assert isinstance(model.k, nn.Linear) and not isinstance(model.k, LinearLayer_Compress)
+    compression_scheduler(model, cfg).step(step_zero_check=True)
+    w, _ = model.q.compressed_weight_and_bias()
+    assert (w != 0).sum().item() == math.ceil(0.3 * w.numel())
+    if method == "l1":  # the kept ones are the largest |w|
+        kept = model.q.weight.detach().abs()[w != 0]
+        assert kept.min() >= model.q.weight.detach().abs()[w == 0].max()
+    w, b = model.fc1.compressed_weight_and_bias()
+    zero_rows = (w == 0).all(dim=1)
+    assert zero_rows.sum().item() == 32 - 8 and (b[zero_rows] == 0).all()
+    w, _ = model.o.compressed_weight_and_bias()
+    zero_heads = (w.t().reshape(4, -1) == 0).all(dim=1)
+    assert zero_heads.sum().item() == 2
+
+
+@pytest.mark.parametrize("method", ["l1", "topk"])
+def test_redundancy_clean_shrinks_and_keeps_outputs(method):
+    torch.manual_seed(2)
+    model = Block()
+    cfg = _section(
+        sparse_pruning=_method({"dense_ratio": 0.5}, ["v"], method=method),
+        row_pruning=_method({"dense_ratio": 0.5}, ["fc1"], [["fc2"]], method=method),
+        head_pruning=_method({"dense_ratio": 0.5}, ["o"], [["q", "k", "v"]], method=method,
+                             num_heads=4))
+    init_compression(model, cfg)
+    compression_scheduler(model, cfg).step(step_zero_check=True)
+    x = torch.randn(7, 16)
+    with torch.no_grad():
+        masked = model(x)
+    before = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    dense = sum(p.numel() for n, p in model.named_parameters() if "scores" not in n)
+    redundancy_clean(model, cfg)
+    after = sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        cleaned = model(x)
+    assert torch.allclose(cleaned, masked, atol=1e-6, rtol=0)
+    assert after < dense <= before
+    assert (model.fc1.out_features, model.fc2.in_features) == (16, 16)
+    assert model.q.weight.shape == (8, 16) and model.o.weight.shape == (16, 8)
+    assert tuple(model.fc2.weight.shape) == (16, 16)
+
+
+def test_engine_steps_the_schedule():
+    torch.manual_seed(3)
+    model = Block()
+    cfg = {"train_batch_size": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-2}},
+           **_section(
+               weight_quantization=_method({"start_bits": 8, "target_bits": 4,
+                                            "quantization_period": 1}, ["fc2"],
+                                           schedule_offset=1, quantize_groups=2),
+               row_pruning=_method({"dense_ratio": 0.5}, ["fc1"], schedule_offset=2))}
+    init_compression(model, cfg)
+    engine, *_ = dslaunch.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    assert engine.compression_scheduler is not None
+    for _ in range(6):
+        loss = engine(torch.randn(2, 16)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    sched = engine.compression_scheduler
+    assert sched.training_steps == 6 and model.fc1.row_pruning_enabled
+    bits = model.fc2.weight.start_bits
+    assert bits == scheduled_bits(8, 4, 1, 5) == 5
+    for group in model.fc2.weight.detach().reshape(2, -1):  # MoQ: the weight itself quantized
+        assert group.unique().numel() <= 2 ** bits
+    w, _ = model.fc1.compressed_weight_and_bias()
+    assert (w == 0).all(dim=1).sum().item() == 16
+
+
+def test_section_errors_and_refusals():
+    base = {"train_batch_size": 4}
+    resolve_config({**base, **_section(row_pruning=_method({"dense_ratio": 0.5}, ["fc"]))},
+                   world_size=1)
+    bad = [
+        (_section(row_pruning=_method({"dense_ratio": 1.5}, ["fc"])), "dense_ratio"),
+        (_section(weight_quantization=_method({"start_bits": 4, "target_bits": 8}, ["fc"])),
+         "target_bits"),
+        (_section(weight_quantization=_method({"start_bits": 8, "target_bits": 4}, ["fc"],
+                                              rounding="up")), "rounding"),
+        (_section(channel_pruning=_method({"dense_ratio": 0.5}, ["conv"])),
+         "channel_pruning: not supported yet"),
+        (_section(layer_reduction={"enabled": True, "keep_number_layer": 2}),
+         "layer_reduction: not supported yet"),
+        (_section(sparse_pruning=_method({"dense_ratio": 0.5}, ["fc"], method="snip_momentum")),
+         "snip_momentum"),
+        (_section(row_pruning={"shared_parameters": {"enabled": True, "typo": 1}}), "typo"),
+    ]
+    for section, words in bad:
+        with pytest.raises(ConfigError, match=words):
+            resolve_config({**base, **section}, world_size=1)
+    # present but disabled: fine
+    resolve_config({**base, **_section(channel_pruning={"shared_parameters": {"enabled": False}})},
+                   world_size=1)
+
+
+def test_deepspeed_spelling_reaches_it():
+    from dslaunch.compression import compress
+    from dslaunch.compression import init_compression as face_init
+    from dslaunch.compression import redundancy_clean as rc
+    assert face_init is init_compression and rc is redundancy_clean
+    assert compress.init_compression is init_compression
