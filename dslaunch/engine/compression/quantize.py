@@ -56,8 +56,7 @@ def quantize(x: torch.Tensor, bits: int, groups: int = 1, kind: str = "symmetric
         alpha = (keep * flat).abs().sum(dim=1, keepdim=True) / keep.sum(dim=1, keepdim=True)
         q = alpha * ((flat > threshold).to(flat.dtype) - (flat < -threshold).to(flat.dtype))
     else:
-        alpha = flat.abs().sum(dim=1, keepdim=True) / flat.shape[1]
-        q = alpha * flat.sign()
+        q = flat.sign() * flat.norm(p=1, dim=1, keepdim=True).div(flat.shape[1])
     return _ste(x, q.reshape(x.shape).to(x.dtype))
 
 

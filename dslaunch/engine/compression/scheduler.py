@@ -1,6 +1,7 @@
 """``compression_scheduler``: switches each method on in the compressed layers when the step count
-reaches its ``schedule_offset`` (sparse pruning: from ``schedule_offset`` through
-``schedule_offset_end``; once on, a method stays on), as DeepSpeed 0.18's scheduler. The engine
+reaches its ``schedule_offset``; once on, a method stays on (DeepSpeed 0.18's scheduler; its
+sparse-pruning check also reads ``schedule_offset_end``, which its config keeps for snip_momentum
+only, so l1/topk sparse pruning failed there with a KeyError; here they start at the offset). The engine
 calls ``step(step_zero_check=True)`` before the first forward and ``step()`` after every optimizer
 step.
 
@@ -50,9 +51,7 @@ class compression_scheduler:
 
     def _on(self, method) -> bool:
         shared = self.methods[method]["shared"]
-        if self.training_steps < shared["schedule_offset"]:
-            return False
-        return method != SPARSE_PRUNING or self.training_steps <= shared["schedule_offset_end"]
+        return self.training_steps >= shared["schedule_offset"]
 
     def check_all_modules(self) -> None:
         for method, layers in self.layers.items():
