@@ -26,6 +26,7 @@ samples already consumed (docs/resilience.md).
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -100,6 +101,17 @@ class SequenceParallel:
         return sequence_parallel_cross_entropy(engine(tokens), targets, self.group)
 
 
+def compress_if_configured(model, args):
+    """A config with a compression_training section (configs/compression_gpt.json): swap the
+    chosen nn.Linear for DeepSpeed's compressed layers; the engine steps the schedule."""
+    path = getattr(args, "deepspeed_config", None)
+    text = open(path).read() if path else os.environ.get("DSLAUNCH_CONFIG", "")
+    if "compression_training" in text:
+        from dslaunch.compression import init_compression
+
+        init_compression(model, text)
+
+
 def main():
     args = parse_args()
     torch.manual_seed(args.seed)
@@ -114,6 +126,7 @@ def main():
             tiled_mlp=TiledMLP if args.tiled_mlp else None, mlp_tiles=args.tiled_mlp,
             tiled_loss=TiledFusedLogitsLoss if args.tiled_loss else None,
             loss_tiles=args.tiled_loss)
+    compress_if_configured(model, args)  # before initialize, as DeepSpeed's init_compression
     sp = SequenceParallel(model, args.sp)  # before initialize: ZeRO-3 hooks the final modules
     engine, _, _, _ = dslaunch.initialize(args=args, model=model, mpu=sp.mpu,
                                           model_parameters=model.parameters())

@@ -122,9 +122,12 @@ def _typed(path: str, given, table: dict) -> dict:
 
 
 def load(deepspeed_config) -> dict:
-    """The config as a dict: a dict, a JSON file path, or an object carrying ``_param_dict``."""
-    if isinstance(deepspeed_config, dict):
-        return deepspeed_config
+    """The config as a dict: a dict, a JSON file path, JSON text (what ``DSLAUNCH_CONFIG``
+    carries), or an object carrying ``_param_dict``."""
+    if isinstance(deepspeed_config, Mapping):
+        return dict(deepspeed_config)
+    if isinstance(deepspeed_config, str) and deepspeed_config.lstrip().startswith("{"):
+        return json.loads(deepspeed_config)
     if isinstance(deepspeed_config, (str, os.PathLike)) and os.path.exists(deepspeed_config):
         with open(deepspeed_config) as f:
             return json.load(f)

@@ -18,6 +18,7 @@ import torch
 
 from dslaunch.config.compression import HEAD_PRUNING, ROW_PRUNING, SPARSE_PRUNING, WEIGHT_QUANTIZATION, parse
 
+from ..log import log_dist
 from .compress import _inner, _plan
 
 
@@ -42,7 +43,8 @@ class compression_scheduler:
         self.methods = parse(compression_config)
         self.training_steps = 0
         self.weight_quantization_enabled = False
-        self.layers = {}  # method -> [(layer, shared)]
+        self.layers = {}  # method -> [layer]
+        self.announced = set()
         for method, _, names, _ in _plan(self.model, self.methods, verbose=False):
             for name in (n for entry in names for n in entry):
                 layer = self.model.get_submodule(name)
@@ -57,6 +59,10 @@ class compression_scheduler:
         for method, layers in self.layers.items():
             if not self._on(method):
                 continue
+            if method not in self.announced:  # once, as DeepSpeed's "... is enabled at step N"
+                self.announced.add(method)
+                log_dist(f"compression: {method} is enabled at step {self.training_steps} "
+                         f"({len(layers)} modules)", ranks=[0])
             for layer in layers:
                 setattr(layer, _FLAG[method], True)
             if method == WEIGHT_QUANTIZATION:
