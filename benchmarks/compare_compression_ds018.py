@@ -6,8 +6,9 @@ weights. DeepSpeed 0.19 removed deepspeed.compression, so the peer is a 0.18 ven
 The script runs itself under the peer's interpreter (``--side deepspeed``) on the same state dict
 and inputs, then compares: the quantizers (symmetric / asymmetric 3, 4, 8 bits; ternary; binary;
 1 and 4 groups), the top-k binarizer, a model's l1 sparse / row masks and topk head masks (the
-learned scores copied from DeepSpeed's model), the masked forward, and after redundancy_clean the
-shapes and outputs. Prints one JSON line: the largest absolute difference of each.
+learned scores copied from DeepSpeed's model), the masked forward (with 8-bit dynamic activation
+quantization of fc1's input), and after redundancy_clean the shapes and outputs.
+Prints one JSON line: the largest absolute difference of each.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def _method(params, modules, related=None, **shared):
 CONFIG = {"compression_training": {
     "weight_quantization": _method({"start_bits": 4, "target_bits": 4, "quantization_period": 1},
                                    ["fc2"], quantize_weight_in_forward=True, quantize_groups=4),
+    "activation_quantization": _method({"bits": 8}, ["fc1"], range_calibration="dynamic"),
     "sparse_pruning": _method({"dense_ratio": 0.4}, ["v"], method="l1"),
     "row_pruning": _method({"dense_ratio": 0.5}, ["fc1"], [["fc2"]], method="l1"),
     "head_pruning": _method({"dense_ratio": 0.5}, ["o"], [["q", "k", "v"]], method="topk",
@@ -79,6 +81,7 @@ def deepspeed_side(inputs: dict) -> dict:
                      "head_pruning_enabled"):
             if hasattr(module, flag):
                 setattr(module, flag, True)
+    model.fc1.activation_quantization_enabled = True
     model.eval()
     out["compressed_state"] = {k: v.clone() for k, v in model.state_dict().items()}
     out["masks"] = {"sparse": model.v.get_mask("sparse"), "row": model.fc1.get_mask("row"),

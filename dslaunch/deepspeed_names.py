@@ -591,13 +591,14 @@ NAMES: list[Name] = [
     _missing("deepspeed.module_inject", AUTOTP),
     _missing("deepspeed.inference", INFERENCE),
     _present("deepspeed.compression", "dslaunch.compression",
-             "DeepSpeed 0.19 removed it (0.18.9 has it): weight quantization and sparse, row and "
-             "head pruning of nn.Linear; activation quantization, channel pruning, layer "
-             "reduction, snip_momentum and tensor-parallel layers (mpu=) are refused"),
+             "DeepSpeed 0.19 removed it (0.18.9 has it): weight and activation quantization, "
+             "sparse, row and head pruning of nn.Linear, layer reduction; channel pruning "
+             "(Conv2d), snip_momentum, fp16_mixed_quantize and tensor-parallel layers (mpu=) "
+             "are refused"),
     _present("deepspeed.compression.compress", "dslaunch.compression.compress"),
     *[_present(f"deepspeed.compression.compress.{name}",
                f"dslaunch.engine.compression.compress:{name}", why) for name, why in (
-        ("init_compression", "teacher_model is accepted for layer_reduction, which is refused"),
+        ("init_compression", "teacher_model: layer_reduction's teacher"),
         ("redundancy_clean", "also sets out_features/in_features of the shrunk related modules"),
         ("get_module_name", ""))],
     _present("deepspeed.compression.init_compression",

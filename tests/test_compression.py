@@ -179,7 +179,8 @@ def test_section_errors_and_refusals():
         (_section(channel_pruning=_method({"dense_ratio": 0.5}, ["conv"])),
          "channel_pruning: not supported yet"),
         (_section(layer_reduction={"enabled": True, "keep_number_layer": 2}),
-         "layer_reduction: not supported yet"),
+         "layer_reduction: needs module_name_prefix"),
+        (_section(activation_quantization=_method({"bits": 6}, ["fc"])), "bits: 4 or 8"),
         (_section(sparse_pruning=_method({"dense_ratio": 0.5}, ["fc"], method="snip_momentum")),
          "snip_momentum"),
         (_section(row_pruning={"shared_parameters": {"enabled": True, "typo": 1}}), "typo"),
@@ -190,6 +191,48 @@ def test_section_errors_and_refusals():
     # present but disabled: fine
     resolve_config({**base, **_section(channel_pruning={"shared_parameters": {"enabled": False}})},
                    world_size=1)
+
+
+@pytest.mark.parametrize("calibration", ["dynamic", "static"])
+def test_activation_quantization(calibration):
+    torch.manual_seed(4)
+    model = Block()
+    cfg = _section(activation_quantization=_method({"bits": 4}, ["fc2"],
+                                                   range_calibration=calibration))
+    init_compression(model, cfg)
+    compression_scheduler(model, cfg).step(step_zero_check=True)
+    seen = []
+    model.fc2.register_forward_hook(lambda m, args, out: seen.append(m.quantize_input(args[0])))
+    x = torch.randn(6, 16)
+    model(x).sum().backward()
+    quantized = seen[0].detach()
+    rows = quantized if calibration == "dynamic" else quantized.reshape(1, -1)
+    for row in rows:  # per token (dynamic) or over the running range (static)
+        assert row.unique().numel() <= 2 ** 4
+    if calibration == "static":
+        low, high = model.fc2.activation_quantizer.x_min_max
+        assert low < 0 <= high or low <= 0 < high
+    assert model.fc1.weight.grad is not None  # straight through to the layers before
+
+
+def test_layer_reduction_takes_the_teachers_layers():
+    torch.manual_seed(5)
+
+    class Stack(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.embed = nn.Linear(8, 8)
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(n))
+
+    teacher, student = Stack(4), Stack(2)
+    cfg = _section(layer_reduction={"enabled": True, "keep_number_layer": 2,
+                                    "module_name_prefix": "layers", "teacher_layer": [1, 3],
+                                    "other_module_name": ["embed"]})
+    with pytest.raises(ValueError, match="teacher_model"):
+        init_compression(student, cfg)
+    init_compression(student, cfg, teacher_model=teacher)
+    for s_name, t_name in (("layers.0", "layers.1"), ("layers.1", "layers.3"), ("embed", "embed")):
+        assert torch.equal(student.get_submodule(s_name).weight, teacher.get_submodule(t_name).weight)
 
 
 def test_deepspeed_spelling_reaches_it():

@@ -412,8 +412,8 @@ def test_defaults_are_deepspeeds_and_marked_default():
     ({"compression_training": {"channel_pruning": {
         "shared_parameters": {"enabled": True},
         "different_groups": {"g": {"params": {"dense_ratio": 0.5}, "modules": ["conv"]}}}}},
-     "compression_training.channel_pruning: not supported yet (dslaunch applies "
-     "weight_quantization, sparse_pruning, row_pruning and head_pruning)"),
+     "compression_training.channel_pruning: not supported yet (dslaunch applies weight and "
+     "activation quantization, sparse, row and head pruning, layer reduction)"),
 ])
 def test_features_not_supported_yet(section, line):
     assert problems({**BASE, **section}) == [line]

@@ -1,6 +1,7 @@
 """``dslaunch.compression``, as ``deepspeed.compression`` (DeepSpeed 0.18; 0.19 removed it):
-``init_compression``, ``redundancy_clean`` and ``compression_scheduler`` for weight quantization
-and sparse / row / head pruning. A face: the implementation is ``dslaunch/engine/compression/``.
+``init_compression``, ``redundancy_clean`` and ``compression_scheduler`` for weight and
+activation quantization, sparse / row / head pruning and layer reduction. A face: the
+implementation is ``dslaunch/engine/compression/``.
 """
 
 from dslaunch.engine.compression import compression_scheduler, init_compression, redundancy_clean

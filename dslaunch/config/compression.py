@@ -25,7 +25,8 @@ LAYER_REDUCTION = "layer_reduction"
 METHODS = (WEIGHT_QUANTIZATION, ACTIVATION_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING,
            HEAD_PRUNING, CHANNEL_PRUNING)
 # what dslaunch applies today; the others are parsed and refused when enabled (config/features.py)
-IMPLEMENTED = (WEIGHT_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING, HEAD_PRUNING)
+IMPLEMENTED = (WEIGHT_QUANTIZATION, ACTIVATION_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING,
+               HEAD_PRUNING)
 
 _BOOL, _INT, _FLOAT, _STR = "bool", "int", "float", "str"
 
@@ -204,8 +205,15 @@ def parse(section) -> dict:
                 _check_group(gpath, method, params)
             groups.append(Group(name, params, list(modules), related))
         out[method] = {"shared": shared, "groups": groups}
-    out[LAYER_REDUCTION] = _typed(f"{root}.{LAYER_REDUCTION}", section.get(LAYER_REDUCTION),
-                                  _LAYER_REDUCTION)
+    reduction = _typed(f"{root}.{LAYER_REDUCTION}", section.get(LAYER_REDUCTION), _LAYER_REDUCTION)
+    if reduction["enabled"]:
+        layers = reduction["teacher_layer"]
+        if not reduction["module_name_prefix"] or not layers \
+                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
+            raise CompressionConfigError(f"{root}.{LAYER_REDUCTION}: needs module_name_prefix (the "
+                                         "blocks' list, e.g. transformer.h) and teacher_layer (the "
+                                         "teacher's layer numbers the student keeps)")
+    out[LAYER_REDUCTION] = reduction
     return out
 
 
@@ -246,7 +254,8 @@ def unimplemented(section) -> list:
             continue
         if method not in IMPLEMENTED:
             lines.append(f"compression_training.{method}: not supported yet (dslaunch applies "
-                         "weight_quantization, sparse_pruning, row_pruning and head_pruning)")
+                         "weight and activation quantization, sparse, row and head pruning, "
+                         "layer reduction)")
         elif method == SPARSE_PRUNING and shared.get("method") == "snip_momentum":
             lines.append("compression_training.sparse_pruning.shared_parameters.method: "
                          "snip_momentum is not supported (it needs Intel neural_compressor); use "
@@ -255,6 +264,4 @@ def unimplemented(section) -> list:
                 "enabled"):
             lines.append("compression_training.weight_quantization.shared_parameters."
                          "fp16_mixed_quantize: not supported yet")
-    if (section.get(LAYER_REDUCTION) or {}).get("enabled"):
-        lines.append("compression_training.layer_reduction: not supported yet")
     return lines

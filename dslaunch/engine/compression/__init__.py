@@ -1,6 +1,7 @@
 """Compression training (DeepSpeed 0.18's ``deepspeed.compression``; 0.19 removed it): weight
-quantization and sparse / row / head pruning through ``LinearLayer_Compress``, stepped by
-``compression_scheduler``; ``redundancy_clean`` makes it permanent and shrinks the model.
+and activation quantization and sparse / row / head pruning through ``LinearLayer_Compress``, stepped by
+``compression_scheduler``; ``redundancy_clean`` makes it permanent and shrinks the model; layer
+reduction initialises a student from a teacher's layers.
 The ``compression_training`` section is typed in ``dslaunch/config/compression.py``.
 """
 

@@ -12,18 +12,26 @@ Within a method a module belongs to one group: a second match is an error, as De
 quantization, sparse, row, head pruning: the weight takes its quantized / masked values, and
 where a group names ``related_modules`` the pruned rows (and the related modules' matching input
 columns) or heads (and the related q/k/v output rows) are removed, so the model shrinks and gives
-the same outputs as the masked one.
+the same outputs as the masked one. Activation quantization stays in forward; weight
+quantization is written only where it ran in forward (the MoQ path quantized the weights already).
+
+``layer_reduction`` (``teacher_model=``): student layer ``i`` under ``module_name_prefix`` takes
+the parameters of teacher layer ``teacher_layer[i]``, the ``other_module_name`` modules the
+teacher's (``student_initialization``).
 """
 
 from __future__ import annotations
 
 import re
 
+import torch
 from torch import nn
 
 from dslaunch.config.compression import (
+    ACTIVATION_QUANTIZATION,
     HEAD_PRUNING,
     IMPLEMENTED,
+    LAYER_REDUCTION,
     ROW_PRUNING,
     SPARSE_PRUNING,
     WEIGHT_QUANTIZATION,
@@ -35,7 +43,7 @@ from dslaunch.config.compression import (
 
 from .layers import LinearLayer_Compress
 
-ORDER = (WEIGHT_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING, HEAD_PRUNING)
+ORDER = (WEIGHT_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING, HEAD_PRUNING, ACTIVATION_QUANTIZATION)
 
 
 def _inner(model: nn.Module) -> nn.Module:
@@ -112,6 +120,10 @@ def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
         raise NotImplementedError("compression of tensor-parallel layers (mpu=) is not supported")
     methods = _methods(deepspeed_config)
     c_model = _inner(model)
+    if methods[LAYER_REDUCTION]["enabled"]:
+        if teacher_model is None:
+            raise ValueError("compression_training.layer_reduction needs teacher_model=")
+        student_initialization(c_model, _inner(teacher_model), methods[LAYER_REDUCTION])
     for method, params, names, _ in _plan(c_model, methods):
         for name in (n for entry in names for n in entry):
             layer = _replace(c_model, name)
@@ -126,10 +138,35 @@ def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
                 layer.enable_sparse_pruning(params["dense_ratio"], params["method"])
             elif method == ROW_PRUNING:
                 layer.enable_row_pruning(params["dense_ratio"], params["method"])
+            elif method == ACTIVATION_QUANTIZATION:
+                layer.enable_activation_quantization(params["bits"], params["quantization_type"],
+                                                     params["range_calibration"])
             elif method == HEAD_PRUNING:
                 layer.enable_head_pruning(params["dense_ratio"], params["method"],
                                           params["num_heads"])
     return model
+
+
+def student_initialization(student_model, teacher_model, layer_reduction: dict) -> None:
+    """Layer reduction: student layer ``i`` under ``module_name_prefix`` takes the parameters of
+    teacher layer ``teacher_layer[i]``, and each module of ``other_module_name`` the teacher's."""
+    prefix = layer_reduction["module_name_prefix"]
+    teacher_layer = layer_reduction["teacher_layer"]
+    keep = layer_reduction["keep_number_layer"]
+    if keep is not None and keep != len(teacher_layer):
+        raise ValueError(f"compression_training.layer_reduction: keep_number_layer {keep} but "
+                         f"{len(teacher_layer)} teacher_layer entries")
+    pairs = [(f"{prefix}.{i}", f"{prefix}.{t}") for i, t in enumerate(teacher_layer)]
+    pairs += [(name, name) for name in layer_reduction["other_module_name"]]
+    with torch.no_grad():
+        for s_name, t_name in pairs:
+            s_params = list(student_model.get_submodule(s_name).parameters())
+            t_params = list(teacher_model.get_submodule(t_name).parameters())
+            if [p.shape for p in s_params] != [p.shape for p in t_params]:
+                raise ValueError(f"layer_reduction: student {s_name} and teacher {t_name} "
+                                 "differ in parameter shapes")
+            for s_param, t_param in zip(s_params, t_params):
+                s_param.copy_(t_param)
 
 
 def redundancy_clean(model, deepspeed_config, mpu=None):
@@ -159,8 +196,10 @@ def redundancy_clean(model, deepspeed_config, mpu=None):
 
 
 def _fix(layer, method, params, mask, dim_reduction):
-    if method == WEIGHT_QUANTIZATION:
-        return layer.fix_weight_quantization()
+    if method == ACTIVATION_QUANTIZATION:
+        return None  # it stays in forward, as DeepSpeed's
+    if method == WEIGHT_QUANTIZATION:  # the forward path only: MoQ's weights are quantized already
+        return layer.fix_weight_quantization() if params["quantize_weight_in_forward"] else None
     if method == SPARSE_PRUNING:
         return layer.fix_sparse_pruning_helper()
     if method == ROW_PRUNING:
@@ -168,4 +207,5 @@ def _fix(layer, method, params, mask, dim_reduction):
     return layer.fix_head_pruning_helper(mask, params["num_heads"], dim_reduction=dim_reduction)
 
 
-__all__ = ["init_compression", "redundancy_clean", "get_module_name", "IMPLEMENTED"]
+__all__ = ["init_compression", "redundancy_clean", "get_module_name", "student_initialization",
+           "IMPLEMENTED"]

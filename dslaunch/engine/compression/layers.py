@@ -9,6 +9,8 @@ What forward applies, in this order, once the scheduler switched the method on:
 - sparse pruning: elementwise mask (``l1``: the largest ``dense_ratio`` of ``|w|``, fixed when
   enabled; ``topk``: learned scores ``sparse_mask_scores``);
 - row pruning: output rows (and bias) masked (``l1``: rows' L1 norms; ``topk``: ``row_mask_scores``);
+- activation quantization: the input quantized to 4 or 8 bits, per token over its range
+  (``dynamic``) or over a running range (``static``, ``QuantAct``);
 - head pruning (an attention output projection): input columns grouped by ``num_heads`` heads
   masked (``topk``: ``head_pruning_scores`` as DeepSpeed; ``l1``, dslaunch's: each head's column
   block's L1 norm).
@@ -25,7 +27,28 @@ import math
 import torch
 from torch import nn
 
-from .quantize import quantize, topk_mask
+from .quantize import quantize, quantize_range, topk_mask
+
+
+class QuantAct(nn.Module):
+    """Static activation quantization's range: a running min / max (momentum
+    ``act_range_momentum``) updated in training, started from the first batch's."""
+
+    def __init__(self, act_range_momentum=0.95, quant_mode="symmetric"):
+        super().__init__()
+        self.act_range_momentum = act_range_momentum
+        self.quant_mode = quant_mode
+        self.register_buffer("x_min_max", torch.zeros(2))
+
+    def forward(self, x, num_bits, *args):
+        if self.training:
+            low, high = x.detach().min(), x.detach().max()
+            if self.x_min_max[0] == self.x_min_max[1]:
+                self.x_min_max[0], self.x_min_max[1] = low, high
+            m = self.act_range_momentum
+            self.x_min_max[0] = self.x_min_max[0] * m + low * (1 - m)
+            self.x_min_max[1] = self.x_min_max[1] * m + high * (1 - m)
+        return quantize_range(x, num_bits, self.x_min_max[0], self.x_min_max[1], self.quant_mode)
 
 
 def _scores(shape, device) -> nn.Parameter:
@@ -125,6 +148,23 @@ class LinearLayer_Compress(nn.Linear):
         else:
             raise NotImplementedError(f"head pruning method {method!r}")
 
+    def enable_activation_quantization(self, bits, quantization_type, range_calibration):
+        if bits not in (4, 8):
+            raise ValueError("activation quantization takes 4 or 8 bits")
+        self.activation_quantization_bits = bits
+        self.activation_quantization_type = quantization_type
+        self.activation_quantization_method = f"{quantization_type}_{range_calibration}"
+        if range_calibration == "static":
+            self.activation_quantizer = QuantAct(quant_mode=quantization_type)
+
+    def quantize_input(self, input):
+        """Dynamic: per token (each row of the last dimension) over its own range; static:
+        over the running range."""
+        if "static" in self.activation_quantization_method:
+            return self.activation_quantizer(input, self.activation_quantization_bits)
+        return quantize(input, self.activation_quantization_bits,
+                        input.numel() // input.size(-1), self.activation_quantization_type)
+
     # -- masks ------------------------------------------------------------------------------------
     def get_mask(self, pruning_type="row"):
         if pruning_type == "sparse":
@@ -168,6 +208,8 @@ class LinearLayer_Compress(nn.Linear):
 
     def forward(self, input, skip_bias_add=False):
         weight, bias = self.compressed_weight_and_bias()
+        if self.activation_quantization_enabled and self.activation_quantization_method:
+            input = self.quantize_input(input)
         if skip_bias_add:
             return nn.functional.linear(input, weight, None), bias
         return nn.functional.linear(input, weight, bias)

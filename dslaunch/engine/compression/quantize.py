@@ -60,6 +60,24 @@ def quantize(x: torch.Tensor, bits: int, groups: int = 1, kind: str = "symmetric
     return _ste(x, q.reshape(x.shape).to(x.dtype))
 
 
+def quantize_range(x: torch.Tensor, bits: int, low: torch.Tensor, high: torch.Tensor,
+                   kind: str = "symmetric") -> torch.Tensor:
+    """``x`` quantized over a given range (static activation quantization): symmetric over
+    ``max(|low|, high)``, asymmetric over ``[low, high]``; straight-through gradient."""
+    levels = 2 ** bits
+    flat = x.detach()
+    if kind == "symmetric":
+        scale = 2 * torch.maximum(low.abs(), high) / levels
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        q = (flat / scale).round().clamp(-levels // 2, levels // 2 - 1) * scale
+    else:
+        scale = (high - low) / levels
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        zero = (low / scale).round() * scale
+        q = ((flat - zero) / scale).round().clamp(0, levels - 1) * scale + zero
+    return _ste(x, q.to(x.dtype))
+
+
 def topk_mask(scores: torch.Tensor, ratio: float) -> torch.Tensor:
     """1 on the ``ceil(ratio * n)`` largest entries of ``scores``; gradient straight through."""
     flat = scores.detach().flatten()

@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from dslaunch.config.compression import HEAD_PRUNING, ROW_PRUNING, SPARSE_PRUNING, WEIGHT_QUANTIZATION, parse
+from dslaunch.config.compression import (
+    ACTIVATION_QUANTIZATION,
+    HEAD_PRUNING,
+    ROW_PRUNING,
+    SPARSE_PRUNING,
+    WEIGHT_QUANTIZATION,
+    parse,
+)
 
 from ..log import log_dist
 from .compress import _inner, _plan
@@ -32,6 +39,7 @@ def scheduled_bits(start_bits: int, target_bits: int, period: int, steps: int) -
 
 
 _FLAG = {WEIGHT_QUANTIZATION: "weight_quantization_enabled",
+         ACTIVATION_QUANTIZATION: "activation_quantization_enabled",
          SPARSE_PRUNING: "sparse_pruning_enabled", ROW_PRUNING: "row_pruning_enabled",
          HEAD_PRUNING: "head_pruning_enabled"}
 
