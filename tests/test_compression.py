@@ -164,6 +164,11 @@ def test_engine_steps_the_schedule():
         assert group.unique().numel() <= 2 ** bits
     w, _ = model.fc1.compressed_weight_and_bias()
     assert (w == 0).all(dim=1).sum().item() == 16
+    # a resumed engine (global_steps from a checkpoint) resumes the schedule at its step
+    sched.training_steps = 0
+    engine.global_steps = 40
+    engine(torch.randn(2, 16))
+    assert sched.training_steps == 40 and model.fc2.weight.start_bits == 4
 
 
 def test_section_errors_and_refusals():

@@ -206,8 +206,12 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             difficulty = self.curriculum_scheduler_legacy.update_difficulty(self.global_steps + 1)
             if self._config.curriculum_learning.curriculum_type == "seqlen":
                 kwargs["curriculum_seqlen"] = difficulty  # the model cuts its sequences
-        if self.compression_scheduler is not None and self.global_steps == 0:
-            self.compression_scheduler.step(step_zero_check=True)  # offset-0 methods: on now
+        sched = self.compression_scheduler
+        if sched is not None and (self.global_steps == 0 or sched.training_steps != self.global_steps):
+            # offset-0 methods on before the first step; after a checkpoint load, the schedule
+            # resumes at the engine's step
+            sched.training_steps = self.global_steps
+            sched.step(step_zero_check=True)
         with self.autocast.region(), (self._eigenvalues.forward_region() if self._eigenvalues
                                       else contextlib.nullcontext()):
             out = self.module(*args, **kwargs)
