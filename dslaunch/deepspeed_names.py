@@ -592,9 +592,9 @@ NAMES: list[Name] = [
     _missing("deepspeed.inference", INFERENCE),
     _present("deepspeed.compression", "dslaunch.compression",
              "DeepSpeed 0.19 removed it (0.18.9 has it): weight and activation quantization, "
-             "sparse, row and head pruning of nn.Linear, layer reduction; channel pruning "
-             "(Conv2d), snip_momentum, fp16_mixed_quantize and tensor-parallel layers (mpu=) "
-             "are refused"),
+             "sparse, row and head pruning of nn.Linear, channel pruning of nn.Conv2d, layer "
+             "reduction; snip_momentum, fp16_mixed_quantize, quantization and sparse pruning of "
+             "Conv2d / Embedding, and tensor-parallel layers (mpu=) are refused or not applied"),
     _present("deepspeed.compression.compress", "dslaunch.compression.compress"),
     *[_present(f"deepspeed.compression.compress.{name}",
                f"dslaunch.engine.compression.compress:{name}", why) for name, why in (
@@ -612,6 +612,10 @@ NAMES: list[Name] = [
     _present("deepspeed.compression.scheduler.compression_scheduler",
              "dslaunch.engine.compression.scheduler:compression_scheduler"),
     _present("deepspeed.compression.basic_layer", "dslaunch.compression.basic_layer"),
+    _present("deepspeed.compression.basic_layer.Conv2dLayer_Compress",
+             "dslaunch.engine.compression.conv:Conv2dLayer_Compress", "channel pruning only"),
+    _present("deepspeed.compression.basic_layer.BNLayer_Compress",
+             "dslaunch.engine.compression.conv:BNLayer_Compress"),
     _present("deepspeed.compression.basic_layer.LinearLayer_Compress",
              "dslaunch.engine.compression.layers:LinearLayer_Compress",
              "head pruning also takes method l1 (each head's column block's L1 norm)"),

@@ -181,8 +181,9 @@ def test_section_errors_and_refusals():
          "target_bits"),
         (_section(weight_quantization=_method({"start_bits": 8, "target_bits": 4}, ["fc"],
                                               rounding="up")), "rounding"),
-        (_section(channel_pruning=_method({"dense_ratio": 0.5}, ["conv"])),
-         "channel_pruning: not supported yet"),
+        (_section(weight_quantization=_method(
+            {"start_bits": 8, "target_bits": 4}, ["fc"],
+            fp16_mixed_quantize={"enabled": True})), "fp16_mixed_quantize: not supported yet"),
         (_section(layer_reduction={"enabled": True, "keep_number_layer": 2}),
          "layer_reduction: needs module_name_prefix"),
         (_section(activation_quantization=_method({"bits": 6}, ["fc"])), "bits: 4 or 8"),
@@ -238,6 +239,38 @@ def test_layer_reduction_takes_the_teachers_layers():
     init_compression(student, cfg, teacher_model=teacher)
     for s_name, t_name in (("layers.0", "layers.1"), ("layers.1", "layers.3"), ("embed", "embed")):
         assert torch.equal(student.get_submodule(s_name).weight, teacher.get_submodule(t_name).weight)
+
+
+@pytest.mark.parametrize("method", ["l1", "topk"])
+def test_channel_pruning_and_redundancy_clean(method):
+    torch.manual_seed(6)
+    net = nn.Sequential()
+    net.add_module("conv1", nn.Conv2d(3, 8, 3, padding=1))
+    net.add_module("relu", nn.ReLU())
+    net.add_module("conv2", nn.Conv2d(8, 4, 3))
+    cfg = _section(channel_pruning=_method({"dense_ratio": 0.5}, ["conv1"], [["conv2"]],
+                                           method=method))
+    init_compression(net, cfg)
+    compression_scheduler(net, cfg).step(step_zero_check=True)
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        masked = net(x)
+        pruned = (net.conv1(x) == 0).all(dim=(0, 2, 3))
+    assert pruned.sum().item() == 4  # 4 of 8 output channels are zero
+    redundancy_clean(net, cfg)
+    with torch.no_grad():
+        cleaned = net(x)
+    assert net.conv1.weight.shape[0] == 4 and net.conv2.weight.shape[1] == 4
+    assert torch.allclose(cleaned, masked, atol=1e-6, rtol=0)
+    # a related BatchNorm2d loses the same channels
+    bn_net = nn.Sequential()
+    bn_net.add_module("conv1", nn.Conv2d(3, 8, 3))
+    bn_net.add_module("bn", nn.BatchNorm2d(8))
+    cfg = _section(channel_pruning=_method({"dense_ratio": 0.25}, ["conv1"], [["bn"]]))
+    init_compression(bn_net, cfg)
+    redundancy_clean(bn_net, cfg)
+    assert bn_net.bn.weight.shape == (2,) and bn_net.bn.running_mean.shape == (2,)
+    assert bn_net(torch.randn(2, 3, 5, 5)).shape == (2, 2, 3, 3)
 
 
 def test_deepspeed_spelling_reaches_it():

@@ -409,11 +409,11 @@ def test_defaults_are_deepspeeds_and_marked_default():
 @pytest.mark.parametrize("section, line", [
     ({"hybrid_engine": {"enabled": True}},
      "hybrid_engine.enabled: not supported yet (the hybrid (RLHF) engine; not planned yet)"),
-    ({"compression_training": {"channel_pruning": {
-        "shared_parameters": {"enabled": True},
-        "different_groups": {"g": {"params": {"dense_ratio": 0.5}, "modules": ["conv"]}}}}},
-     "compression_training.channel_pruning: not supported yet (dslaunch applies weight and "
-     "activation quantization, sparse, row and head pruning, layer reduction)"),
+    ({"compression_training": {"sparse_pruning": {
+        "shared_parameters": {"enabled": True, "method": "snip_momentum"},
+        "different_groups": {"g": {"params": {"dense_ratio": 0.5}, "modules": ["fc"]}}}}},
+     "compression_training.sparse_pruning.shared_parameters.method: snip_momentum is not "
+     "supported (it needs Intel neural_compressor); use l1 or topk"),
 ])
 def test_features_not_supported_yet(section, line):
     assert problems({**BASE, **section}) == [line]

@@ -1,6 +1,6 @@
 """``dslaunch.compression``, as ``deepspeed.compression`` (DeepSpeed 0.18; 0.19 removed it):
 ``init_compression``, ``redundancy_clean`` and ``compression_scheduler`` for weight and
-activation quantization, sparse / row / head pruning and layer reduction. A face: the
+activation quantization, sparse / row / head / channel pruning and layer reduction. A face: the
 implementation is ``dslaunch/engine/compression/``.
 """
 

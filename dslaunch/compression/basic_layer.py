@@ -1,10 +1,11 @@
 """``dslaunch.compression.basic_layer``, as ``deepspeed.compression.basic_layer``: the compressed
-linear layer. A face: the implementation is ``dslaunch/engine/compression/layers.py``.
+layers. A face: the implementation is ``dslaunch/engine/compression/layers.py`` and ``conv.py``.
 """
 
+from dslaunch.engine.compression.conv import BNLayer_Compress, Conv2dLayer_Compress
 from dslaunch.engine.compression.layers import LinearLayer_Compress
 
-__all__ = ["LinearLayer_Compress"]
+__all__ = ["LinearLayer_Compress", "Conv2dLayer_Compress", "BNLayer_Compress"]
 
 
 def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it

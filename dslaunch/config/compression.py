@@ -25,8 +25,7 @@ LAYER_REDUCTION = "layer_reduction"
 METHODS = (WEIGHT_QUANTIZATION, ACTIVATION_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING,
            HEAD_PRUNING, CHANNEL_PRUNING)
 # what dslaunch applies today; the others are parsed and refused when enabled (config/features.py)
-IMPLEMENTED = (WEIGHT_QUANTIZATION, ACTIVATION_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING,
-               HEAD_PRUNING)
+IMPLEMENTED = METHODS
 
 _BOOL, _INT, _FLOAT, _STR = "bool", "int", "float", "str"
 

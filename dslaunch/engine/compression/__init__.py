@@ -1,14 +1,17 @@
 """Compression training (DeepSpeed 0.18's ``deepspeed.compression``; 0.19 removed it): weight
-and activation quantization and sparse / row / head pruning through ``LinearLayer_Compress``, stepped by
-``compression_scheduler``; ``redundancy_clean`` makes it permanent and shrinks the model; layer
-reduction initialises a student from a teacher's layers.
-The ``compression_training`` section is typed in ``dslaunch/config/compression.py``.
+and activation quantization and sparse / row / head pruning through ``LinearLayer_Compress``,
+channel pruning of ``nn.Conv2d`` (``conv.py``), stepped by ``compression_scheduler``;
+``redundancy_clean`` makes it permanent and shrinks the model; layer reduction initialises a
+student from a teacher's layers. The ``compression_training`` section is typed in
+``dslaunch/config/compression.py``.
 """
 
 from .compress import init_compression, redundancy_clean
+from .conv import BNLayer_Compress, Conv2dLayer_Compress
 from .layers import LinearLayer_Compress
 from .quantize import quantize, topk_mask
 from .scheduler import compression_scheduler, scheduled_bits
 
-__all__ = ["init_compression", "redundancy_clean", "LinearLayer_Compress", "compression_scheduler",
+__all__ = ["init_compression", "redundancy_clean", "LinearLayer_Compress", "Conv2dLayer_Compress",
+           "BNLayer_Compress", "compression_scheduler",
            "scheduled_bits", "quantize", "topk_mask"]

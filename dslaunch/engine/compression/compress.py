@@ -8,8 +8,11 @@ name matches one of the group's ``modules`` (``re.search``; ``*`` means all) amo
 method's ``schedule_offset`` (the engine steps it; ``compression_scheduler`` by hand otherwise).
 Within a method a module belongs to one group: a second match is an error, as DeepSpeed's.
 
+Channel pruning works on ``nn.Conv2d`` (its related modules: Conv2d or BatchNorm2d), the other
+methods on ``nn.Linear``.
+
 ``redundancy_clean(model, deepspeed_config)``: makes every method permanent in the order weight
-quantization, sparse, row, head pruning: the weight takes its quantized / masked values, and
+quantization, sparse, row, head, channel pruning: the weight takes its quantized / masked values, and
 where a group names ``related_modules`` the pruned rows (and the related modules' matching input
 columns) or heads (and the related q/k/v output rows) are removed, so the model shrinks and gives
 the same outputs as the masked one. Activation quantization stays in forward; weight
@@ -29,6 +32,7 @@ from torch import nn
 
 from dslaunch.config.compression import (
     ACTIVATION_QUANTIZATION,
+    CHANNEL_PRUNING,
     HEAD_PRUNING,
     IMPLEMENTED,
     LAYER_REDUCTION,
@@ -41,26 +45,37 @@ from dslaunch.config.compression import (
     unimplemented,
 )
 
+from .conv import BNLayer_Compress, Conv2dLayer_Compress
 from .layers import LinearLayer_Compress
 
-ORDER = (WEIGHT_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING, HEAD_PRUNING, ACTIVATION_QUANTIZATION)
+ORDER = (WEIGHT_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING, HEAD_PRUNING, CHANNEL_PRUNING,
+         ACTIVATION_QUANTIZATION)
 
 
 def _inner(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
-def _compressible(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear)
+def _compressible(module: nn.Module, kinds=(nn.Linear,)) -> bool:
+    return isinstance(module, kinds)
 
 
-def get_module_name(group_name, model, key_word, exist_module_name, mpu=None, verbose=True):
+def _kinds(method: str, related: bool = False) -> tuple:
+    """The module types a method compresses: channel pruning Conv2d (a related module may be a
+    Conv2d or a BatchNorm2d), the others nn.Linear."""
+    if method == CHANNEL_PRUNING:
+        return (nn.Conv2d, nn.BatchNorm2d) if related else (nn.Conv2d,)
+    return (nn.Linear,)
+
+
+def get_module_name(group_name, model, key_word, exist_module_name, mpu=None, verbose=True,
+                    kinds=(nn.Linear,)):
     """The names of the compressible modules matching ``key_word`` not taken yet; a taken one is
     an error when ``verbose`` (DeepSpeed's rule)."""
     names = []
     pattern = ".*" if key_word == "*" else key_word
     for name, module in model.named_modules():
-        if not name or not _compressible(module) or re.search(pattern, name) is None:
+        if not name or not _compressible(module, kinds) or re.search(pattern, name) is None:
             continue
         if name in exist_module_name:
             if verbose:
@@ -81,11 +96,12 @@ def _plan(model, methods: dict, verbose=True):
             continue
         taken = set()
         for group in methods[method]["groups"]:
-            names = [get_module_name(group.name, model, kw, taken, verbose=verbose)[0]
-                     for kw in group.modules]
+            names = [get_module_name(group.name, model, kw, taken, verbose=verbose,
+                                     kinds=_kinds(method))[0] for kw in group.modules]
             related = None
             if group.related_modules:
-                related = [[get_module_name(group.name, model, kw, set(), verbose=False)[0]
+                related = [[get_module_name(group.name, model, kw, set(), verbose=False,
+                                            kinds=_kinds(method, related=True))[0]
                             for kw in kws] for kws in group.related_modules]
             if any(names):
                 plan.append((method, group.params, names, related))
@@ -104,11 +120,16 @@ def _submodule(model, name):
     return model.get_submodule(name)
 
 
-def _replace(model, name) -> LinearLayer_Compress:
+def _replace(model, name):
     module = _submodule(model, name)
-    if isinstance(module, LinearLayer_Compress):
+    if isinstance(module, (LinearLayer_Compress, Conv2dLayer_Compress, BNLayer_Compress)):
         return module
-    new = LinearLayer_Compress.from_linear(module)
+    if isinstance(module, nn.Conv2d):
+        new = Conv2dLayer_Compress.from_conv(module)
+    elif isinstance(module, nn.BatchNorm2d):
+        new = BNLayer_Compress.from_bn(module)
+    else:
+        new = LinearLayer_Compress.from_linear(module)
     parent, _, leaf = name.rpartition(".")
     setattr(_submodule(model, parent) if parent else model, leaf, new)
     return new
@@ -141,6 +162,8 @@ def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
             elif method == ACTIVATION_QUANTIZATION:
                 layer.enable_activation_quantization(params["bits"], params["quantization_type"],
                                                      params["range_calibration"])
+            elif method == CHANNEL_PRUNING:
+                layer.enable_channel_pruning(params["dense_ratio"], params["method"])
             elif method == HEAD_PRUNING:
                 layer.enable_head_pruning(params["dense_ratio"], params["method"],
                                           params["num_heads"])
@@ -181,16 +204,14 @@ def redundancy_clean(model, deepspeed_config, mpu=None):
             masks = []
             for name in entry:
                 layer = _submodule(c_model, name)
-                if not isinstance(layer, LinearLayer_Compress):
+                if not isinstance(layer, (LinearLayer_Compress, Conv2dLayer_Compress)):
                     continue  # init_compression did not touch it
                 masks.append(_fix(layer, method, params, None, reduce))
             if not reduce:
                 continue
             for related_names in related[i]:  # one keyword's matches, paired with the masks
                 for j, name in enumerate(related_names):
-                    layer = _submodule(c_model, name)
-                    if not isinstance(layer, LinearLayer_Compress):
-                        layer = _replace(c_model, name)
+                    layer = _replace(c_model, name)
                     _fix(layer, method, params, masks[j], True)
     return model
 
@@ -202,6 +223,8 @@ def _fix(layer, method, params, mask, dim_reduction):
         return layer.fix_weight_quantization() if params["quantize_weight_in_forward"] else None
     if method == SPARSE_PRUNING:
         return layer.fix_sparse_pruning_helper()
+    if method == CHANNEL_PRUNING:
+        return layer.fix_channel_pruning_helper(mask, dim_reduction=dim_reduction)
     if method == ROW_PRUNING:
         return layer.fix_row_col_pruning_helper(mask, dim_reduction=dim_reduction)
     return layer.fix_head_pruning_helper(mask, params["num_heads"], dim_reduction=dim_reduction)

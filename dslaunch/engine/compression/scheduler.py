@@ -18,6 +18,7 @@ import torch
 
 from dslaunch.config.compression import (
     ACTIVATION_QUANTIZATION,
+    CHANNEL_PRUNING,
     HEAD_PRUNING,
     ROW_PRUNING,
     SPARSE_PRUNING,
@@ -40,6 +41,7 @@ def scheduled_bits(start_bits: int, target_bits: int, period: int, steps: int) -
 
 _FLAG = {WEIGHT_QUANTIZATION: "weight_quantization_enabled",
          ACTIVATION_QUANTIZATION: "activation_quantization_enabled",
+         CHANNEL_PRUNING: "channel_pruning_enabled",
          SPARSE_PRUNING: "sparse_pruning_enabled", ROW_PRUNING: "row_pruning_enabled",
          HEAD_PRUNING: "head_pruning_enabled"}
 
