@@ -7,7 +7,8 @@ The script runs itself under the peer's interpreter (``--side deepspeed``) on th
 and inputs, then compares: the quantizers (symmetric / asymmetric 3, 4, 8 bits; ternary; binary;
 1 and 4 groups), the top-k binarizer, a model's l1 sparse / row masks and topk head masks (the
 learned scores copied from DeepSpeed's model), the masked forward (with 8-bit dynamic activation
-quantization of fc1's input), and after redundancy_clean the shapes and outputs.
+quantization of fc1's input), and after redundancy_clean the shapes and outputs; a Conv2d's topk
+channel-pruning mask and outputs before and after redundancy_clean.
 Prints one JSON line: the largest absolute difference of each.
 """
 
@@ -52,6 +53,20 @@ CONFIG = {"compression_training": {
     "head_pruning": _method({"dense_ratio": 0.5}, ["o"], [["q", "k", "v"]], method="topk",
                             num_heads=4),
 }}
+CONV_CONFIG = {"compression_training": {
+    # topk: DeepSpeed 0.18.9's l1 channel mask calls torch.norm(p=1) over 3 dims, which torch 2.13
+    # refuses ("linalg.norm: If dim is specified, it must be of length 1 or 2")
+    "channel_pruning": _method({"dense_ratio": 0.5}, ["conv1"], [["conv2"]], method="topk")}}
+
+
+def conv_net():
+    net = nn.Sequential()
+    net.add_module("conv1", nn.Conv2d(3, 8, 3, padding=1))
+    net.add_module("relu", nn.ReLU())
+    net.add_module("conv2", nn.Conv2d(8, 4, 3))
+    return net
+
+
 QUANT_CASES = [(kind, bits, groups) for kind in ("symmetric", "asymmetric") for bits in (3, 4, 8)
                for groups in (1, 4)] + [("ternary", 2, 1), ("ternary", 2, 4), ("binary", 1, 1),
                                          ("binary", 1, 4)]
@@ -91,6 +106,16 @@ def deepspeed_side(inputs: dict) -> dict:
         redundancy_clean(model, CONFIG)
         out["cleaned"] = model(inputs["x"])
     out["shapes"] = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    net = conv_net()
+    net.load_state_dict(inputs["conv_state"])
+    init_compression(net, CONV_CONFIG)
+    net.conv1.channel_pruning_enabled = True
+    out["conv_compressed_state"] = {k: v.clone() for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        out["conv_mask"] = net.conv1.get_mask("channel")
+        out["conv_masked"] = net(inputs["image"])
+        redundancy_clean(net, CONV_CONFIG)
+        out["conv_cleaned"] = net(inputs["image"])
     return out
 
 
@@ -131,6 +156,17 @@ def dslaunch_side(inputs: dict, peer: dict) -> dict:
     diffs["same shapes after redundancy_clean"] = shapes == peer["shapes"]
     diffs["parameters before/after clean"] = [sum(p.numel() for p in Block().parameters()),
                                               sum(p.numel() for p in model.parameters())]
+    net = conv_net()
+    net.load_state_dict(inputs["conv_state"])
+    init_compression(net, CONV_CONFIG)
+    net.load_state_dict(peer["conv_compressed_state"])  # DeepSpeed's learned channel scores
+    compression_scheduler(net, CONV_CONFIG).step(step_zero_check=True)
+    with torch.no_grad():
+        diffs["conv channel mask"] = (net.conv1.get_mask() - peer["conv_mask"]).abs().max().item()
+        diffs["conv masked forward"] = (net(inputs["image"]) - peer["conv_masked"]).abs().max().item()
+        redundancy_clean(net, CONV_CONFIG)
+        diffs["conv cleaned forward"] = \
+            (net(inputs["image"]) - peer["conv_cleaned"]).abs().max().item()
     return diffs
 
 
@@ -145,7 +181,8 @@ def main() -> None:
         torch.save(deepspeed_side(inputs), args.io + ".out")
         return
     torch.manual_seed(0)
-    inputs = {"w": torch.randn(64, 48), "state": Block().state_dict(), "x": torch.randn(5, 32)}
+    inputs = {"w": torch.randn(64, 48), "state": Block().state_dict(), "x": torch.randn(5, 32),
+              "conv_state": conv_net().state_dict(), "image": torch.randn(2, 3, 9, 9)}
     with tempfile.TemporaryDirectory() as tmp:
         io = os.path.join(tmp, "io")
         torch.save(inputs, io + ".in")
