@@ -4,7 +4,9 @@ the model with the same outputs, the engine stepping the schedule, and the confi
 errors. DeepSpeed 0.18.9's own values are compared by benchmarks/compare_compression_ds018.py
 (needs a DeepSpeed 0.18 venv; not in CI)."""
 
+import json
 import math
+import re
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from dslaunch.engine.compression import (
     redundancy_clean,
     scheduled_bits,
 )
+from helpers import ROOT, launch
 
 
 class Block(nn.Module):
@@ -279,3 +282,16 @@ def test_deepspeed_spelling_reaches_it():
     from dslaunch.compression import redundancy_clean as rc
     assert face_init is init_compression and rc is redundancy_clean
     assert compress.init_compression is init_compression
+
+
+def test_example_config_trains_two_ranks(tmp_path):
+    """configs/compression_gpt.json end to end: examples/train_gpt.py under `dslaunch run` on 2
+    ranks switches weight quantization on at step 10 and the three prunings at step 20."""
+    config = json.loads((ROOT / "configs" / "compression_gpt.json").read_text())
+    proc = launch(tmp_path, config, ROOT / "examples" / "train_gpt.py",
+                  ["--steps", "21", "--log-every", "10", "--n-layer", "1", "--d-model", "64",
+                   "--data-bytes", "200000"], nproc=2)
+    enabled = dict(re.findall(r"compression: (\w+) is enabled at step (\d+)", proc.stdout))
+    assert enabled == {"weight_quantization": "10", "sparse_pruning": "20", "row_pruning": "20",
+                       "head_pruning": "20"}, proc.stdout[-2000:]
+    assert "done: 21 steps" in proc.stdout
