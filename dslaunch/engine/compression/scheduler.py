@@ -14,6 +14,8 @@ quantizes ``weight.data`` in place after each optimizer step (DeepSpeed's MoQ op
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from dslaunch.config.compression import (
@@ -60,6 +62,11 @@ class compression_scheduler:
                 layer = self.model.get_submodule(name)
                 if hasattr(layer, _FLAG[method]):
                     self.layers.setdefault(method, []).append(layer)
+        enabled = [m for m, v in self.methods.items() if m in _FLAG and v["shared"]["enabled"]]
+        if enabled and not self.layers:
+            log_dist("compression_training enables " + ", ".join(enabled) + " but no module of "
+                     "the model is compressed: call deepspeed.compression.init_compression(model, "
+                     "config) before initialize", ranks=[0], level=logging.WARNING)
 
     def _on(self, method) -> bool:
         shared = self.methods[method]["shared"]
