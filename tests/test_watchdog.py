@@ -115,7 +115,8 @@ def test_exited_ranks_are_not_waited_for():
     w = Watchdog(3.0, {0: "h", 1: "h"}, now=0.0)
     w.event(heartbeat(0, {0: 0.0, 1: 0.0}, {0: rec(step=5), 1: rec(step=5)}), 1.0)
     w.event({"event": "exit", "rank": 0, "returncode": 0}, 1.5)
-    w.event(heartbeat(0, {1: 0.0}, {1: rec(step=6)}), 2.0)
+    # rank 1 waits in a collective rank 0 will never join (a hang at the ordinary timeout)
+    w.event(heartbeat(0, {1: 0.0}, {1: rec(step=6, op="barrier", group="world", seq=7)}), 2.0)
     assert w.poll(4.9) is None
     assert w.poll(5.1).ranks == [1]
     w.event({"event": "exit", "rank": 1, "returncode": 0}, 5.2)
@@ -129,10 +130,12 @@ def test_a_verdict_is_withdrawn_when_every_rank_ends_while_the_stacks_come():
     done = rec(step=0, last=("all_gather_obj", "world", 8))
     w.event(heartbeat(0, {0: 0.0, 1: 0.0, 2: 0.0}, {0: done, 1: done, 2: done}), 1.0)
     w.event({"event": "exit", "rank": 1, "returncode": 0}, 1.2)
-    assert w.poll(4.1).kind == "dump"
-    w.event({"event": "exit", "rank": 0, "returncode": 0}, 4.5)
-    w.event({"event": "exit", "rank": 2, "returncode": 0}, 4.6)
-    assert w.poll(4.7).kind == "withdraw"
+    # (some rank finished and none waits in a collective: the stretched timeout applies)
+    t = 1.0 + watchdog.ENDING_MIN + 0.1
+    assert w.poll(t).kind == "dump"
+    w.event({"event": "exit", "rank": 0, "returncode": 0}, t + 0.4)
+    w.event({"event": "exit", "rank": 2, "returncode": 0}, t + 0.5)
+    assert w.poll(t + 0.6).kind == "withdraw"
     assert w.poll(100.0) is None  # nothing runs: nothing hangs, nothing reported
 
 
@@ -155,6 +158,26 @@ def test_a_verdict_is_withdrawn_when_a_record_moves_then_a_real_hang_is_reported
     assert report.kind == "report"
     assert "the collective itself makes no progress" in report.headline
     assert "wait_for_lock" not in report.report
+
+
+def test_a_slow_teardown_after_some_ranks_finished_is_given_longer():
+    """Ranks 0 and 1 finished; rank 2 sits outside any collective (its teardown on a loaded
+    host): no verdict at the ordinary timeout, only after the stretched one. Ranks left in a
+    collective by a rank that finished early are a hang at the ordinary timeout."""
+    w = Watchdog(3.0, {0: "h", 1: "h", 2: "h"}, now=0.0)
+    done = rec(step=0, last=("all_gather_obj", "world", 8))
+    w.event(heartbeat(0, {0: 0.0, 1: 0.0, 2: 0.0}, {0: done, 1: done, 2: done}), 1.0)
+    w.event({"event": "exit", "rank": 0, "returncode": 0}, 1.1)
+    w.event({"event": "exit", "rank": 1, "returncode": 0}, 1.2)
+    assert w.poll(10.0) is None
+    assert w.poll(1.0 + watchdog.ENDING_MIN - 0.1) is None
+    assert w.poll(1.0 + watchdog.ENDING_MIN + 0.1).kind == "dump"
+
+    w = Watchdog(3.0, {0: "h", 1: "h", 2: "h"}, now=0.0)
+    waiting = rec(step=0, op="all_reduce", group="world", seq=9, last=("all_gather_obj", "world", 8))
+    w.event(heartbeat(0, {1: 0.0, 2: 0.0}, {1: waiting, 2: waiting}), 1.0)
+    w.event({"event": "exit", "rank": 0, "returncode": 0}, 1.1)
+    assert w.poll(4.1).kind == "dump"
 
 
 def test_desync_is_reported_at_once_naming_the_odd_rank():

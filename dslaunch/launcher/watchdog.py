@@ -9,7 +9,8 @@ clock of its own (the caller passes ``now``, a monotonic time), so the unit test
   arrived. A rank not heard of yet counts as progressing until ``hang_timeout`` after the watchdog
   started (imports, rendezvous). A slow job whose ranks still step or enter collectives never trips
   it; one rank computing while the others wait for it is a hang only once the timeout has passed
-  for all of them.
+  for all of them. Once some rank finished (exit 0) and no running rank waits in a collective, the
+  job is ending: the last ranks' teardown gets ``ENDING_FACTOR`` x the timeout (``_ending``).
 - **desync**: two ranks of a group entered different collectives under the same sequence number
   of that group (rank 1 in all_gather #5 on world, the others in reduce_scatter #5: the ZeRO-3
   divergent-path deadlock). Every rank numbers its collectives per group the same way, so one such
@@ -34,6 +35,10 @@ STACK_WAIT = 2.5  # seconds to wait for the suspects' stacks (agent: <= 1.5 s, p
 # each), so the report sees every rank's side and asks for the right stacks
 DESYNC_SETTLE = 1.5
 MAX_STACKS = 4  # suspects shown with a stack (one screen)
+# once some rank finished and the rest wait in no collective (the job's teardown), the hang
+# timeout is stretched to this many times itself, at least ENDING_MIN seconds
+ENDING_FACTOR = 4
+ENDING_MIN = 60.0
 MAX_FRAMES = 8
 P2P_GROUP = "p2p"  # point-to-point calls: numbered per process, never compared across ranks
 _KEEP_SEQS = 256  # per group, how far back the (group, seq) -> op memory reaches
@@ -59,6 +64,7 @@ class _Rank:
     at: float = 0.0  # our monotonic time of the heartbeat that said so
     hb_time: float = 0.0  # the agent's wall clock in that heartbeat (ages the record's times)
     exited: bool = False
+    finished: bool = False  # exited with code 0
     stack: str = ""
     native: str | None = None
 
@@ -188,6 +194,7 @@ class Watchdog:
             r = self.ranks.get(int(ev.get("rank", -1)))
             if r is not None:
                 r.exited = True
+                r.finished = ev.get("returncode") == 0
         elif name == "stacks":
             for key, st in (ev.get("stacks") or {}).items():
                 r = self.ranks.get(int(key))
@@ -220,7 +227,18 @@ class Watchdog:
 
     def hung(self, now: float) -> bool:
         running = self.running()
-        return bool(running) and all(self.idle(k, now) >= self.hang_timeout for k in running)
+        limit = self.hang_timeout
+        if self._ending(running):
+            limit = max(ENDING_FACTOR * limit, ENDING_MIN)
+        return bool(running) and all(self.idle(k, now) >= limit for k in running)
+
+    def _ending(self, running: list) -> bool:
+        """Some rank finished (exit 0) and no running rank waits in a collective: the job is
+        ending, and the last ranks' teardown (destroying the group, interpreter exit) may sit
+        idle for a while on a loaded host. Ranks left waiting in a collective on one that
+        finished early are a hang at the ordinary timeout."""
+        return any(r.finished for r in self.ranks.values()) and not any(
+            (self.ranks[k].record or {}).get("coll_op") for k in running)
 
     # ---- output --------------------------------------------------------------------------------
     def poll(self, now: float, wall: float = 0.0) -> Action | None:
