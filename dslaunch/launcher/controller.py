@@ -365,15 +365,15 @@ class JobController:
             self._stop(agents, events.CMD_STOP_FAILURE)
 
     def _watch(self, agents) -> None:
-        """Act on the hang watchdog: ask the agents for the suspects' stacks, then report."""
+        """Act on the hang watchdog: ask the agents for the suspects' stacks, then report. Nothing
+        is printed before the report: a verdict whose ranks move on while their stacks come is
+        withdrawn (a loaded host's slow stretch), and the user sees no false alarm."""
         if self.watch is None or self.stop_sent or self.in_process.inflight is not None:
             return
         action = self.watch.poll(time.monotonic(), time.time())
         if action is None:
             return
         if action.kind == "dump":
-            self._say(f"hang watchdog: {action.verdict} detected, collecting the stacks of "
-                      f"{watchdog.ranks_text(action.ranks)}")
             if self.runner.queries:
                 command = " ".join([events.CMD_DUMP_STACKS, *map(str, action.ranks)])
                 for a in agents:
@@ -381,8 +381,6 @@ class JobController:
                         self.runner.send(a, command)
             return
         if action.kind == "withdraw":
-            self._say("hang watchdog: the ranks moved on while their stacks were collected: "
-                      "no hang")
             return
         if self.in_process.take_hang(action, agents, self.attempt):
             return
