@@ -109,10 +109,19 @@ class Watch:
         return cls(path, word["epoch"] if word else 0)
 
     def _run(self) -> None:
+        seen = None  # the file's (inode, mtime, size) last read: an unchanged file is not parsed
+        # again (the agent writes each word whole under a new inode: recover_files.write_json)
         while True:
             time.sleep(POLL)
             if self.arrived.is_set():
                 continue
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                continue
+            if (st.st_ino, st.st_mtime_ns, st.st_size) == seen:
+                continue
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
             word = read_json(self.path)
             if word is None or word.get("epoch", 0) <= self.epoch:
                 continue

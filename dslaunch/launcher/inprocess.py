@@ -98,12 +98,7 @@ class InProcessRecovery:
                 "hosts": sorted({n["host"] for n in plan.nodes}),
                 "replace": [{"rank": rank, "node_rank": ev["node_rank"],
                              "local_rank": ev["local_rank"]}]}
-        line = f"{events.CMD_RECOVER} {json.dumps(word, separators=(',', ':'))}"
-        for a in agents:
-            if not a.finished:
-                c.runner.send(a, line)
-        self.inflight = InFlight(epoch, failure, time.time(), time.monotonic() + RECOVER_TIMEOUT,
-                                 set(range(plan.world_size)))
+        self._send(word, failure, agents, plan.world_size)
         c._say(f"{failure.text}; recovering in process: the other {plan.world_size - 1} ranks keep "
                f"running, rank {rank} starts again on {host}")
         return True
@@ -132,17 +127,22 @@ class InProcessRecovery:
                 # every host's connections are shut (the lost one's most of all)
                 "hosts": sorted({node["host"] for node in plan.nodes}), "replace": [],
                 "renumber": renumber}
-        line = f"{events.CMD_RECOVER} {json.dumps(word, separators=(',', ':'))}"
-        for a in agents:
-            if not a.finished and n not in a.node_ranks:
-                c.runner.send(a, line)
-        self.inflight = InFlight(epoch, failure, time.time(), time.monotonic() + RECOVER_TIMEOUT,
-                                 set(range(len(survivors))))
+        self._send(word, failure, agents, len(survivors), lost_node=n)
         self.inflight.lost_node, self.inflight.renumber = n, renumber
         c._say(f"{failure.text}; recovering in process: the {len(survivors)} ranks of "
                f"{', '.join(node['host'] for node in live_nodes)} go on without it (world size "
                f"{plan.world_size} -> {len(survivors)})")
         return True
+
+    def _send(self, word: dict, failure, agents, world_size: int, lost_node: int | None = None):
+        """The ``recover`` word to every live agent (not the lost node's); the recovery is in
+        flight until all ``world_size`` ranks answer."""
+        line = f"{events.CMD_RECOVER} {json.dumps(word, separators=(',', ':'))}"
+        for a in agents:
+            if not a.finished and lost_node not in a.node_ranks:
+                self.c.runner.send(a, line)
+        self.inflight = InFlight(word["epoch"], failure, time.time(),
+                                 time.monotonic() + RECOVER_TIMEOUT, set(range(world_size)))
 
     # ---- the ranks' answers -----------------------------------------------------------------------
     def on_ack(self, ev: dict, agents) -> None:
