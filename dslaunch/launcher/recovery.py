@@ -79,14 +79,8 @@ class Recovery:
         ElasticStop (reason, exit code) when restarting is refused."""
         if self.pending is not None:
             self._close(None)  # failed again before training: resume point as far as known
-        inc = incidents.Incident(
-            attempt=attempt, time=failure.time if failure else time.time(),
-            detector=incidents.detector(failure.kind if failure else "agent"),
-            kind=failure.kind if failure else "agent",
-            reason=failure.text if failure else "failure",
-            culprit_rank=getattr(failure, "rank", None), culprit_host=getattr(failure, "host", None),
-            last_collective_seq=incidents.last_collectives(self.records),
-            last_step=max(self.current.step, self.current.saved), world_size_before=plan.world_size)
+        inc = self._incident(attempt, failure, max(self.current.step, self.current.saved),
+                             plan.world_size)
         began = time.time()
         if detected is not None:
             inc.detect_seconds = round(max(0.0, detected - inc.time), 3)
@@ -121,6 +115,17 @@ class Recovery:
         self.pending = inc
         return new
 
+    def _incident(self, attempt: int, failure, last_step: int, world_size: int):
+        """The record of a fault (``failure``: None when the attempt ended without one)."""
+        return incidents.Incident(
+            attempt=attempt, time=failure.time if failure else time.time(),
+            detector=incidents.detector(failure.kind if failure else "agent"),
+            kind=failure.kind if failure else "agent",
+            reason=failure.text if failure else "failure",
+            culprit_rank=getattr(failure, "rank", None), culprit_host=getattr(failure, "host", None),
+            last_collective_seq=incidents.last_collectives(self.records),
+            last_step=last_step, world_size_before=world_size)
+
     def in_process(self, attempt: int, failure, detected: float, step: int, world_size: int, *,
                    abort: float, rebuild: float, state: float,
                    world_size_after: int | None = None) -> None:
@@ -128,13 +133,9 @@ class Recovery:
         survivors kept their state, so no step is lost beyond the interrupted one's work."""
         if self.pending is not None:
             self._close(None)
-        inc = incidents.Incident(
-            attempt=attempt, time=failure.time, detector=incidents.detector(failure.kind),
-            kind=failure.kind, reason=failure.text, culprit_rank=failure.rank,
-            culprit_host=failure.host, last_collective_seq=incidents.last_collectives(self.records),
-            # the survivors' agreed step is the last completed one (a heartbeat may not have
-            # reported it yet)
-            last_step=max(self.current.step, step), world_size_before=world_size)
+        # the survivors' agreed step is the last completed one (a heartbeat may not have
+        # reported it yet)
+        inc = self._incident(attempt, failure, max(self.current.step, step), world_size)
         inc.action, inc.world_size_after = "in-process", world_size_after or world_size
         inc.detect_seconds = round(max(0.0, detected - failure.time), 3)
         inc.stop_seconds, inc.restart_seconds, inc.load_seconds = abort, rebuild, state
