@@ -170,6 +170,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         self._init_surface(client_optimizer_name)
         # dslaunch run --recover in-process: a lost peer is survived inside backward()/step()
         self._recovery = inprocess_recovery.Watch.from_env()
+        if self._recovery is not None:  # ZeRO 1-2: a copy of each rank's shard on another
+            inprocess_recovery.keep_shard_copies(self)
 
     # -- measurements ----------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
@@ -331,7 +333,8 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
     def _abandon_step(self) -> None:
         """In-process recovery: drop the interrupted step (gradients, losses, micro-steps); the
         next forward starts the same step again (inprocess_recovery.py)."""
-        self.strategy.zero_grad()
+        abandon = getattr(self.strategy, "abandon", None)  # ZeRO 1-2: collectives in flight
+        (abandon or self.strategy.zero_grad)()
         self._losses.clear()
         self._unmanaged_backwards = 0
         self.micro_steps = self.global_steps * self._gas
@@ -412,4 +415,6 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
                                       load_lr_scheduler_states=load_lr_scheduler_states,
                                       load_module_only=load_module_only)
         self._publish_step_state(overflow=False)  # the loss scale may have been restored
+        if getattr(self.strategy, "copies", None) is not None:  # in-process recovery, ZeRO 1-2
+            self.strategy.copies.exchange(self.strategy)
         return loaded

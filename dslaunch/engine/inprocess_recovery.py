@@ -95,7 +95,7 @@ class Watch:
         self.epoch = epoch  # instructions up to this one are done (a replacement starts at its own)
         self.word: dict | None = None
         self.arrived = threading.Event()
-        self.abandoning = False  # the interrupted step's remaining calls are skipped
+        self.abandoning = 0  # step() calls of the interrupted step still to skip
         self.joined = False  # a replacement that took its state from its peers
         self.aborted_at: float | None = None
         threading.Thread(target=self._run, daemon=True, name="dslaunch-recover").start()
@@ -155,30 +155,43 @@ def comm_fault(exc: BaseException) -> bool:
 def guarded(engine, name: str, fn, *args, **kwargs):
     """Run the engine's ``backward``/``step`` so that a collective failing because of a lost
     peer turns into a recovery (``recover``) instead of an exception; the interrupted step's
-    remaining calls are then skipped (``backward`` returns its loss, ``step`` nothing)."""
+    remaining calls are then skipped (``backward`` returns its loss, ``step`` nothing) until the
+    script's loop has made the ``step()`` calls left of that step (one per micro-batch), so
+    that it starts the step again at its first micro-batch, as a replacement does."""
     watch = engine._recovery
     if watch.abandoning:
         if name == "step":
-            watch.abandoning = False
+            watch.abandoning -= 1
             return None
         return args[0] if args else None
+    gas = engine._gas
+    micro = engine.micro_steps % gas  # (before the recovery resets the count)
     try:
         return fn(*args, **kwargs)
     except RuntimeError as exc:
         if not comm_fault(exc) or not watch.wait_for_word():
             raise
         recover(engine, watch)
-        if name != "step":
-            watch.abandoning = True
-            return args[0] if args else None
-        return None
+        # the step() calls the script still makes for the abandoned step: this micro-batch's
+        # (unless the fault came inside it) and the later ones'
+        watch.abandoning = gas - micro - (1 if name == "step" else 0) \
+            if engine._managed_accumulation else (0 if name == "step" else 1)
+        return None if name == "step" else (args[0] if args else None)
 
 
 def unsupported(engine) -> str | None:
     """Why this engine cannot recover in process (None: it can)."""
-    if engine.zero_stage != 0:
-        return (f"ZeRO stage {engine.zero_stage} keeps a shard of the state on each rank and the "
-                "lost rank's shard is gone")
+    if engine.zero_stage not in (0, 1, 2):
+        return (f"ZeRO stage {engine.zero_stage} keeps a shard of the parameters on each rank "
+                "and keeps no copy of it")
+    why = _layout_refused(engine)
+    if why is None and engine.zero_stage in (1, 2) and not _sharded(engine):
+        why = (f"ZeRO stage {engine.zero_stage} here keeps no copy of each rank's optimizer "
+               f"shard ({shard_copies_refused(engine)})")
+    return why
+
+
+def _layout_refused(engine) -> str | None:
     if type(engine).__name__ != "DSLaunchEngine" or engine._dp_rank is not None:
         return "pipeline, tensor and sequence parallel groups are not rebuilt in process"
     if engine.has_moe_layers:
@@ -186,6 +199,33 @@ def unsupported(engine) -> str | None:
     if not engine._trains:
         return "a forward-only engine has no step to roll back to"
     return None
+
+
+def shard_copies_refused(engine) -> str | None:
+    """Why a ZeRO 1-2 engine keeps no copies of its shards (None: it can keep them)."""
+    strategy = engine.strategy
+    if strategy.offload_optimizer:
+        return "offload_optimizer steps on the CPU in its own buffers"
+    if getattr(strategy.optimizer, "prepare_zero_step", None) is not None:
+        return "the Muon optimizer's shards are not copied"
+    if strategy.experts:
+        return "expert parallel groups are not rebuilt in process"
+    return None
+
+
+def keep_shard_copies(engine) -> None:
+    """ZeRO 1-2 under in-process recovery: each rank keeps a copy of a neighbour's shard
+    (zero/shard_copies.py), taken now and after every optimizer update."""
+    if engine.zero_stage not in (1, 2) or _layout_refused(engine) or shard_copies_refused(engine):
+        return
+    from .zero.shard_copies import ShardCopies
+
+    engine.strategy.copies = ShardCopies()
+    engine.strategy.copies.exchange(engine.strategy)
+
+
+def _sharded(engine) -> bool:
+    return getattr(engine.strategy, "copies", None) is not None
 
 
 def _join_group(word: dict) -> None:
@@ -205,7 +245,9 @@ def _join_group(word: dict) -> None:
 
 def engine_state(engine) -> dict:
     sched = engine.lr_scheduler
-    return {"module": engine.module.state_dict(), "strategy": engine.strategy.state_dict(),
+    # a ZeRO 1-2 shard is rank 0's own: each rank's comes from the shards (recover_shards)
+    strategy = None if _sharded(engine) else engine.strategy.state_dict()
+    return {"module": engine.module.state_dict(), "strategy": strategy,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "loss_scaler": engine.precision.scaler.state_dict(),
             "counters": {k: getattr(engine, k) for k in ("global_steps", "global_samples",
@@ -214,7 +256,8 @@ def engine_state(engine) -> dict:
 
 def load_engine_state(engine, state: dict) -> None:
     engine.module.load_state_dict(state["module"])
-    engine.strategy.load_state_dict(state["strategy"])
+    if state["strategy"] is not None:
+        engine.strategy.load_state_dict(state["strategy"])
     if state["lr_scheduler"] is not None and engine.lr_scheduler is not None:
         engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
     engine.precision.scaler.load_state_dict(state["loss_scaler"])
@@ -257,21 +300,66 @@ def _resize_batch(engine) -> None:
 
 
 def _rendezvous(engine, joining: bool) -> tuple:
-    """Every member's (completed step, joining); then rank 0's state to the newcomers."""
+    """Every member's completed step; then rank 0's state to the newcomers. Returns (why the
+    members cannot go on from one state or None, the members, the state or None)."""
     import torch.distributed as dist
 
     step = -1 if joining else engine.global_steps
+    # a ZeRO 1-2 update between its local step and the end of its all-gather is neither before
+    # nor after that step on this rank
+    updating = not joining and bool(getattr(engine.strategy, "updating", False))
     members = [None] * dist.get_world_size()
-    dist.all_gather_object(members, {"step": step, "joining": joining})
+    dist.all_gather_object(members, {"step": step, "joining": joining, "updating": updating})
     steps = sorted({m["step"] for m in members if not m["joining"]})
     if len(steps) != 1:
-        return steps, members, None
+        return f"the survivors disagree on the last completed step ({steps})", members, None
+    if any(m["updating"] for m in members):
+        return ("the fault came inside an optimizer update (between a rank's local step and the "
+                "end of its all-gather)"), members, None
     state = None
     if any(m["joining"] for m in members):
         box = [engine_state(engine) if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)
         state = box[0]
-    return steps, members, state
+    return None, members, state
+
+
+def recover_shards(engine, joining: bool) -> str | None:
+    """ZeRO 1-2: every member hands in the shards it holds (its own and its copy of its ward's,
+    zero/shard_copies.py); a member whose layout changed (a replacement, or every member when the
+    world shrank) lays its parameters out again and takes its new shard from them; then the
+    updated chunks are all-gathered and the copies exchanged in the new world. Returns why the
+    shards cannot rebuild the state (None: done). Each member decides from the same gathered
+    shards, so all refuse or none."""
+    import torch.distributed as dist
+
+    from .checkpoint.zero_shards import HeldShards, load_resharded_from
+    from .zero.shard_copies import consistent
+
+    strategy = engine.strategy
+    held = {} if joining else strategy.copies.held(strategy)
+    # the optimizer's hyperparameters as they are now: a copy's were taken inside the step,
+    # before the LR scheduler stepped
+    hyper = None if joining else [{k: v for k, v in pg.items() if k != "params"}
+                                  for pg in strategy.optimizer.param_groups]
+    offers = [None] * dist.get_world_size()
+    dist.all_gather_object(offers, (held, hyper))
+    shards = {rank: sd for offer, _ in offers for rank, sd in offer.items()}
+    live = next(h for _, h in offers if h is not None)
+    for sd in shards.values():
+        sd["param_groups"] = live
+    old_world = max((sd["zero"]["world_size"] for sd in shards.values()), default=0)
+    why = consistent(shards, old_world)
+    if why:
+        return why
+    comm = strategy.comm
+    if joining or (strategy.world, strategy.rank) != (comm.world_size, comm.rank):
+        strategy.repartition()
+        load_resharded_from(strategy, HeldShards(shards), old_world, gather=False)
+        strategy.version = next(iter(shards.values()))["version"]
+    strategy._all_gather_params()
+    strategy.copies.exchange(strategy)
+    return None
 
 
 def _refuse(watch_or_path, why: str) -> None:
@@ -298,14 +386,18 @@ def recover(engine, watch: Watch) -> None:
     engine._abandon_step()  # before rank 0 sends its counters: the step starts again at micro 0
     _join_group(word)
     t_group = time.time()
-    steps, members, state = _rendezvous(engine, joining=False)
-    if len(steps) != 1:
-        _refuse(watch, f"the survivors disagree on the last completed step ({steps})")
-    t_state = time.time()
+    why, members, state = _rendezvous(engine, joining=False)
+    if why:
+        _refuse(watch, why)
     try:
         _take_world(engine)
     except Exception as exc:
         _refuse(watch, f"the job cannot go on at world size {word['world_size']}: {exc}")
+    if _sharded(engine):
+        why = recover_shards(engine, joining=False)
+        if why:
+            _refuse(watch, why)
+    t_state = time.time()
     watch.ack(status="recovered", step=engine.global_steps, joined=sum(m["joining"] for m in members),
               seconds={"abort": round(t_abort - (watch.aborted_at or t_abort), 3),
                        "rebuild": round(t_group - t_abort, 3),
@@ -323,11 +415,15 @@ def join(engine, word: dict) -> None:
     t0 = time.time()
     _join_group(word)
     t_group = time.time()
-    steps, _, state = _rendezvous(engine, joining=True)
-    if len(steps) != 1 or state is None:
-        _refuse(path, f"the survivors disagree on the last completed step ({steps})")
+    why, _, state = _rendezvous(engine, joining=True)
+    if why or state is None:
+        _refuse(path, why or "no state came from the survivors")
     _take_world(engine)
     load_engine_state(engine, state)
+    if _sharded(engine):
+        why = recover_shards(engine, joining=True)
+        if why:
+            _refuse(path, why)
     engine.strategy.zero_grad()
     if engine._recovery is not None:
         engine._recovery.joined = True

@@ -136,12 +136,13 @@ def load_shard_state_dict(strategy, sd: dict) -> None:
     _load_hyper(strategy, sd.get("param_groups", []))
 
 
-def _load_hyper(strategy, saved: list) -> None:
+def _load_hyper(strategy, saved: list, gather: bool = True) -> None:
     """The saved optimizer hyperparameters (an MoE group keeps its own group name: the ep size
-    may have changed)."""
+    may have changed); then every rank's updated chunks are all-gathered (``gather``)."""
     for pg, hyper in zip(strategy.optimizer.param_groups, saved):
         pg.update({k: v for k, v in hyper.items() if k not in ("moe", "name")})
-    strategy._all_gather_params()
+    if gather:
+        strategy._all_gather_params()
 
 
 def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict,
@@ -229,7 +230,26 @@ def load_resharded(strategy, ckpt_path: str) -> None:
     with open(os.path.join(ckpt_path, "metadata.json")) as f:
         meta = json.load(f)
     world = int(meta["world_size"])
-    files = RankFiles(ckpt_path, world)
+    load_resharded_from(strategy, RankFiles(ckpt_path, world), world)
+
+
+class HeldShards:
+    """Shard state dicts held in memory ({old rank: ``shard_state_dict``}), read as the rank
+    files of a checkpoint are (in-process recovery: the survivors' shards and their copies)."""
+
+    def __init__(self, shards: dict):
+        self.shards = shards
+
+    def zero(self, rank: int) -> dict:
+        return self.shards[rank]["zero"]
+
+    def raw(self, rank: int) -> dict:
+        return {"strategy": self.shards[rank]}
+
+
+def load_resharded_from(strategy, files, world: int, gather: bool = True) -> None:
+    """``load_resharded`` from ``files`` (``RankFiles`` or ``HeldShards``) of a ``world``-rank
+    layout; ``gather=False`` leaves the all-gather of the updated chunks to the caller."""
     z0 = files.zero(0)
     if z0 is None:
         raise ValueError("the checkpoint holds no ZeRO 1-3 shards (saved by stage 0?)")
@@ -253,5 +273,4 @@ def load_resharded(strategy, ckpt_path: str) -> None:
         master = _reshard(g, where, names, src(None))
         state = {k: _reshard(g, where, names, src(k), v.dtype) for k, v in saved["state"].items()}
         load_group(strategy, g, master, state, saved["scalars"], own=True)
-    _load_hyper(strategy, files.raw(0)["strategy"].get("param_groups", []))
-    strategy._all_gather_params()
+    _load_hyper(strategy, files.raw(0)["strategy"].get("param_groups", []), gather=gather)

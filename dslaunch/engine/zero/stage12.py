@@ -89,6 +89,13 @@ class _Group:
 
 
 class ZeroStage12Strategy(OptimizerStrategy):
+    # in-process recovery (engine/inprocess_recovery.py): a copy of a neighbour's shard
+    # (zero/shard_copies.py, set by the engine), the updates applied to this shard, and whether
+    # an update is between its local step and the end of its all-gather
+    copies = None
+    version = 0
+    updating = False
+
     def __init__(self, stage, model, optimizer, zero, comm=None, precision=None, aio=None):
         """``zero``: the typed ``zero_optimization`` section; ``aio``: the typed ``aio`` section
         (read by the NVMe paths only)."""
@@ -106,46 +113,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
         self._stage1_grad_chunks = None
 
         named = self._trainable_groups(model, optimizer, precision)
+        self._named = named
 
         self.experts = ExpertGroups(model, comm)
         broadcast_model(model, comm)  # every rank starts from rank 0's weights
-        bucket = min(zero.reduce_bucket_size, COMM_BUCKET_CAP)
-        self.groups = []
-        for g in named:
-            kinds = {expert_group(p) for _, p in g}
-            if len(kinds) > 1:
-                raise ValueError("an optimizer param group mixes MoE expert parameters with "
-                                 "others (or experts of several ep sizes); split it with "
-                                 "dslaunch.moe.utils.split_params_into_different_moe_groups_"
-                                 "for_optimizer")
-            kind = kinds.pop() if kinds else None
-            self.groups.append(_Group(g, self.experts.comm(kind, comm), bucket, kind))
-        pin = zero.offload_optimizer.pin_memory and torch.cuda.is_available() and \
-            self.opt_device.type == "cpu"
-        if self.need_master:
-            for g in self.groups:
-                g.take_master(self.opt_device, pin, self.master_dtype)
-        if self.mixed:
-            if precision is not None:
-                precision.cast_model(model)
-            else:
-                model.to(self.dtype)
-        for g in self.groups:
-            g.flatten(self.dtype, self.device)
-            self._make_shard(g)
-        shard_groups = [g.shard_params for g in self.groups]
-        self._install_optimizer(optimizer, shard_groups)
-        register_strategy(self)  # GatheredParameters(modifier_rank=...) refreshes our masters
-        if stage == 1:
-            for g in self.groups:
-                g.grad_flat = torch.zeros_like(g.flat)
-                self._attach_grad_views(g)
-        else:
-            self._staging_pool = []
-            self._in_flight = []  # (group, bucket index, work, out, staging)
-            self._open = {}  # (group idx, bucket idx) -> staging buffer
-            self._pending = {}
-            self._reset_pending()
+        self._partition(optimizer, cast=True)
+        if stage >= 2:
             # A bucket is reduced as soon as its gradients exist (synchronously from the hook
             # without overlap_comm), so whole gradients never exist for the whole model: that is
             # stage 2's memory saving during backward, not only after it. (Hooks that *wait on
@@ -160,6 +133,68 @@ class ZeroStage12Strategy(OptimizerStrategy):
             atexit.register(_remove_hooks_at_exit, weakref.ref(self))
 
     # -- set-up ------------------------------------------------------------------------------
+    def _partition(self, optimizer, cast: bool) -> None:
+        """Lay the trainable parameters out over the group's ranks as it is now: flat buffers,
+        this rank's chunks, masters, the optimizer re-pointed at them, gradient buffers.
+        ``cast``: the model is still fp32 (at construction; the masters are read from it)."""
+        comm, zero = self.comm, self.zero
+        self.world, self.rank = comm.world_size, comm.rank
+        bucket = min(zero.reduce_bucket_size, COMM_BUCKET_CAP)
+        self.groups = []
+        for g in self._named:
+            kinds = {expert_group(p) for _, p in g}
+            if len(kinds) > 1:
+                raise ValueError("an optimizer param group mixes MoE expert parameters with "
+                                 "others (or experts of several ep sizes); split it with "
+                                 "dslaunch.moe.utils.split_params_into_different_moe_groups_"
+                                 "for_optimizer")
+            kind = kinds.pop() if kinds else None
+            self.groups.append(_Group(g, self.experts.comm(kind, comm), bucket, kind))
+        pin = zero.offload_optimizer.pin_memory and torch.cuda.is_available() and \
+            self.opt_device.type == "cpu"
+        if self.need_master:
+            for g in self.groups:
+                g.take_master(self.opt_device, pin, self.master_dtype)
+        if self.mixed and cast:
+            if self.precision is not None:
+                self.precision.cast_model(self.model)
+            else:
+                self.model.to(self.dtype)
+        for g in self.groups:
+            g.flatten(self.dtype, self.device)
+            self._make_shard(g)
+        shard_groups = [g.shard_params for g in self.groups]
+        self._install_optimizer(optimizer, shard_groups)
+        register_strategy(self)  # GatheredParameters(modifier_rank=...) refreshes our masters
+        if self.stage == 1:
+            for g in self.groups:
+                g.grad_flat = torch.zeros_like(g.flat)
+                self._attach_grad_views(g)
+        else:
+            self._staging_pool = []
+            self._in_flight = []  # (group, bucket index, work, out, staging)
+            self._open = {}  # (group idx, bucket idx) -> staging buffer
+            self._pending = {}
+            self._reset_pending()
+
+    def repartition(self) -> None:
+        """In-process recovery: the group changed size under the strategy (a lost host, or a
+        replacement built alone before it joined). Lay the parameters out over it again; the
+        masters and optimizer states are then loaded from the survivors' shards
+        (``checkpoint/zero_shards.load_resharded_from``)."""
+        for g in self.groups:
+            for p in g.params.values():
+                p.grad = None
+        self._partition(self.optimizer, cast=False)
+
+    def abandon(self) -> None:
+        """In-process recovery: forget the interrupted step's collectives in flight."""
+        self._stage1_grad_chunks = None
+        if self.stage >= 2:
+            self._in_flight, self._open = [], {}
+            self._reset_pending()
+        self.zero_grad()
+
     def _make_shard(self, g: _Group):
         shard_numel = g.layout.shard_numel
         if self.need_master:
@@ -408,12 +443,17 @@ class ZeroStage12Strategy(OptimizerStrategy):
         prepare = getattr(self.optimizer, "prepare_zero_step", None)
         if prepare is not None:  # Muon: whole-matrix updates from the shards (optim/muon_zero.py)
             prepare(self)
+        self.updating = True
         self.optimizer.step()
+        self.version += 1
         for g in self.groups:
             for sp in g.shard_params:
                 sp.grad = None
         self._stage1_grad_chunks = None
         self._all_gather_params()
+        self.updating = False
+        if self.copies is not None:  # in-process recovery: the buddy's copy of this shard
+            self.copies.exchange(self)
 
     def _all_gather_params(self):
         sources = self._master_chunks() if self.need_master else (
@@ -485,12 +525,14 @@ class ZeroStage12Strategy(OptimizerStrategy):
             load_shard_state_dict(self, sd)
         else:
             self.sync_from_model()
+        self.version += 1  # the copies of this shard (shard_copies.py) are stale until exchanged
 
     def load_resharded(self, ckpt_path: str) -> None:
         """Load a checkpoint written by a job with another world size (automatic reshape)."""
         from dslaunch.engine.checkpoint.zero_shards import load_resharded
 
         load_resharded(self, ckpt_path)
+        self.version += 1
 
     def owns(self, param_ids) -> bool:
         return any(id(p) in param_ids for g in self.groups for p in g.params.values())
