@@ -49,17 +49,20 @@ def test_rank_on_host2_replaced_in_process(cluster, jobdir):
     cluster.assert_clean(jobdir, hosts=["host1", "host2"])
 
 
-def test_powered_off_host_the_others_go_on_in_process(cluster, jobdir):
+@pytest.mark.parametrize("config", ["{}", '{"zero_optimization": {"stage": 2}}'],
+                         ids=["zero0", "zero2"])
+def test_powered_off_host_the_others_go_on_in_process(cluster, jobdir, config):
     """host2 powered off mid-job (link down, every process killed): the two ranks of host1 keep
     their processes and go on as a world of 2 from the interrupted step, their losses those of a
     single process trained with world 4 then 2 (within 1e-6 relative: the all-reduce adds in
-    another order)."""
+    another order). At ZeRO 2 the optimizer shards of host2's ranks come from their copies on
+    host1 (each rank's buddy is the same local rank on the next host), re-partitioned over 2."""
     hf = jobdir / "hostfile"
     hf.write_text("host1 slots=2\nhost2 slots=2\n")
     steps = 24
     job = Job(cluster, jobdir, "-H", str(hf), "--launcher", "ssh", "--grace-period", "2",
               "--log-dir", str(jobdir / "logs"), "--nnodes", "1:2", "--recover", "in-process",
-              "--max-restarts", "1", "--env", "RECOVER_SLEEP=0.4", SCRIPT, str(steps))
+              "--max-restarts", "1", "--env", "RECOVER_SLEEP=0.4", SCRIPT, str(steps), config)
     try:
         job.wait_for("step 6 loss")
         cluster.host_down("host2")
