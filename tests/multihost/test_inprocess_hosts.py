@@ -87,7 +87,9 @@ def test_powered_off_host_the_others_go_on_in_process(cluster, jobdir, config):
         assert abs(loss - expected[step]) <= 1e-6 * max(1.0, abs(expected[step])), (step, loss,
                                                                                      expected[step])
     [inc] = incidents.read(str(jobdir / "logs" / "incidents.jsonl"))
-    assert inc["action"] == "in-process" and inc["kind"] == "lost" and inc["steps_redone"] == 0
+    # at most one step redone: a rank of host2 can finish a step's all-reduce (and report it)
+    # while host1's ranks still wait for its last chunk when the power goes
+    assert inc["action"] == "in-process" and inc["kind"] == "lost" and inc["steps_redone"] <= 1
     assert (inc["world_size_before"], inc["world_size_after"]) == (4, 2)
     phases = {k: inc[k] for k in ("detect_seconds", "stop_seconds", "restart_seconds",
                                   "load_seconds", "seconds_to_training")}
