@@ -32,6 +32,7 @@ from .optim import build_optimizer
 from .optim.schedules import build_scheduler
 from .precision import build_precision
 from .progressive_layer_drop import ProgressiveLayerDrop
+from .random_ltd.engine_surface import RandomLTDSurface
 from .zero import build_optimizer_strategy
 
 
@@ -45,7 +46,7 @@ def _compression_scheduler(model, section):
     return compression_scheduler(model, section)
 
 
-class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
+class DSLaunchEngine(RandomLTDSurface, DeepSpeedSurface, torch.nn.Module):
     """What ``dslaunch.initialize`` returns: call it like the model, then ``backward(loss)`` and
     ``step()`` on every micro-batch (DeepSpeed's contract), or ``step()`` only at the boundaries
     that ``set_gradient_accumulation_boundary`` marks (Accelerate's)."""
@@ -168,6 +169,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
         # compression_training: the scheduler switches on what init_compression set up
         self.compression_scheduler = _compression_scheduler(model, cfg.compression_training)
         self._init_surface(client_optimizer_name)
+        self._init_random_ltd()  # data_efficiency.data_routing.random_ltd (random_ltd/)
         # dslaunch run --recover in-process: a lost peer is survived inside backward()/step()
         self._recovery = inprocess_recovery.Watch.from_env()
         if self._recovery is not None:  # ZeRO 1-2: a copy of each rank's shard on another
@@ -208,6 +210,7 @@ class DSLaunchEngine(DeepSpeedSurface, torch.nn.Module):
             difficulty = self.curriculum_scheduler_legacy.update_difficulty(self.global_steps + 1)
             if self._config.curriculum_learning.curriculum_type == "seqlen":
                 kwargs["curriculum_seqlen"] = difficulty  # the model cuts its sequences
+        self._random_ltd_forward()  # the kept length of this step (random-LTD layers read it)
         sched = self.compression_scheduler
         if sched is not None and (self.global_steps == 0 or sched.training_steps != self.global_steps):
             # offset-0 methods on before the first step; after a checkpoint load, the schedule

@@ -32,6 +32,7 @@ import re
 
 import torch
 
+from ..random_ltd.convert import with_random_ltd_names
 from .files import CheckpointError
 
 MODEL_12 = "mp_rank_00_model_states.pt"
@@ -291,7 +292,8 @@ def load_deepspeed_checkpoint(engine, path: str, strict=True, load_optimizer_sta
     from .save_load import check_module
 
     ds = reader if reader is not None else DeepSpeedCheckpoint(path)
-    module_sd = ds.module_state_dict()
+    # random-LTD: DeepSpeed saves the names without the wrappers
+    module_sd = with_random_ltd_names(ds.module_state_dict(), engine.module)
     check_module(module_sd, engine.module, ds.model_path, strict)
     engine.strategy.load_module_state_dict(module_sd, strict=strict)
     engine.strategy.sync_from_model()
@@ -307,6 +309,7 @@ def load_deepspeed_checkpoint(engine, path: str, strict=True, load_optimizer_sta
             raise CheckpointError(f"{ds.model_path}: lr_scheduler state does not fit this "
                                   f"job's scheduler ({e}); load with "
                                   "load_lr_scheduler_states=False") from None
+    engine._load_random_ltd_state(ds.model.get("random_ltd"))
     engine.global_steps = int(ds.model.get("global_steps", 0))
     engine.global_samples = int(ds.model.get("global_samples", 0))
     engine.skipped_steps = int(ds.model.get("skipped_steps", 0))

@@ -39,6 +39,7 @@ import torch
 from dslaunch import progress_record
 
 from ..autotp import gather_tp_state, slice_tp_state
+from ..random_ltd.convert import remove_random_ltd_state_dict, with_random_ltd_names
 from .async_save import AsyncSaver, live_storages, snapshot, write_files
 from .autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed
 from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
@@ -146,6 +147,8 @@ def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> di
     partitioned = partitioned_module_state(strategy, strategy_sd)
     module_sd, part = partitioned if partitioned else (strategy.module_state_dict(), None)
     module_sd = gather_tp_state(module_sd, engine.module)  # AutoTP: model_states holds it whole
+    if not partitioned:  # random-LTD: the model's own names, without the wrappers (DeepSpeed's)
+        module_sd = remove_random_ltd_state_dict(module_sd)
     if exclude_frozen_parameters:
         module_sd = without_frozen(module_sd, engine.module)
     # MoE: each expert in a file of its own (expert_files.py), written by one of its replicas
@@ -162,6 +165,7 @@ def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> di
             **_batch_info(engine),
             "skipped_steps": engine.skipped_steps,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
+            "random_ltd": engine._random_ltd_state(),
             "loss_scaler": engine.precision.scaler.state_dict(),
             "client_state": client,
             "dslaunch_version": dslaunch_version(),
@@ -308,6 +312,7 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     if not isinstance(states, dict) or "module" not in states:
         raise CheckpointError(f"{mpath}: not a dslaunch model checkpoint (no 'module')")
     module_sd = with_local_experts(engine, states["module"], path)  # MoE: this rank's experts
+    module_sd = with_random_ltd_names(module_sd, engine.module)  # saved without the wrappers
     part = states.get(PARTITIONED) or {}
     module_sd = slice_tp_state(module_sd, engine.module)  # AutoTP: this rank's slices
     check_module(module_sd, engine.module, mpath, strict, zero3_shapes(part))
@@ -320,6 +325,7 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
         _load_optimizer_states(engine, path, meta)
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler"):
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
+    engine._load_random_ltd_state(states.get("random_ltd"))
     if states.get("loss_scaler"):
         engine.precision.scaler.load_state_dict(states["loss_scaler"])
     engine.global_steps = int(states["global_steps"])
