@@ -25,6 +25,7 @@ from .batch import GAS, MBS, TBS, TRIAD, resolve_batch
 from .compression import CompressionConfigError
 from .compression import parse as parse_compression
 from .curriculum import schedule_problems
+from .data_efficiency import data_efficiency_problems
 from .elasticity import resolve_elastic
 from .errors import ConfigError
 from .features import unsupported_problems
@@ -198,6 +199,7 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
     curriculum = values["curriculum_learning"]
     if curriculum["enabled"] is True:
         problems.extend(schedule_problems(curriculum))
+    problems.extend(data_efficiency_problems(values["data_efficiency"]))
     if values.get("compression_training"):  # typed here (compression.py), applied by the engine
         try:
             parse_compression(values["compression_training"])

@@ -1,0 +1,173 @@
+"""The ``data_efficiency`` section (DeepSpeed 0.19.8's keys), read and checked when the config is
+read. Two halves: ``data_sampling`` (curriculum data sampling; runtime:
+``runtime/data_pipeline/data_sampling/``) is checked here in full; ``data_routing`` (random-LTD)
+is handed on raw: its keys are checked by ``config/random_ltd.py``.
+
+As in DeepSpeed, ``data_sampling.curriculum_learning.enabled`` alone switches the curriculum
+sampler on (DeepSpeed's engine reads only that flag); ``data_efficiency.enabled`` and
+``data_sampling.enabled`` are kept and reported but do not gate it. Pure data and checks.
+"""
+
+from __future__ import annotations
+
+from .curriculum import schedule_problems
+
+PREFIX = "data_efficiency"
+SEED_DEFAULT = 1234
+NUM_EPOCHS_DEFAULT = 1000
+DIFFICULTY_TYPES = ("value", "percentile")
+CLUSTERING_TYPES = ("schedule_based", "single_cluster")
+
+TOP_KEYS = {"enabled", "seed", "data_sampling", "data_routing"}
+SAMPLING_KEYS = {"enabled", "num_epochs", "num_workers", "pin_memory", "curriculum_learning",
+                 "dynamic_batching"}
+CURRICULUM_KEYS = {"enabled", "data_cluster_path", "curriculum_metrics"}
+METRIC_KEYS = {"index_to_sample_path", "index_to_metric_path", "difficulty_type",
+               "clustering_type", "min_difficulty", "max_difficulty", "schedule_type",
+               "schedule_config"}
+
+
+def _int(value, lo=None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and (lo is None or value >= lo)
+
+
+def _unknown(section: dict, known: set, prefix: str) -> list:
+    return [f"{prefix}.{k}: unknown key; known: {', '.join(sorted(known))}"
+            for k in section if k not in known]
+
+
+def _flag(section: dict, key: str, prefix: str, problems: list) -> None:
+    if section.get(key, False) not in (True, False):
+        problems.append(f"{prefix}.{key}: {section[key]!r}; must be true or false")
+
+
+def _object(value, prefix: str, problems: list) -> dict:
+    """``value`` when it is a dict (``{}`` for None); else a problem and ``{}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{prefix}: {value!r}; must be an object")
+        return {}
+    return value
+
+
+# -- the section's parts, as the runtime reads them ------------------------------------------------
+def sampling_section(data_efficiency) -> dict:
+    return (data_efficiency or {}).get("data_sampling") or {}
+
+
+def curriculum_section(data_efficiency) -> dict:
+    return sampling_section(data_efficiency).get("curriculum_learning") or {}
+
+
+def curriculum_sampling_enabled(data_efficiency) -> bool:
+    """Whether the curriculum data sampler serves the training data (DeepSpeed's one switch)."""
+    return curriculum_section(data_efficiency).get("enabled") is True
+
+
+def data_routing_section(data_efficiency) -> dict:
+    """The raw ``data_routing`` dict (random-LTD's reader: ``config/random_ltd.py``)."""
+    return (data_efficiency or {}).get("data_routing") or {}
+
+
+def data_efficiency_config(data_efficiency) -> dict:
+    """The section with DeepSpeed's defaults filled in, in the shape DeepSpeed's
+    ``get_data_efficiency_config`` returns (what ``DeepSpeedDataSampler`` takes)."""
+    section = data_efficiency or {}
+    sampling = dict(sampling_section(section))
+    sampling.setdefault("enabled", False)
+    sampling.setdefault("num_epochs", NUM_EPOCHS_DEFAULT)
+    sampling.setdefault("num_workers", 0)
+    sampling.setdefault("pin_memory", False)
+    curriculum = dict(curriculum_section(section))
+    curriculum.setdefault("enabled", False)
+    sampling["curriculum_learning"] = curriculum
+    sampling["dynamic_batching"] = dict(sampling.get("dynamic_batching") or {"enabled": False})
+    return {"enabled": section.get("enabled", False) is True,
+            "seed": section.get("seed", SEED_DEFAULT),
+            "data_sampling": sampling,
+            "data_routing": dict(data_routing_section(section))}
+
+
+# -- checks -----------------------------------------------------------------------------------------
+def data_efficiency_problems(section) -> list:
+    """One line per problem of the ``data_efficiency`` section, each naming its key path.
+    ``data_routing`` is only checked to be an object here."""
+    problems: list = []
+    section = _object(section, PREFIX, problems)
+    problems.extend(_unknown(section, TOP_KEYS, PREFIX))
+    _flag(section, "enabled", PREFIX, problems)
+    if "seed" in section and not _int(section["seed"], 0):
+        problems.append(f"{PREFIX}.seed: {section['seed']!r}; must be an integer >= 0 (the "
+                        "sampler's numpy seed)")
+    _object(section.get("data_routing"), f"{PREFIX}.data_routing", problems)
+    problems.extend(sampling_problems(section.get("data_sampling")))
+    return problems
+
+
+def sampling_problems(sampling, prefix: str = f"{PREFIX}.data_sampling") -> list:
+    problems: list = []
+    sampling = _object(sampling, prefix, problems)
+    problems.extend(_unknown(sampling, SAMPLING_KEYS, prefix))
+    _flag(sampling, "enabled", prefix, problems)
+    _flag(sampling, "pin_memory", prefix, problems)
+    if "num_epochs" in sampling and not _int(sampling["num_epochs"], 1):
+        problems.append(f"{prefix}.num_epochs: {sampling['num_epochs']!r}; must be an integer "
+                        ">= 1 (how many passes over the data the sampler serves)")
+    if "num_workers" in sampling and not _int(sampling["num_workers"], 0):
+        problems.append(f"{prefix}.num_workers: {sampling['num_workers']!r}; must be an integer "
+                        ">= 0 (the dataloader's worker processes)")
+    dynamic = _object(sampling.get("dynamic_batching"), f"{prefix}.dynamic_batching", problems)
+    _flag(dynamic, "enabled", f"{prefix}.dynamic_batching", problems)
+    problems.extend(curriculum_problems(sampling.get("curriculum_learning"),
+                                        f"{prefix}.curriculum_learning"))
+    return problems
+
+
+def curriculum_problems(curriculum, prefix: str) -> list:
+    problems: list = []
+    curriculum = _object(curriculum, prefix, problems)
+    _flag(curriculum, "enabled", prefix, problems)
+    if curriculum.get("enabled") is not True:
+        return problems
+    problems.extend(_unknown(curriculum, CURRICULUM_KEYS, prefix))
+    path = curriculum.get("data_cluster_path")
+    if not isinstance(path, str) or not path:
+        problems.append(f"{prefix}.data_cluster_path: {path!r}; name a directory where the "
+                        "sampler writes its data clusters")
+    metrics = curriculum.get("curriculum_metrics")
+    if not isinstance(metrics, dict) or not metrics:
+        problems.append(f"{prefix}.curriculum_metrics: {metrics!r}; give an object of metric "
+                        "name -> its schedule and index files")
+        return problems
+    for name, metric in metrics.items():
+        problems.extend(metric_problems(metric, f"{prefix}.curriculum_metrics.{name}"))
+    return problems
+
+
+def metric_problems(metric, prefix: str) -> list:
+    problems: list = []
+    if not isinstance(metric, dict):
+        return [f"{prefix}: {metric!r}; must be an object"]
+    problems.extend(_unknown(metric, METRIC_KEYS, prefix))
+    difficulty, clustering = metric.get("difficulty_type"), metric.get("clustering_type")
+    if difficulty not in DIFFICULTY_TYPES:
+        problems.append(f"{prefix}.difficulty_type: {difficulty!r}; use one of "
+                        f"{', '.join(DIFFICULTY_TYPES)}")
+    if clustering not in CLUSTERING_TYPES:
+        problems.append(f"{prefix}.clustering_type: {clustering!r}; use one of "
+                        f"{', '.join(CLUSTERING_TYPES)}")
+    if clustering == "schedule_based":
+        needs = ["index_to_sample_path"] + (["index_to_metric_path"] if difficulty == "value"
+                                            else [])
+        for key in needs:
+            if not isinstance(metric.get(key), str) or not metric.get(key):
+                problems.append(f"{prefix}.{key}: missing; the data analyzer's index file "
+                                "(path without .bin/.idx) for this metric")
+    problems.extend(schedule_problems(metric, prefix))
+    lo, hi = metric.get("min_difficulty"), metric.get("max_difficulty")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
+        problems.append(f"{prefix}.min_difficulty: {lo} is above max_difficulty {hi}")
+    if difficulty == "percentile" and isinstance(hi, (int, float)) and not 0 < hi <= 100:
+        problems.append(f"{prefix}.max_difficulty: {hi}; a percentile difficulty is in (0, 100]")
+    return problems
