@@ -16,6 +16,8 @@ import torch
 from helpers import results
 
 STEPS = 10
+# the 2-rank job every TP 2 test reads (one run, served from the job cache)
+TP2_JOB = ("--families", "--extras", "--configurable", "--save", "{dir}/ckpt")
 
 
 def _job(job_cache, nproc, *extra, job=False):
@@ -54,7 +56,7 @@ def _check_saved(ranks):
 
 
 def test_autotp2_llama_qwen2_zero012(job_cache):
-    ranks = _job(job_cache, 2, "--families", "--extras", "--save", "{dir}/ckpt")
+    ranks = _job(job_cache, 2, *TP2_JOB)
     assert [(r["tp_rank"], r["dp_rank"]) for r in ranks] == [(0, 0), (1, 0)]
     _check_runs(ranks, dp=1)
     _check_saved(ranks)
@@ -84,8 +86,7 @@ def test_tp2_checkpoint_resumes_at_tp1(job_cache):
     each rank's Adam moments of its slices) resumed by one process without tensor parallelism:
     the optimizer state is put back together (checkpoint/autotp_states.py) and the next 4 losses
     equal the unsplit reference's steps 11-14."""
-    src = _job(job_cache, 2, "--families", "--extras", "--save", "{dir}/ckpt",
-               job=True)
+    src = _job(job_cache, 2, *TP2_JOB, job=True)
     job = job_cache.python("autotp_resume_tp1", "autotp_resume.py", "--ckpt", src.dir / "ckpt",
                            "--out", "{dir}/o", "--tp", 1, "--start", STEPS, "--more", 4)
     (r,) = results(job.dir / "o", 1)
@@ -93,6 +94,89 @@ def test_tp2_checkpoint_resumes_at_tp1(job_cache):
     assert len(r["losses"]) == 4
     for got, want in zip(r["losses"], r["ref"], strict=True):
         assert abs(got - want) <= 1e-5 * abs(want), (r["losses"], r["ref"])
+
+
+def _equal_losses(run, name):
+    for got, want in zip(run["losses"], run["ref"], strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want), (name, run["losses"], run["ref"])
+
+
+def test_one_all_reduce_per_column_group_and_vocab_parallel_head(job_cache):
+    """q / k / v share one copy into the tensor-parallel region, as gate / up do: one forward
+    and backward of the 2-layer Llama all-reduces 8 times (per layer: the 2 row-parallel
+    outputs forward, the 2 shared copies' input gradients backward; one copy per column layer
+    made it 14), and DeepSpeed's vocab_parallel_lm_head: true splits the untied LM head by
+    vocabulary (its weight and state 1/2 per rank) with the loss over the split logits (3
+    all-reduces forward, 1 backward more) and trains with the unsplit model's losses."""
+    for r in _job(job_cache, 2, *TP2_JOB):
+        conf = r["configurable"]
+        assert conf["all_reduces"] == {"plain": 8, "vocab_head": 12}
+        head = conf["llama_vocab_z1"]
+        _equal_losses(head, "vocab head")
+        assert head["split"]["split"] == 15 and head["split"]["wrong"] == []
+        assert "lm_head.weight" not in head["split"]["kept"]
+
+
+def test_partition_config_preset_and_grain_size(job_cache):
+    """DeepSpeed's other tensor_parallel keys, no longer ignored: a partition_config of the
+    Llama's layers (use_default_specs false), preset_model "llama" with tp_grain_size 64 (the
+    MLP's 128 features still split evenly), and Phi-3, whose fused gate_up_proj the built-in
+    rules miss, split by a spec's shape [2, -1] (each rank holds its half of gate and of up)
+    with the attention skipped: each trains with the unsplit model's losses. Refused, naming the
+    key: a grain size that would split unevenly (also as DeepSpeed's nested tp.tp_grain_size),
+    a DeepSpeed preset not supported here, a 3-D shape, an unknown partition type."""
+    for r in _job(job_cache, 2, *TP2_JOB):
+        conf = r["configurable"]
+        for name, splits in (("llama_specs_z0", 14), ("llama_preset_z2", 14),
+                             ("phi3_specs_z1", 4)):
+            _equal_losses(conf[name], name)
+            assert conf[name]["split"]["split"] == splits, name
+            assert conf[name]["split"]["wrong"] == [], name
+        phi3_kept = conf["phi3_specs_z1"]["split"]["kept"]
+        assert "model.layers.0.self_attn.qkv_proj.weight" in phi3_kept
+        assert "model.layers.0.mlp.gate_up_proj.weight" not in phi3_kept
+        refused = conf["refused"]
+        assert refused["grain"].startswith("tensor_parallel.tp_grain_size: 48 splits "
+                                           "model.layers.0.mlp.gate_proj's 128 features over 2 "
+                                           "ranks as [48, 80]")
+        assert refused["grain_nested"] == refused["grain"]
+        assert refused["preset"].startswith("tensor_parallel.preset_model: 'bloom'")
+        assert refused["shape"].startswith(
+            "tensor_parallel.partition_config.layer_specs[0].partition_dim")
+        assert refused["type"].startswith(
+            "tensor_parallel.partition_config.layer_specs[0].partition_type: 'diagonal'")
+
+
+def test_specs_parse_and_match():
+    """The spec parser and matcher without a world: the preset's plan names the built-in rules'
+    layers, custom specs come first, strict_mode refuses an unmatched layer, the config errors
+    name the key; DeepSpeed's grain-aligned sizes."""
+    from types import SimpleNamespace
+
+    from dslaunch.engine.autotp import _linear_like, autotp_plan
+    from dslaunch.engine.autotp_specs import grain_sizes, spec_plan, specs_from_config
+
+    section = SimpleNamespace(preset_model="llama", partition_config=None)
+    plan, summed = spec_plan(_tiny_llama(), *specs_from_config(section), _linear_like)
+    assert sorted(plan) == sorted(autotp_plan(_tiny_llama())) and summed == []
+    skip_norm = SimpleNamespace(preset_model="llama", partition_config={"layer_specs": [
+        {"patterns": [r".*input_layernorm.*"], "partition_type": "skip",
+         "grad_allreduce": True}]})
+    specs, strict = specs_from_config(skip_norm)
+    assert [s.kind for s in specs] == ["skip", "row", "column", "row", "column"] and not strict
+    strict_cfg = SimpleNamespace(preset_model=None, partition_config={
+        "strict_mode": True, "layer_specs": [{"patterns": [r".*\.q_proj\.weight$"]}]})
+    with pytest.raises(ValueError, match=r"partition_config.strict_mode: no layer spec matches "
+                                         r"model.layers.0.self_attn.k_proj.weight"):
+        spec_plan(_tiny_llama(), *specs_from_config(strict_cfg), _linear_like)
+    with pytest.raises(ValueError, match=r"layer_specs\[0\]: unknown keys \['pattern'\]"):
+        specs_from_config(SimpleNamespace(preset_model=None, partition_config={
+            "layer_specs": [{"pattern": ".*"}]}))
+    with pytest.raises(ValueError, match=r"layer_specs\[0\].shape: only column specs"):
+        specs_from_config(SimpleNamespace(preset_model=None, partition_config={
+            "layer_specs": [{"patterns": [".*"], "partition_type": "row", "shape": [2, -1]}]}))
+    assert grain_sizes(1408, 2, 64) == [704, 704]
+    assert grain_sizes(1344, 2, 64) == [704, 640]
 
 
 # -- pure logic: plan, refusals ------------------------------------------------------------------

@@ -220,7 +220,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if autotp > 1:  # the model's attention and MLP linears split over the grid's model group
         from .autotp import apply_autotp
 
-        apply_autotp(model, mpu.get_model_parallel_group())
+        apply_autotp(model, mpu.get_model_parallel_group(), cfg.tensor_parallel)
         if model_parameters is not None:  # the caller's list names the unsplit parameters
             model_parameters = _resplit_parameters(model, model_parameters)
     if cfg.bf16.enabled:

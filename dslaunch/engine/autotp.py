@@ -14,7 +14,8 @@ found instead of written:
   output projection (``o_proj``, ``dense``, ``c_proj``) and the MLP's down projection
   (``down_proj``, ``fc2``, ``dense_4h_to_h``, ``c_proj``);
 - everything else whole on every rank: embeddings, norms, the LM head (so a tied LM head stays
-  tied), and any linear layer the rules do not know (correct, only not split).
+  tied; an untied one is split by vocabulary with ``vocab_parallel_lm_head: true``,
+  ``autotp_head.py``), and any linear layer the rules do not know (correct, only not split).
 
 Attention heads are split in whole heads: the query heads and, with grouped-query attention, the
 key/value heads must both divide by N (a clear error otherwise). The attention modules of these
@@ -23,9 +24,11 @@ splits its fused output by ``split_size``, gets its sizes divided. GPT-2's ``Con
 (weight stored ``[in, out]``) become linear ones; their parameters carry ``tp_conv1d`` so the
 gathered state dict (``gather_tp_state``) is written back in the model's own layout.
 
+DeepSpeed's ``partition_config`` layer specs and ``preset_model`` replace the rules above when
+given, and ``tp_grain_size`` is checked (``autotp_specs.py``).
+
 Not here: ZeRO stage 3 with AutoTP (refused by the config check, as DeepSpeed 0.18 refused it),
-DeepSpeed's ``partition_config`` layer specs and ``preset_model`` (accepted, unused: the rules
-above cover the families listed), and uneven head splits (DeepSpeed allows them; we refuse).
+and uneven splits (of heads, or by ``tp_grain_size``: DeepSpeed allows them; we refuse).
 """
 
 from __future__ import annotations
@@ -160,12 +163,32 @@ def _fix_attention_sizes(model: nn.Module, tp: int) -> None:
             m.num_heads //= tp
 
 
-def apply_autotp(model: nn.Module, group) -> nn.Module:
+def _grain(section):
+    """``tensor_parallel.tp_grain_size``, or DeepSpeed's nested ``tp.tp_grain_size``."""
+    nested = ((getattr(section, "extra", None) or {}).get("tp") or {}).get("tp_grain_size")
+    return nested if nested is not None else getattr(section, "tp_grain_size", 1)
+
+
+def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
     """Split ``model`` in place over ``group`` (this rank keeps its slice of every split
-    layer); returns it. With one rank in the group the plan is only checked."""
+    layer); returns it. With one rank in the group the plan is only checked. ``section``: the
+    config's ``tensor_parallel`` section (``vocab_parallel_lm_head``; ``partition_config``,
+    ``preset_model`` and ``tp_grain_size``: ``autotp_specs.py``)."""
+    from .autotp_specs import check_grain, spec_plan, specs_from_config, sum_grads_over
+
     tp = _world(group)
     check_heads(model, tp)
-    apply_tp_plan(model, autotp_plan(model), group)
+    given = specs_from_config(section) if section is not None else None
+    # partition_config / preset_model: their specs alone decide (DeepSpeed's rule)
+    plan, summed = spec_plan(model, *given, _linear_like) if given else (autotp_plan(model), [])
+    apply_tp_plan(model, plan, group)
+    if tp > 1:
+        sum_grads_over(summed, group)
+        check_grain(model, _grain(section), tp)
+    if tp > 1 and getattr(section, "vocab_parallel_lm_head", False):
+        from .autotp_head import split_lm_head
+
+        split_lm_head(model, group)
     if tp > 1:
         _fix_attention_sizes(model, tp)
         model.ds_autotp_parsed = True

@@ -5,7 +5,9 @@
   ``reduce_from_tp`` (forward all-reduce, backward identity), ``gather_from_tp`` (forward
   all-gather along the last dim, backward keep own slice), ``scatter_to_tp`` (the reverse).
 - ``ColumnParallelLinear``: output features split (weight rows); input copied in, output left
-  split (``gather_output=False``) or gathered. ``RowParallelLinear``: input features split
+  split (``gather_output=False``) or gathered. Consecutive column layers reading one tensor
+  (q / k / v, gate / up) share its copy (``shared_copy_to_tp``): one backward all-reduce of
+  their summed input gradient, not one each. ``RowParallelLinear``: input features split
   (weight columns); partial outputs all-reduced, then the (replicated) bias added.
   Column then Row (attention's qkv -> proj, the MLP's fc -> proj) costs one all-reduce forward
   and one backward per block half.
@@ -29,6 +31,7 @@ replicated ones once (``pipe/grad_norm.py``) and ``dslaunch ckpt to-fp32`` can p
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -66,6 +69,7 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        _last_copy.pop(id(ctx.group), None)  # the forward that shared it is over
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -73,14 +77,17 @@ class _CopyToTP(torch.autograd.Function):
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous().clone()
+    def forward(ctx, x, group, inplace):
+        if inplace and x.is_contiguous():  # a fresh partial product nobody else reads
+            ctx.mark_dirty(x)
+        else:
+            x = x.contiguous().clone()
         dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return grad, None, None
 
 
 class _GatherFromTP(torch.autograd.Function):
@@ -109,8 +116,32 @@ def copy_to_tp(x, group):
     return x if _world(group) == 1 else _CopyToTP.apply(x, group)
 
 
-def reduce_from_tp(x, group):
-    return x if _world(group) == 1 else _ReduceFromTP.apply(x, group)
+def reduce_from_tp(x, group, inplace=False):
+    """Sum ``x`` over the group (backward: identity). ``inplace``: all-reduce ``x`` itself, for
+    a caller whose ``x`` is a fresh product read by nothing else (a row-parallel matmul's)."""
+    return x if _world(group) == 1 else _ReduceFromTP.apply(x, group, inplace)
+
+
+# per group: the last input copied into the region (weakly), its version and the copy (a view
+# of it); dropped by the copy's backward or replaced by the next input
+_last_copy: dict = {}
+
+
+def shared_copy_to_tp(x, group):
+    """``copy_to_tp`` shared by consecutive column-parallel layers that read the same tensor
+    (attention's q / k / v, the MLP's gate / up): they get one copy, whose backward all-reduces
+    the sum of their input gradients once instead of once per layer. An input changed in place
+    (its version moved) is copied anew. Between a forward and its backward the cache holds the
+    last copy, a view of an input the graph keeps anyway."""
+    if _world(group) == 1 or not (torch.is_grad_enabled() and x.requires_grad):
+        return x  # no input gradient to reduce
+    key = id(group)
+    hit = _last_copy.get(key)
+    if hit is not None and hit[0]() is x and hit[1] == x._version:
+        return hit[2]
+    out = _CopyToTP.apply(x, group)
+    _last_copy[key] = (weakref.ref(x), x._version, out)
+    return out
 
 
 def gather_from_tp(x, group):
@@ -201,7 +232,7 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x):
-        y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+        y = F.linear(shared_copy_to_tp(x, self.group), self.weight, self.bias)
         return gather_from_tp(y, self.group) if self.gather_output else y
 
     def extra_repr(self):
@@ -253,7 +284,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tp(x, self.group)
-        y = reduce_from_tp(F.linear(x, self.weight), self.group)
+        y = reduce_from_tp(F.linear(x, self.weight), self.group, inplace=True)
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self):

@@ -9,12 +9,16 @@ whole; the first run also writes ``save_16bit_model`` and ``_consolidated_16bit_
 and compares them with the reference's trained weights. ``--families``: the other families'
 tiny models (Mistral, Qwen3, Gemma, Phi, GPT-2, GPT-NeoX) split by ``apply_autotp``, forward
 logits and the embedding's gradient against the whole model. ``--extras``: the Llama in bf16
-(ZeRO 1) and with Hugging Face's activation checkpointing (ZeRO 0). Writes
+(ZeRO 1) and with Hugging Face's activation checkpointing (ZeRO 0). ``--configurable``: the
+Llama with a vocabulary-parallel LM head, with partition_config specs, with preset_model and a
+tp_grain_size that keeps the split even, Phi-3's fused gate_up_proj split by a spec's shape; the
+keys refused; the all-reduces of one forward and backward. Writes
 --out/rank_{r}.json."""
 
 import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -37,6 +41,9 @@ def build(kind):
     if kind == "qwen2":  # q/k/v with biases, tied embeddings
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
             **common, tie_word_embeddings=True)).float()
+    if kind == "phi3":  # fused qkv_proj and gate_up_proj: layers the built-in rules miss
+        return transformers.Phi3ForCausalLM(transformers.Phi3Config(
+            **common, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0)).float()
     raise ValueError(kind)
 
 
@@ -80,7 +87,7 @@ def split_report(model, full):
             "full_bytes": sum(q.numel() * q.element_size() for q in full.parameters())}
 
 
-def train(kind, stage, ref, first, bf16=False, act_ckpt=False):
+def train(kind, stage, ref, first, bf16=False, act_ckpt=False, tp_keys=None):
     model = build(kind)
     if act_ckpt:  # Hugging Face's activation checkpointing around each decoder layer
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -88,7 +95,7 @@ def train(kind, stage, ref, first, bf16=False, act_ckpt=False):
     config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": MICRO_STEPS,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
               "gradient_clipping": CLIP, "zero_optimization": {"stage": stage},
-              "tensor_parallel": {"autotp_size": tp}, "steps_per_print": 1000,
+              "tensor_parallel": {"autotp_size": tp, **(tp_keys or {})}, "steps_per_print": 1000,
               "bf16": {"enabled": bf16}}
     before = {id(q) for q in model.parameters()}
     engine, _, _, _ = dslaunch.initialize(model=model, model_parameters=model.parameters(),
@@ -130,6 +137,66 @@ def train(kind, stage, ref, first, bf16=False, act_ckpt=False):
         if args.save:
             engine.save_checkpoint(args.save, tag="tp")
             out["saved_checkpoint"] = True
+    return out
+
+
+LLAMA_SPECS = [{"patterns": [r".*\.(o|down)_proj\.weight$"], "partition_type": "row"},
+               {"patterns": [r".*\.[qkv]_proj\.weight$", r".*\.(gate|up)_proj\.weight$"],
+                "partition_type": "column"}]
+# Phi-3: the MLP's fused [gate; up] split part by part, down row-parallel; the attention (whose
+# fused qkv Phi-3 slices by the model's whole sizes) left whole
+PHI3_SPECS = [{"patterns": [r".*\.gate_up_proj\.weight$"], "partition_type": "column",
+               "shape": [2, -1], "partition_dim": 0},
+              {"patterns": [r".*\.mlp\.down_proj\.weight$"], "partition_type": "row"},
+              {"patterns": [r".*\.self_attn\..*"], "partition_type": "skip"}]
+
+
+def all_reduces(model):
+    """gloo all-reduces in one forward and backward of ``model`` (the profiler's count)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = batch(0)[:2]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return sum(1 for e in prof.events() if e.name == "gloo:all_reduce")
+
+
+def configurable():
+    """DeepSpeed's other tensor_parallel keys: vocab_parallel_lm_head, partition_config,
+    preset_model, tp_grain_size; and the all-reduces one Llama forward and backward costs."""
+    from dslaunch.engine.topology import build_grid
+
+    out = {}
+    ref = reference("llama", args.steps)
+    out["llama_vocab_z1"] = train("llama", 1, ref, False, tp_keys={"vocab_parallel_lm_head": True})
+    out["llama_specs_z0"] = train("llama", 0, ref, False, tp_keys={"partition_config": {
+        "use_default_specs": False, "layer_specs": LLAMA_SPECS}})
+    out["llama_preset_z2"] = train("llama", 2, ref, False, tp_keys={"preset_model": "llama",
+                                                                     "tp_grain_size": 64})
+    out["phi3_specs_z1"] = train("phi3", 1, reference("phi3", args.steps), False,
+                                 tp_keys={"partition_config": {"layer_specs": PHI3_SPECS}})
+    refusals = {"grain": {"tp_grain_size": 48}, "grain_nested": {"tp": {"tp_grain_size": 48}},
+                "preset": {"preset_model": "bloom"},
+                "shape": {"partition_config": {"layer_specs": [
+                    {"patterns": [".*"], "shape": [4, -1, 16], "partition_dim": 1}]}},
+                "type": {"partition_config": {"layer_specs": [
+                    {"patterns": [".*"], "partition_type": "diagonal"}]}}}
+    out["refused"] = {}
+    for name, keys in refusals.items():
+        try:
+            train("llama", 0, ([0.0], None), False, tp_keys=keys)
+            out["refused"][name] = None
+        except ValueError as e:
+            out["refused"][name] = str(e)
+    group = build_grid(model=tp).get_model_parallel_group()
+    counts = {}
+    for label, section in (("plain", None), ("vocab_head", SimpleNamespace(
+            vocab_parallel_lm_head=True, partition_config=None, preset_model=None,
+            tp_grain_size=1, extra={}))):
+        model = build("llama")
+        apply_autotp(model, group, section)
+        counts[label] = all_reduces(model)
+    out["all_reduces"] = counts
     return out
 
 
@@ -185,6 +252,8 @@ if __name__ == "__main__":
     p.add_argument("--models", default="llama,qwen2")
     p.add_argument("--families", action="store_true")
     p.add_argument("--extras", action="store_true", help="bf16 and activation checkpointing runs")
+    p.add_argument("--configurable", action="store_true",
+                   help="vocab_parallel_lm_head, partition_config, preset_model, tp_grain_size")
     p.add_argument("--save", default=None, help="save a checkpoint of the first run here")
     args, _ = p.parse_known_args()
     dslaunch.init_distributed()
@@ -204,6 +273,8 @@ if __name__ == "__main__":
         res["llama_actckpt_z0"] = train("llama", 0, ref, False, act_ckpt=True)
     if args.families:
         res["families"] = families()
+    if args.configurable:
+        res["configurable"] = configurable()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, f"rank_{rank}.json").write_text(json.dumps(res))
     dist.barrier()

@@ -1,0 +1,89 @@
+"""AutoTP's vocabulary-parallel LM head (DeepSpeed's ``tensor_parallel.vocab_parallel_lm_head:
+true``): the untied ``lm_head`` of a Hugging Face causal LM split over the tensor-parallel group
+by vocabulary rows, and the model's loss computed on the split logits.
+
+Each rank computes the logits of its vocabulary range only (1/N of the head's matmul and of the
+softmax work, and of the logits' memory) and ``vocab_parallel_cross_entropy`` combines the ranks'
+max, sum of exponentials and target logit, so the loss equals the whole head's. The model's
+``loss_function`` (Transformers calls it with the logits, the labels and, under the Trainer,
+``num_items_in_batch``) is replaced by one that shifts the labels as ``ForCausalLMLoss`` does.
+The logits a forward returns are this rank's vocabulary range.
+
+A tied head (its weight the input embedding's) stays whole: splitting it would split the
+embedding too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .tensor_parallel import ColumnParallelLinear, _world, vocab_parallel_cross_entropy
+
+HEAD_NAMES = ("lm_head", "embed_out")  # Llama-style / GPT-NeoX's
+
+
+def _head(model: nn.Module):
+    for name in HEAD_NAMES:
+        m = getattr(model, name, None)
+        if isinstance(m, nn.Linear):
+            return name, m
+    return None, None
+
+
+def _tied(model: nn.Module, head: nn.Linear) -> bool:
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return emb is not None and getattr(emb, "weight", None) is head.weight
+
+
+def _refuse(why: str):
+    raise ValueError(f"tensor_parallel.vocab_parallel_lm_head: {why}; set it false (the head "
+                     "then stays whole on every rank)")
+
+
+class VocabParallelCausalLMLoss:
+    """``ForCausalLMLoss`` over logits split by vocabulary: this rank's range starts at
+    ``vocab_start``."""
+
+    def __init__(self, group, vocab_start: int):
+        self.group, self.vocab_start = group, vocab_start
+
+    def __call__(self, logits, labels, vocab_size=None, num_items_in_batch=None,
+                 ignore_index: int = -100, shift_labels=None, **_):
+        if shift_labels is None:
+            labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:]
+        target = shift_labels.reshape(-1).to(logits.device)
+        flat = logits.reshape(-1, logits.shape[-1])
+        keep = target != ignore_index
+        per_token = vocab_parallel_cross_entropy(flat, target.masked_fill(~keep, 0), self.group,
+                                                 self.vocab_start)
+        total = (per_token * keep).sum()
+        if num_items_in_batch is not None:
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(total.device)
+            return total / num_items_in_batch
+        return total / keep.sum()
+
+
+def split_lm_head(model: nn.Module, group) -> bool:
+    """Split ``model``'s LM head by vocabulary and give it the matching loss; True when done.
+    Refuses (naming the key) a model whose head cannot be split."""
+    name, head = _head(model)
+    if head is None:
+        _refuse(f"{type(model).__name__} has no nn.Linear named {' or '.join(HEAD_NAMES)}")
+    if _tied(model, head):
+        _refuse("the LM head is tied to the input embedding (tie_word_embeddings)")
+    if not hasattr(type(model), "loss_function"):
+        _refuse(f"{type(model).__name__} computes no Hugging Face loss_function to replace")
+    w = _world(group)
+    if head.out_features % w:
+        _refuse(f"the vocabulary ({head.out_features}) does not divide by the tensor-parallel "
+                f"size {w}")
+    from .autotp import _keep_params  # the head keeps its own Parameter objects
+
+    split = _keep_params(ColumnParallelLinear.from_linear(head, group), head, head)
+    setattr(model, name, split)
+    start = split.weight.tp_ranges[0][0]
+    model.loss_function = VocabParallelCausalLMLoss(group, start)
+    return True

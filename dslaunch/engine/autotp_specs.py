@@ -1,0 +1,295 @@
+"""DeepSpeed's configurable AutoTP keys: ``tensor_parallel.partition_config`` (layer specs for
+layers the built-in rules miss), ``tensor_parallel.preset_model`` (a named set of specs) and
+``tensor_parallel.tp_grain_size``.
+
+``partition_config``::
+
+    {"use_default_specs": true, "strict_mode": false,
+     "layer_specs": [{"patterns": [".*\\\\.o_proj\\\\.weight$"], "partition_type": "row"},
+                     {"patterns": [".*\\\\.gate_up_proj\\\\.weight$"], "partition_type": "column",
+                      "shape": [2, -1], "partition_dim": 0}]}
+
+A spec's ``patterns`` (regular expressions, matched from the start as ``re.match`` does) are
+tried on ``<module name>.weight`` of every linear layer, first matching spec wins; ``model_types``
+limits a spec to models whose ``config.model_type`` is listed. As in DeepSpeed, once specs are
+given they alone decide: an unmatched layer stays whole (``strict_mode``: an error). A preset's
+specs come after the custom ones when both are given and ``use_default_specs`` is true (the
+custom ones alone otherwise).
+
+What each spec can say here:
+
+- ``partition_type`` ``column`` (output rows split; ``gather_output`` gathers the output back),
+  ``row`` (input columns split, the partial products all-reduced) or ``skip`` (whole; with
+  ``grad_allreduce`` its gradient is summed over the tensor-parallel ranks, for a replicated
+  weight that sees only this rank's heads, e.g. Qwen3's q/k norms);
+- ``shape`` ``[k, -1]`` or ``[[a, b, c], -1]`` on a column layer: the output rows are ``k``
+  equal (or the listed) stacked parts, each split alike, so every rank holds matching parts.
+
+Refused, naming the key: other shapes or partition dims (3-D expert views), ``row`` with a
+``shape``, a spec on an embedding or a row-parallel LM head, presets other than ``PRESETS``, and
+a ``tp_grain_size`` whose grain-aligned split (DeepSpeed's, for the MLP layers) would be uneven.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .tensor_parallel import ColumnParallelLinear, _divide, _rank, _world
+
+KEY = "tensor_parallel.partition_config"
+SPEC_KEYS = {"patterns", "partition_type", "shape", "partition_dim", "model_types",
+             "gather_output", "grad_allreduce"}
+CONFIG_KEYS = {"layer_specs", "use_default_specs", "strict_mode", "tp_size",
+               "embedding_partition_dim", "lm_head_patterns"}
+
+_LLAMA = [
+    {"patterns": [r".*\.self_attn\.o_proj\.weight$"], "partition_type": "row"},
+    {"patterns": [r".*\.self_attn\.[qkv]_proj\.weight$"], "partition_type": "column"},
+    {"patterns": [r".*\.mlp\.down_proj\.weight$"], "partition_type": "row"},
+    {"patterns": [r".*\.mlp\.(up|gate)_proj\.weight$"], "partition_type": "column"},
+]
+# preset name -> its specs (DeepSpeed's names; the layer names of those Hugging Face families)
+PRESETS = {"llama": _LLAMA, "qwen2": _LLAMA}
+REFUSED_PRESETS = ("bloom", "chatglm", "mixtral", "deepseek_v2", "phi3")
+
+
+@dataclass
+class Spec:
+    patterns: list
+    kind: str  # column | row | skip
+    parts: tuple | None = None  # column: the sizes of the stacked parts (None: one part)
+    gather_output: bool = False
+    grad_allreduce: bool = False
+    model_types: tuple | None = None
+
+    def matches(self, weight_name: str, model_type) -> bool:
+        if self.model_types and str(model_type).lower() not in self.model_types:
+            return False
+        return any(re.match(p, weight_name) for p in self.patterns)
+
+
+def _fail(where: str, why: str):
+    raise ValueError(f"{where}: {why}")
+
+
+def _parts(shape, where: str, kind: str, dim):
+    """The stacked parts' sizes (-1 entries: equal parts) of a column spec's ``shape``."""
+    if shape is None:
+        return None
+    if kind != "column":
+        _fail(f"{where}.shape", f"only column specs take a shape here (this one is {kind!r})")
+    if (dim or 0) != 0 or not isinstance(shape, (list, tuple)) or len(shape) != 2 \
+            or shape[1] != -1:
+        _fail(f"{where}.shape", f"{shape!r}: only [k, -1] or [[a, b, ...], -1] with "
+              "partition_dim 0 (stacked output parts) is supported; 3-D views are not")
+    first = shape[0]
+    if isinstance(first, int) and first > 0:
+        return (-1,) * first
+    if isinstance(first, (list, tuple)) and first and all(
+            isinstance(v, int) and v > 0 for v in first):
+        return tuple(first)
+    _fail(f"{where}.shape", f"{shape!r}: the first entry must be a part count or a list of "
+          "positive part sizes")
+
+
+def parse_spec(raw, where: str) -> Spec:
+    if not isinstance(raw, Mapping):
+        _fail(where, f"a layer spec is an object, got {type(raw).__name__}")
+    unknown = set(raw) - SPEC_KEYS
+    if unknown:
+        _fail(where, f"unknown keys {sorted(unknown)}; a spec takes {sorted(SPEC_KEYS)}")
+    patterns = raw.get("patterns")
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    if not isinstance(patterns, (list, tuple)) or not patterns or not all(
+            isinstance(p, str) for p in patterns):
+        _fail(f"{where}.patterns", "give a non-empty list of regular expressions")
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as e:
+            _fail(f"{where}.patterns", f"{p!r} is not a regular expression ({e})")
+    kind = str(raw.get("partition_type", "column")).lower()
+    if kind not in ("column", "row", "skip"):
+        _fail(f"{where}.partition_type", f"{kind!r}; use column, row or skip")
+    dim = raw.get("partition_dim")
+    default_dim = {"column": 0, "row": 1}.get(kind)
+    if dim is not None and kind != "skip" and dim != default_dim:
+        _fail(f"{where}.partition_dim", f"{dim} on a {kind} layer: only {default_dim} (the "
+              "weight's output rows for column, input columns for row) is supported")
+    gather = bool(raw.get("gather_output", False))
+    if gather and kind != "column":
+        _fail(f"{where}.gather_output", "only column specs gather their output")
+    grad_ar = bool(raw.get("grad_allreduce", False))
+    if grad_ar and kind != "skip":
+        _fail(f"{where}.grad_allreduce", "only skip specs (replicated weights) take it")
+    parts = _parts(raw.get("shape"), where, kind, dim)
+    if parts is not None and gather:
+        _fail(f"{where}.gather_output", "not with a shape (stacked parts)")
+    types = raw.get("model_types")
+    return Spec(list(patterns), kind, parts, gather, grad_ar,
+                tuple(str(t).lower() for t in types) if types else None)
+
+
+def specs_from_config(section) -> tuple[list, bool] | None:
+    """``(specs, strict)`` from the ``tensor_parallel`` section's ``preset_model`` and
+    ``partition_config``; None when neither is given (the built-in rules apply)."""
+    preset = getattr(section, "preset_model", None)
+    custom = getattr(section, "partition_config", None)
+    if preset is None and custom is None:
+        return None
+    base = []
+    if preset is not None:
+        name = str(preset).lower()
+        if name in REFUSED_PRESETS:
+            _fail("tensor_parallel.preset_model", f"{preset!r} is DeepSpeed's, not supported "
+                  f"here; supported: {sorted(PRESETS)} (or write its layers in "
+                  f"{KEY}.layer_specs)")
+        if name not in PRESETS:
+            _fail("tensor_parallel.preset_model", f"unknown preset {preset!r}; supported: "
+                  f"{sorted(PRESETS)}")
+        base = [parse_spec(s, f"preset {name}") for s in PRESETS[name]]
+    if custom is None:
+        return base, False
+    if not isinstance(custom, Mapping):
+        _fail(KEY, f"give an object with layer_specs, got {type(custom).__name__}")
+    unknown = set(custom) - CONFIG_KEYS
+    if unknown:
+        _fail(KEY, f"unknown keys {sorted(unknown)}; it takes {sorted(CONFIG_KEYS)}")
+    if custom.get("embedding_partition_dim", 1) != 1:
+        _fail(f"{KEY}.embedding_partition_dim", "embeddings stay whole here; leave it out")
+    raw = custom.get("layer_specs", [])
+    if not isinstance(raw, (list, tuple)):
+        _fail(f"{KEY}.layer_specs", "give a list of layer specs")
+    specs = [parse_spec(s, f"{KEY}.layer_specs[{i}]") for i, s in enumerate(raw)]
+    if base and custom.get("use_default_specs", True):
+        specs = specs + base
+    if not specs:
+        _fail(f"{KEY}.layer_specs", "no layer spec given (and no preset_model)")
+    return specs, bool(custom.get("strict_mode", False))
+
+
+# -- styles -----------------------------------------------------------------------------------
+
+def stacked_rows(out_features: int, parts: tuple, group) -> torch.Tensor:
+    """Rows of a column layer whose output is the stacked ``parts`` (-1: equal): this rank's
+    block of every part, so each rank holds matching pieces of each."""
+    if all(p == -1 for p in parts):
+        size = _divide(out_features, len(parts), f"output rows of {len(parts)} stacked parts")
+        parts = (size,) * len(parts)
+    if sum(parts) != out_features:
+        raise ValueError(f"{KEY}: the parts {parts} do not add up to the layer's "
+                         f"{out_features} output rows")
+    w, r, at, rows = _world(group), _rank(group), 0, []
+    for size in parts:
+        local = _divide(size, w, "rows of a stacked part")
+        rows.append(torch.arange(at + r * local, at + (r + 1) * local, device="cpu"))
+        at += size
+    return torch.cat(rows)
+
+
+def style_of(spec: Spec):
+    """The plan style (``(module, group) -> module``) of a column or row spec."""
+    from .autotp import _as_linear, _column, _keep_params, _row
+
+    if spec.kind == "row":
+        return _row
+    if spec.parts is None and not spec.gather_output:
+        return _column
+
+    def column(m, group):
+        lin = _as_linear(m)
+        rows = stacked_rows(lin.out_features, spec.parts, group) if spec.parts else None
+        layer = ColumnParallelLinear.from_linear(lin, group, gather_output=spec.gather_output,
+                                                 rows=rows)
+        return _keep_params(layer, lin, m)
+
+    return column
+
+
+def _model_type(model):
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "model_type", None)
+
+
+def spec_plan(model: nn.Module, specs: list, strict: bool, linear_like) -> tuple[dict, list]:
+    """``({module name: style}, [weights whose gradient is summed over the TP group])``."""
+    mtype = _model_type(model)
+    plan, summed = {}, []
+    for name, m in model.named_modules():
+        if not name:
+            continue
+        weight = f"{name}.weight"
+        spec = next((s for s in specs if s.matches(weight, mtype)), None)
+        if isinstance(m, nn.Embedding) and spec is not None and spec.kind != "skip":
+            _fail(KEY, f"{weight} is an embedding; embeddings stay whole here (use skip)")
+        if not linear_like(m):
+            continue
+        if spec is None:
+            if strict:
+                _fail(f"{KEY}.strict_mode", f"no layer spec matches {weight}")
+            continue
+        if spec.kind == "skip":
+            if spec.grad_allreduce:
+                summed += [p for p in m.parameters(recurse=False) if p.requires_grad]
+            continue
+        if spec.kind == "row" and any(h in name for h in ("lm_head", "embed_out")):
+            _fail(KEY, f"{weight}: a row-parallel LM head is not supported (use column, with "
+                  "gather_output, or vocab_parallel_lm_head)")
+        plan[name] = style_of(spec)
+    if not plan:
+        _fail(KEY, f"no layer spec matches a linear layer of {type(model).__name__}")
+    return plan, summed
+
+
+def sum_grads_over(params: list, group) -> None:
+    """Gradient hooks: each of ``params`` (replicated, but fed by this rank's heads only) gets
+    the sum of the tensor-parallel ranks' gradients."""
+    def hook(grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    for p in params:
+        p.register_hook(hook)
+
+
+# -- tp_grain_size -----------------------------------------------------------------------------
+
+MLP_NAMES = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "c_fc", "dense_h_to_4h",
+             "dense_4h_to_h", "mlp", "lm_head", "embed_out")
+
+
+def grain_sizes(total: int, tp: int, grain: int) -> list:
+    """DeepSpeed's grain-aligned shard sizes of a dimension of ``total`` over ``tp`` ranks."""
+    if total < grain:
+        return [total // tp + (1 if r < total % tp else 0) for r in range(tp)]
+    grains, rest = divmod(total, grain)
+    sizes = [(grains // tp + (1 if r < grains % tp else 0)) * grain for r in range(tp)]
+    sizes[-1] += rest
+    return sizes
+
+
+def check_grain(model: nn.Module, grain: int, tp: int) -> None:
+    """Refuse a ``tp_grain_size`` under which an MLP layer's (or the LM head's) split, aligned
+    to grains as DeepSpeed aligns it, would not be the even split dslaunch makes."""
+    if grain in (None, 1):
+        return
+    if not isinstance(grain, int) or grain < 1:
+        _fail("tensor_parallel.tp_grain_size", f"{grain!r}: give a positive integer")
+    for name, m in model.named_modules():
+        split = next((p.tp_full for p in m.parameters(recurse=False)
+                      if getattr(p, "tensor_model_parallel", False)), None)
+        if split is None or not any(k in name for k in MLP_NAMES):
+            continue
+        sizes = grain_sizes(split, tp, grain)
+        if len(set(sizes)) > 1:
+            _fail("tensor_parallel.tp_grain_size", f"{grain} splits {name}'s {split} features "
+                  f"over {tp} ranks as {sizes}; uneven splits are not supported: use a grain "
+                  f"size that divides {split} // {tp}, or 1")
