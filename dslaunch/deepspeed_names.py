@@ -302,6 +302,11 @@ NAMES: list[Name] = [
              "dslaunch.engine.sparse_attention.utils:SparseAttentionUtils",
              "replace_model_self_attention_with_sparse_self_attention works on Hugging Face "
              "BERT/RoBERTa (DeepSpeed's calls a method the model lacks)"),
+    _present("deepspeed.ops.random_ltd", "dslaunch.ops.random_ltd",
+             "torch ops on any device (DeepSpeed's need its CUDA RandomLTDBuilder op)"),
+    _present("deepspeed.ops.random_ltd.dropping_utils", "dslaunch.ops.random_ltd.dropping_utils"),
+    *[_present(f"deepspeed.ops.random_ltd.{name}", f"dslaunch.engine.random_ltd.tokens:{name}")
+      for name in ("gpt_sample_tokens", "bert_sample_tokens", "GatherTokens", "ScatterTokens")],
     _missing("deepspeed.ops.transformer",
              "not planned: DeepSpeed's fused transformer-layer kernels "
              "(DeepSpeedTransformerLayer)"),
@@ -513,14 +518,44 @@ NAMES: list[Name] = [
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss",
              "dslaunch.engine.sequence.tiled:TiledFusedLogitsLoss"),
     _present("deepspeed.runtime.data_pipeline", "dslaunch.runtime.data_pipeline",
-             "the curriculum scheduler only (data sampling and routing: not yet)"),
+             "the curriculum scheduler and data routing (random-LTD); data sampling: "
+             "not yet"),
     _present("deepspeed.runtime.data_pipeline.curriculum_scheduler",
              "dslaunch.runtime.data_pipeline.curriculum_scheduler"),
     _present("deepspeed.runtime.data_pipeline.curriculum_scheduler.CurriculumScheduler",
              "dslaunch.engine.curriculum:CurriculumScheduler",
              "also drives the legacy curriculum_learning section (DeepSpeed 0.19 removed it)"),
     *[_missing(f"deepspeed.runtime.data_pipeline.{name}", DATA_EFFICIENCY)
-      for name in ("config", "constants", "data_sampling", "data_routing")],
+      for name in ("config", "constants", "data_sampling")],
+    _present("deepspeed.runtime.data_pipeline.data_routing",
+             "dslaunch.runtime.data_pipeline.data_routing",
+             "random layer-wise token dropping (random-LTD); runs on any device in torch ops"),
+    _present("deepspeed.runtime.data_pipeline.data_routing.basic_layer",
+             "dslaunch.runtime.data_pipeline.data_routing.basic_layer"),
+    _present("deepspeed.runtime.data_pipeline.data_routing.basic_layer.RandomLayerTokenDrop",
+             "dslaunch.engine.random_ltd.layer:RandomLayerTokenDrop",
+             "also passes positional arguments after the hidden states to the layer"),
+    _present("deepspeed.runtime.data_pipeline.data_routing.helper",
+             "dslaunch.runtime.data_pipeline.data_routing.helper"),
+    _present("deepspeed.runtime.data_pipeline.data_routing.helper.convert_to_random_ltd",
+             "dslaunch.engine.random_ltd.convert:convert_to_random_ltd",
+             "also on the bare model before initialize; a layer drops tokens when its own index "
+             "(the last number of its name) is in random_ltd_layer_id (DeepSpeed: the id's "
+             "digits anywhere in the name)"),
+    *[_present(f"deepspeed.runtime.data_pipeline.data_routing.helper.{name}",
+               f"dslaunch.engine.random_ltd.convert:{name}")
+      for name in ("save_without_random_ltd", "remove_random_ltd_state_dict")],
+    _present("deepspeed.runtime.data_pipeline.data_routing.scheduler",
+             "dslaunch.runtime.data_pipeline.data_routing.scheduler"),
+    _present("deepspeed.runtime.data_pipeline.data_routing.scheduler.RandomLTDScheduler",
+             "dslaunch.engine.random_ltd.scheduler:RandomLTDScheduler",
+             "DeepSpeed 0.19.8's values and state_dict; the engine builds it from the config "
+             "(engine.random_ltd_scheduler)"),
+    _present("deepspeed.runtime.data_pipeline.data_routing.scheduler.BaseScheduler",
+             "dslaunch.engine.random_ltd.scheduler:RandomLTDScheduler",
+             "the same class as RandomLTDScheduler"),
+    _present("deepspeed.runtime.data_pipeline.data_routing.utils",
+             "dslaunch.runtime.data_pipeline.data_routing.utils"),
     _present("deepspeed.runtime.config", "dslaunch.runtime.config"),
     _present("deepspeed.runtime.config.DeepSpeedConfig", "dslaunch.runtime.config:DeepSpeedConfig",
              "resolved by dslaunch's config room for this job's data-parallel size; DeepSpeed's "
@@ -701,7 +736,6 @@ NAMES: list[Name] = [
     _missing("deepspeed.ops.lamb.fused_lamb", OPS_FILES),
     *_all_missing("deepspeed.ops.lion", "cpu_lion fused_lion multi_tensor_apply", OPS_FILES),
     _missing("deepspeed.ops.fp_quantizer", "not planned: DeepSpeed's FP8/FP6 quantization kernels"),
-    _missing("deepspeed.ops.random_ltd", DATA_EFFICIENCY),
     *_all_missing("deepspeed.profiling", "config constants",
                   "DeepSpeed's parsing of the flops_profiler config section; the engine reads the "
                   "section itself (deepspeed.profiling.flops_profiler is provided)"),

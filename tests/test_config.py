@@ -408,7 +408,9 @@ def test_defaults_are_deepspeeds_and_marked_default():
 
 @pytest.mark.parametrize("section, line", [
     ({"hybrid_engine": {"enabled": True}},
-     "hybrid_engine.enabled: not supported yet (the hybrid (RLHF) engine; not planned yet)"),
+     "hybrid_engine.enabled: not supported yet (the hybrid (RLHF) engine: generate with the "
+     "model itself or an inference server; see docs/porting.md, 'Config sections dslaunch "
+     "refuses'; not planned yet)"),
     ({"compression_training": {"sparse_pruning": {
         "shared_parameters": {"enabled": True, "method": "snip_momentum"},
         "different_groups": {"g": {"params": {"dense_ratio": 0.5}, "modules": ["fc"]}}}}},

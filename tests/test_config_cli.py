@@ -57,7 +57,9 @@ def test_validate_not_supported_yet(tmp_path):
     result = invoke("config", "validate", str(path), "--world-size", "2")
     assert result.exit_code == 1
     assert result.output.strip() == (f"{path}: hybrid_engine.enabled: not supported yet "
-                                     f"(the hybrid (RLHF) engine; not planned yet)")
+                                     "(the hybrid (RLHF) engine: generate with the model "
+                                     "itself or an inference server; see docs/porting.md, "
+                                     "'Config sections dslaunch refuses'; not planned yet)")
 
 
 def test_missing_file_and_bad_yaml_are_one_line_errors(tmp_path):

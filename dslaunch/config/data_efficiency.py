@@ -11,6 +11,7 @@ sampler on (DeepSpeed's engine reads only that flag); ``data_efficiency.enabled`
 from __future__ import annotations
 
 from .curriculum import schedule_problems
+from .random_ltd import routing_problems
 
 PREFIX = "data_efficiency"
 SEED_DEFAULT = 1234
@@ -101,6 +102,7 @@ def data_efficiency_problems(section) -> list:
         problems.append(f"{PREFIX}.seed: {section['seed']!r}; must be an integer >= 0 (the "
                         "sampler's numpy seed)")
     _object(section.get("data_routing"), f"{PREFIX}.data_routing", problems)
+    problems.extend(routing_problems(section.get("data_routing")))  # random_ltd.py
     problems.extend(sampling_problems(section.get("data_sampling")))
     return problems
 

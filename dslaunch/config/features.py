@@ -33,13 +33,13 @@ def _section(get: Callable, top: str, *keys: str) -> dict:
     return section if isinstance(section, dict) else {}
 
 
+# the pointer of the refusals that are not planned: what to do instead
+REFUSED = "see docs/porting.md, 'Config sections dslaunch refuses'"
+
 NOT_SUPPORTED_YET = [
-    Feature("amp.enabled", "NVIDIA apex AMP (use fp16 or bf16)", "", _enabled("amp")),
+    Feature("amp.enabled", f"NVIDIA apex AMP: use bf16 or fp16 instead; {REFUSED}", "",
+            _enabled("amp")),
     # data_efficiency: its keys are checked in data_efficiency.py; these parts are not built yet
-    Feature("data_efficiency.data_routing.random_ltd.enabled",
-            "random layer-wise token dropping", "issue 34",
-            lambda get: _section(get, "data_efficiency", "data_routing", "random_ltd")
-            .get("enabled") is True),
     Feature("data_efficiency.data_sampling.curriculum_learning.enabled",
             "curriculum data sampling", "issue 34",
             lambda get: _section(get, "data_efficiency", "data_sampling", "curriculum_learning")
@@ -48,9 +48,12 @@ NOT_SUPPORTED_YET = [
             "dynamic batching by sequence length", "",
             lambda get: _section(get, "data_efficiency", "data_sampling", "dynamic_batching")
             .get("enabled") is True),
-    Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine", "", _enabled("hybrid_engine")),
-    Feature("nebula.enabled", "Nebula checkpointing", "", _enabled("nebula")),
-    Feature("compile.deepcompile", "DeepCompile", "", lambda get: bool(get("compile.deepcompile"))),
+    Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine: generate with the model "
+            f"itself or an inference server; {REFUSED}", "", _enabled("hybrid_engine")),
+    Feature("nebula.enabled", "Nebula checkpointing: use checkpoint.async_save and "
+            f"checkpoint.keep_last; {REFUSED}", "", _enabled("nebula")),
+    Feature("compile.deepcompile", f"DeepCompile: drop the key, ZeRO runs eagerly; {REFUSED}",
+            "", lambda get: bool(get("compile.deepcompile"))),
 ]
 
 

@@ -54,6 +54,17 @@ def _choice(section: dict, key: str, choices, prefix: str, problems: list, requi
         problems.append(f"{prefix}.{key}: {section[key]!r}; use one of {', '.join(choices)}")
 
 
+def routing_problems(routing, prefix: str = "data_efficiency.data_routing") -> list:
+    """The ``data_routing`` section's own keys and its ``random_ltd`` (a non-object
+    ``data_routing`` is reported by ``data_efficiency.py``)."""
+    if not isinstance(routing, dict):
+        return []
+    problems = _unknown(routing, {"enabled", "random_ltd"}, prefix)
+    if routing.get("enabled", False) not in (True, False):
+        problems.append(f"{prefix}.enabled: {routing['enabled']!r}; must be true or false")
+    return problems + random_ltd_problems(routing.get("random_ltd"), f"{prefix}.random_ltd")
+
+
 def random_ltd_problems(section, prefix: str = PREFIX) -> list:
     """One line per problem of an enabled ``random_ltd`` section (``[]`` when disabled)."""
     if section is None or section == {}:
