@@ -56,7 +56,6 @@ AUTOTP = ("not provided: AutoTP training is the config key tensor_parallel.autot
           "deepspeed.tp_model_init), applied by initialize (engine/autotp.py); DeepSpeed's "
           "injection internals are not mirrored")
 INFERENCE = "not planned: dslaunch is a training runtime (no inference engine)"
-DATA_EFFICIENCY = "not planned yet: DeepSpeed's data-efficiency library (curriculum, random-LTD)"
 API = "comes with issue 18 (DeepSpeed's public API), in progress"
 UCP = ("not provided: DeepSpeed's checkpoint-conversion internals; a universal checkpoint "
        "(ds_to_universal.py's output) loads with checkpoint.load_universal, `dslaunch ckpt "
@@ -518,15 +517,44 @@ NAMES: list[Name] = [
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss",
              "dslaunch.engine.sequence.tiled:TiledFusedLogitsLoss"),
     _present("deepspeed.runtime.data_pipeline", "dslaunch.runtime.data_pipeline",
-             "the curriculum scheduler and data routing (random-LTD); data sampling: "
-             "not yet"),
+             "the curriculum scheduler, data sampling and data routing (random-LTD)"),
     _present("deepspeed.runtime.data_pipeline.curriculum_scheduler",
              "dslaunch.runtime.data_pipeline.curriculum_scheduler"),
     _present("deepspeed.runtime.data_pipeline.curriculum_scheduler.CurriculumScheduler",
              "dslaunch.engine.curriculum:CurriculumScheduler",
              "also drives the legacy curriculum_learning section (DeepSpeed 0.19 removed it)"),
-    *[_missing(f"deepspeed.runtime.data_pipeline.{name}", DATA_EFFICIENCY)
-      for name in ("config", "constants", "data_sampling")],
+    _present("deepspeed.runtime.data_pipeline.config", "dslaunch.runtime.data_pipeline.config",
+             "get_data_efficiency_config and the section getters; bad keys raise naming them"),
+    _present("deepspeed.runtime.data_pipeline.constants",
+             "dslaunch.runtime.data_pipeline.constants"),
+    _present("deepspeed.runtime.data_pipeline.data_sampling",
+             "dslaunch.runtime.data_pipeline.data_sampling",
+             "curriculum data sampling: the offline analyzer, the sampler, .bin/.idx files"),
+    _present("deepspeed.runtime.data_pipeline.data_sampling.data_analyzer",
+             "dslaunch.runtime.data_pipeline.data_sampling.data_analyzer"),
+    _present("deepspeed.runtime.data_pipeline.data_sampling.data_analyzer.DataAnalyzer",
+             "dslaunch.runtime.data_pipeline.data_sampling.data_analyzer:DataAnalyzer",
+             "the same files as DeepSpeed's, byte for byte (benchmarks/"
+             "compare_data_sampling_ds.py); the reduce runs in one process"),
+    _missing("deepspeed.runtime.data_pipeline.data_sampling.data_analyzer."
+             "DistributedDataAnalyzer",
+             "not provided: run DataAnalyzer.run_map() in each worker (worker_id, num_workers) "
+             "and run_reduce() in one; the files are the same"),
+    _present("deepspeed.runtime.data_pipeline.data_sampling.data_sampler",
+             "dslaunch.runtime.data_pipeline.data_sampling.data_sampler"),
+    _present("deepspeed.runtime.data_pipeline.data_sampling.data_sampler.DeepSpeedDataSampler",
+             "dslaunch.runtime.data_pipeline.data_sampling.data_sampler:DeepSpeedDataSampler",
+             "serves DeepSpeed's indices for the same config, seed and index files; each rank "
+             "computes the batch (no broadcast) and the state also holds its generator"),
+    _present("deepspeed.runtime.data_pipeline.data_sampling.indexed_dataset",
+             "dslaunch.runtime.data_pipeline.data_sampling.indexed_dataset",
+             "the mmap .bin/.idx format only (not the lazy/cached ones)"),
+    *[_present(f"deepspeed.runtime.data_pipeline.data_sampling.indexed_dataset.{name}",
+               f"dslaunch.runtime.data_pipeline.data_sampling.indexed_dataset:{name}")
+      for name in ("MMapIndexedDataset", "MMapIndexedDatasetBuilder", "make_builder",
+                   "make_dataset")],
+    _present("deepspeed.runtime.data_pipeline.data_sampling.utils",
+             "dslaunch.runtime.data_pipeline.data_sampling.utils"),
     _present("deepspeed.runtime.data_pipeline.data_routing",
              "dslaunch.runtime.data_pipeline.data_routing",
              "random layer-wise token dropping (random-LTD); runs on any device in torch ops"),
