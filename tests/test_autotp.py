@@ -278,3 +278,27 @@ def test_hf_trainer_autotp2_equals_its_ddp_run(job_cache):
     assert sorted(saved) == sorted(want)
     assert all(saved[k].shape == want[k].shape for k in want)
     assert max((saved[k] - want[k]).abs().max().item() for k in want) < 1e-3
+
+
+# -- Accelerate's DeepSpeedPlugin under --as-deepspeed ----------------------------------------
+
+def test_accelerate_deepspeed_plugin_autotp2_equals_unsplit(job_cache):
+    """An Accelerate script with DeepSpeedPlugin(hf_ds_config=config with tensor_parallel.
+    autotp_size 2, ZeRO 1) under dslaunch run --as-deepspeed on 2 ranks: Accelerate passes the key
+    through to deepspeed.initialize (dslaunch's), gives both TP ranks the same batches and fills
+    train_batch_size counting both (8 = micro 2 x accumulation 2 x 2 ranks); each rank holds half
+    of q_proj; the 6 step losses equal the same script's unsplit run (1 process, no key) within
+    1e-5. (InitProcessGroupKwargs(backend="gloo"): Accelerate's own way to name the backend, which
+    a CPU-only machine needs for its DeepSpeed path across processes.)"""
+    pytest.importorskip("accelerate")
+    tp = job_cache.run("accel-autotp2", "accelerate_autotp.py", "--out", "{dir}", "--tp", 2,
+                       nproc=2, flags=("--as-deepspeed",))
+    one = job_cache.run("accel-unsplit", "accelerate_autotp.py", "--out", "{dir}", "--tp", 1,
+                        nproc=1, flags=("--as-deepspeed",))
+    ours, ref = tp.json("result.json"), one.json("result.json")
+    assert ours["engine_module"].startswith("dslaunch.") and ours["world"] == 2
+    assert (ours["micro"], ours["train_batch"]) == (2, 8)
+    assert ours["q_proj_shape"] == [32, 64] and ref["q_proj_shape"] == [64, 64]
+    assert len(ours["losses"]) == len(ref["losses"]) == 6
+    for got, want in zip(ours["losses"], ref["losses"], strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want), (ours["losses"], ref["losses"])
