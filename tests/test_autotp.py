@@ -17,7 +17,8 @@ from helpers import results
 
 STEPS = 10
 # the 2-rank job every TP 2 test reads (one run, served from the job cache)
-TP2_JOB = ("--families", "--extras", "--configurable", "--save", "{dir}/ckpt")
+TP2_JOB = ("--families", "--extras", "--configurable", "--save", "{dir}/ckpt", "--save-each",
+           "{dir}/ckpts")
 
 
 def _job(job_cache, nproc, *extra, job=False):
@@ -177,6 +178,23 @@ def test_specs_parse_and_match():
             "layer_specs": [{"patterns": [".*"], "partition_type": "row", "shape": [2, -1]}]}))
     assert grain_sizes(1408, 2, 64) == [704, 704]
     assert grain_sizes(1344, 2, 64) == [704, 640]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_tp2_zero12_checkpoint_resumes_at_tp1(job_cache, stage):
+    """The TP 2 run's ZeRO 1 (and 2) checkpoint of the Llama after 10 steps (each rank's flat
+    shard of its slices' fp32 masters and Adam moments; one data rank, so each shard holds all
+    of its TP rank's) resumed by one process without tensor parallelism at the same stage: the
+    TP ranks' shards are read per parameter, the split ones put back together and laid out as
+    this job's shard (checkpoint/autotp_states.py); the next 4 losses equal the unsplit
+    reference's steps 11-14 within 1e-5."""
+    src = _job(job_cache, 2, *TP2_JOB, job=True)
+    job = job_cache.python(f"autotp_resume_z{stage}_tp1", "autotp_resume.py", "--ckpt",
+                           src.dir / "ckpts", "--tag", f"z{stage}", "--stage", stage, "--out",
+                           "{dir}/o", "--tp", 1, "--start", STEPS, "--more", 4)
+    (r,) = results(job.dir / "o", 1)
+    assert r["resumed_at"] == STEPS
+    _equal_losses(r, f"zero {stage} resumed at TP 1")
 
 
 # -- pure logic: plan, refusals ------------------------------------------------------------------

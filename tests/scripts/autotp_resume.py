@@ -1,7 +1,7 @@
 """Rank script: the tiny Llama of autotp_train.py resumed from a checkpoint written at another
-tensor-parallel size (--ckpt, tag "tp", saved after --start steps at ZeRO 0), trained --more steps
-at autotp_size --tp, against the unsplit single-process reference trained --start + --more steps
-in this process. Writes the resumed losses, the reference's and the step counter to
+tensor-parallel size (--ckpt, --tag, saved after --start steps at ZeRO --stage), trained --more
+steps at autotp_size --tp and the same stage, against the unsplit single-process reference
+trained --start + --more steps in this process. Writes the resumed losses, the reference's and the step counter to
 --out/rank_{r}.json."""
 
 import argparse
@@ -20,6 +20,8 @@ p.add_argument("--ckpt", required=True)
 p.add_argument("--tp", type=int, default=1)
 p.add_argument("--start", type=int, default=10)
 p.add_argument("--more", type=int, default=4)
+p.add_argument("--stage", type=int, default=0)
+p.add_argument("--tag", default="tp")
 args, _ = p.parse_known_args()
 dslaunch.init_distributed()
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -29,11 +31,11 @@ ref = base.reference("llama", args.start + args.more)[0][args.start:]
 model = base.build("llama")
 config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": base.MICRO_STEPS,
           "optimizer": {"type": "AdamW", "params": {"lr": base.LR, "weight_decay": 0.01}},
-          "gradient_clipping": base.CLIP, "zero_optimization": {"stage": 0},
+          "gradient_clipping": base.CLIP, "zero_optimization": {"stage": args.stage},
           "tensor_parallel": {"autotp_size": args.tp}, "steps_per_print": 1000}
 engine, _, _, _ = dslaunch.initialize(model=model, model_parameters=model.parameters(),
                                       config=config)
-engine.load_checkpoint(args.ckpt, tag="tp")
+engine.load_checkpoint(args.ckpt, tag=args.tag)
 resumed_at = engine.global_steps
 losses = []
 for step in range(args.start, args.start + args.more):

@@ -137,6 +137,8 @@ def train(kind, stage, ref, first, bf16=False, act_ckpt=False, tp_keys=None):
         if args.save:
             engine.save_checkpoint(args.save, tag="tp")
             out["saved_checkpoint"] = True
+    if args.save_each and kind == "llama" and not (bf16 or act_ckpt or tp_keys):
+        engine.save_checkpoint(args.save_each, tag=f"z{stage}")  # the ZeRO 1-2 resumes' source
     return out
 
 
@@ -254,6 +256,8 @@ if __name__ == "__main__":
     p.add_argument("--extras", action="store_true", help="bf16 and activation checkpointing runs")
     p.add_argument("--configurable", action="store_true",
                    help="vocab_parallel_lm_head, partition_config, preset_model, tp_grain_size")
+    p.add_argument("--save-each", default=None,
+                   help="save a checkpoint of each plain Llama run here, tag z<stage>")
     p.add_argument("--save", default=None, help="save a checkpoint of the first run here")
     args, _ = p.parse_known_args()
     dslaunch.init_distributed()

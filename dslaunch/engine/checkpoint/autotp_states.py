@@ -7,15 +7,26 @@ the slices on save and cuts this rank's on load). The optimizer state is per ran
 and, for each split one, its dim, whole size and every TP rank's rows; a job of another TP size
 reads the files of the first TP group (global ranks ``0..tp-1``, data-parallel rank 0: stage 0
 keeps the same state on every data rank), puts each split state tensor back together and cuts
-its own rows. ZeRO 1-2 shards (flat partitions over the data ranks) are not re-split: that is a
-clear error, and ``load_optimizer_states=False`` loads the weights.
+its own rows.
+
+At ZeRO 1-2 each TP rank's parameters are partitioned over its data-parallel group (global ranks
+``d * tp + t``), flat. ``load_resplit_zero`` reads, for every parameter, each saved TP rank's
+whole values out of its data ranks' shards (``ParamIndex``), puts the split ones back together,
+cuts this rank's rows, lays them out as a one-rank checkpoint of this job's own layout and hands
+that to the ZeRO resharder (``zero_shards.load_resharded_from``), which cuts this rank's shard.
+A stage change across 0 and 1-2 together with a TP change is refused;
+``load_optimizer_states=False`` loads the weights at any TP size.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .files import CheckpointError, load_file, rank_file
+from dslaunch.engine.zero import partition as P
+
+from .files import CheckpointError, RankFiles, load_file, rank_file
+from .shard_index import ParamIndex, relayout
+from .zero_shards import HeldShards, load_resharded_from
 
 
 def _layout(module) -> dict:
@@ -74,16 +85,19 @@ def _resplit(parts: list, name: str, splits: dict, param) -> torch.Tensor:
 
 
 def load_resplit_optimizer(engine, path: str, meta: dict) -> None:
-    """This rank's stage-0 optimizer state (and fp32 masters) from a checkpoint written at
-    another TP size."""
+    """This rank's optimizer state (and fp32 masters) from a checkpoint written at another TP
+    size: stage 0 here, ZeRO 1-2 by ``load_resplit_zero``."""
     info = meta.get("autotp") or {"tp_size": 1, "splits": {}, "param_names": None}
     saved_tp, now_tp = int(info["tp_size"]), _layout(engine.module)["tp_size"]
-    if meta.get("zero_stage") != 0 or engine.zero_stage != 0:
+    saved_stage = meta.get("zero_stage")
+    if saved_stage in (1, 2) and engine.zero_stage in (1, 2):
+        return load_resplit_zero(engine, path, meta)
+    if saved_stage != 0 or engine.zero_stage != 0:
         raise CheckpointError(
             f"{path}: saved at tensor-parallel size {saved_tp}, this job has {now_tp}: the "
-            f"optimizer state is re-split at ZeRO stage 0 only (saved at stage "
-            f"{meta.get('zero_stage')}, this job {engine.zero_stage}); load with "
-            "load_optimizer_states=False (the weights load at any TP size)")
+            f"optimizer state is re-split from stage 0 to 0 or between stages 1 and 2 (saved at "
+            f"stage {saved_stage}, this job {engine.zero_stage}); load it at the stage it was "
+            "saved with, or with load_optimizer_states=False (the weights load at any TP size)")
     strategy = engine.strategy
     named = dict(engine.module.named_parameters())
     name_of = {id(p): n for n, p in named.items()}
@@ -111,3 +125,73 @@ def load_resplit_optimizer(engine, path: str, meta: dict) -> None:
         strategy.load_state_dict(sd, load_optimizer_states=True)
     except (KeyError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path}: optimizer state does not fit ({e})") from None
+
+
+# -- ZeRO 1-2 ---------------------------------------------------------------------------------
+
+class _SavedTPRanks:
+    """The ZeRO 1-2 shards of a checkpoint saved at ``tp`` x ``dp``, read per TP rank: every
+    parameter's whole (this TP rank's, unsplit by ZeRO) flat values of the masters or a state."""
+
+    def __init__(self, path: str, meta: dict, tp: int):
+        world = int(meta["world_size"])
+        self.files, self.tp, self.dp = RankFiles(path, world), tp, world // tp
+        self.where = []  # per TP rank: name -> (group index, ParamIndex)
+        for t in range(tp):
+            found = {}
+            for gi, g in enumerate(self.files.zero(t)["groups"]):
+                index = ParamIndex(P.Layout.from_meta(g["layout"]))
+                found.update({n: (gi, index) for n in index.names()})
+            self.where.append(found)
+
+    def values(self, t: int, name: str, key) -> torch.Tensor:
+        """TP rank ``t``'s values of ``name`` (``key`` None: the fp32 masters), its shape."""
+        if name not in self.where[t]:
+            raise CheckpointError(f"AutoTP checkpoint: parameter {name} is not in its ZeRO "
+                                  "shards")
+        gi, index = self.where[t][name]
+
+        def shard(k):  # data rank k of TP rank t
+            g = self.files.zero(k * self.tp + t)["groups"][gi]
+            return g["master"] if key is None else g["state"][key]
+        return index.gather(shard, name).reshape(index.where[name][1].shape)
+
+    def group_of(self, name: str) -> dict:
+        gi, _ = self.where[0][name]
+        return self.files.zero(0)["groups"][gi]
+
+
+def load_resplit_zero(engine, path: str, meta: dict) -> None:
+    """This rank's ZeRO 1-2 shard of the fp32 masters and optimizer states from a ZeRO 1-2
+    checkpoint written at another TP size."""
+    info = meta.get("autotp") or {"tp_size": 1, "splits": {}}
+    saved = _SavedTPRanks(path, meta, int(info["tp_size"]))
+    splits, strategy = info["splits"], engine.strategy
+    params = dict(engine.module.named_parameters())
+
+    def mine(name, key):
+        parts = [saved.values(t, name, key) for t in range(saved.tp)]
+        return _resplit(parts, name, splits, params[name]).reshape(-1)
+
+    groups = []
+    for g in strategy.groups:
+        whole = relayout(g.layout, 1)  # this job's buckets as one rank holds them
+        offsets = whole.shard_offsets()
+        slots = [(bi, s) for bi, b in enumerate(whole.buckets) for s in b.slots]
+        first = saved.group_of(slots[0][1].name)
+        keys = list(first["state"])
+
+        def flat(key, whole=whole, offsets=offsets, slots=slots):
+            out = torch.zeros(whole.shard_numel, dtype=torch.float32)
+            for bi, s in slots:
+                out[offsets[bi] + s.start: offsets[bi] + s.start + s.numel] = mine(s.name, key)
+            return out
+        groups.append({"layout": whole.meta(), "master": flat(None),
+                       "state": {k: flat(k) for k in keys}, "scalars": first["scalars"]})
+    one = {"zero": {"stage": meta.get("zero_stage"), "world_size": 1, "rank": 0,
+                    "groups": groups},
+           "param_groups": saved.files.raw(0)["strategy"].get("param_groups", [])}
+    try:
+        load_resharded_from(strategy, HeldShards({0: one}), 1)
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: cannot re-split the ZeRO optimizer state ({e})") from None
