@@ -3,6 +3,7 @@ batches against the schedule, the data-parallel split, and resumes (runtime/data
 data_sampling/). The engine's use of it under `dslaunch run`: test_data_efficiency_engine.py."""
 
 import io
+import json
 import math
 
 import numpy as np
@@ -191,3 +192,66 @@ def test_the_sampler_refuses_a_disabled_curriculum_and_missing_files(index, tmp_
     config = _config(index + "_nope", tmp_path)
     with pytest.raises(FileNotFoundError, match="index_to_sample_path"):
         _sampler(config)
+
+
+# -- the engine: `dslaunch run`, 2 ranks, save and resume ------------------------------------------
+
+class ScriptSamples(torch.utils.data.Dataset):
+    """The lengths of tests/scripts/data_sampling_train.py's samples (the analyzer's input)."""
+
+    def __len__(self):
+        return 240
+
+    def __getitem__(self, i):
+        return torch.tensor([(i * 7) % 12 + 1])
+
+
+def test_two_ranks_train_save_and_resume_in_the_same_sample_order(tmp_path):
+    from helpers import launch
+
+    DataAnalyzer(ScriptSamples(), batch_size=32, metric_names=["seqlen"],
+                 metric_functions=[lambda b: b[:, 0].clone()],
+                 metric_types=["single_value_per_sample"], metric_dtypes=[torch.long],
+                 save_path=str(tmp_path / "analysis")).run_map_reduce()
+    index = tmp_path / "analysis" / "seqlen" / "seqlen"
+    config = {"train_batch_size": 12, "train_micro_batch_size_per_gpu": 3,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+              "data_efficiency": {"enabled": True, "seed": 7, "data_sampling": {
+                  "enabled": True, "curriculum_learning": {
+                      "enabled": True, "data_cluster_path": str(tmp_path / "clusters"),
+                      "curriculum_metrics": {"seqlen": {
+                          "index_to_sample_path": f"{index}_index_to_sample",
+                          "index_to_metric_path": f"{index}_index_to_metric",
+                          "difficulty_type": "value", "clustering_type": "schedule_based",
+                          "min_difficulty": 3, "max_difficulty": 12,
+                          "schedule_type": "fixed_discrete",
+                          "schedule_config": {"difficulty": [3, 6, 12], "max_step": [3, 6]}}}}}}}
+    ckpt = tmp_path / "ckpt"
+    for run in ("full", "resumed"):
+        (tmp_path / run).mkdir()
+    launch(tmp_path / "full", config, "data_sampling_train.py",
+           ["--out", str(tmp_path / "full"), "--steps", "9", "--save-dir", str(ckpt),
+            "--save-at", "4"], nproc=2)
+    launch(tmp_path / "resumed", config, "data_sampling_train.py",
+           ["--out", str(tmp_path / "resumed"), "--steps", "9", "--save-dir", str(ckpt),
+            "--resume"], nproc=2)
+    full = [json.loads((tmp_path / "full" / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    resumed = [json.loads((tmp_path / "resumed" / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert [r["start"] for r in resumed] == [4, 4]
+    for step in range(9):
+        a, b = (full[r]["steps"][str(step)] for r in (0, 1))
+        limit = 3 if step < 3 else 6 if step < 6 else 12  # curriculum step = step + 1
+        assert a["difficulty"] == b["difficulty"] == limit, step
+        assert all(length_of_script(i) <= limit for m in a["micro"] + b["micro"] for i in m)
+        for mine, theirs in zip(a["micro"], b["micro"]):  # one global micro batch, split
+            assert len(mine) == len(theirs) == 3 and not set(mine) & set(theirs)
+        if step >= 4:  # the resumed run continues with the same samples, and the same losses
+            for r in (0, 1):
+                again = resumed[r]["steps"][str(step)]
+                assert again["micro"] == full[r]["steps"][str(step)]["micro"], (step, r)
+                assert again["loss"] == pytest.approx(full[r]["steps"][str(step)]["loss"],
+                                                      rel=1e-6)
+
+
+def length_of_script(i: int) -> int:
+    return (i * 7) % 12 + 1

@@ -39,11 +39,7 @@ REFUSED = "see docs/porting.md, 'Config sections dslaunch refuses'"
 NOT_SUPPORTED_YET = [
     Feature("amp.enabled", f"NVIDIA apex AMP: use bf16 or fp16 instead; {REFUSED}", "",
             _enabled("amp")),
-    # data_efficiency: its keys are checked in data_efficiency.py; these parts are not built yet
-    Feature("data_efficiency.data_sampling.curriculum_learning.enabled",
-            "curriculum data sampling", "issue 34",
-            lambda get: _section(get, "data_efficiency", "data_sampling", "curriculum_learning")
-            .get("enabled") is True),
+    # data_efficiency: its keys are checked in data_efficiency.py; this part is not built yet
     Feature("data_efficiency.data_sampling.dynamic_batching.enabled",
             "dynamic batching by sequence length", "",
             lambda get: _section(get, "data_efficiency", "data_sampling", "dynamic_batching")

@@ -206,16 +206,22 @@ class DeepSpeedSurface:
         return [g["lr"] for g in self.optimizer.param_groups] if self._trains else []
 
     def set_custom_curriculum_learning_schedule(self, schedule_func) -> None:
-        """``curriculum_learning.schedule_type: custom``: the difficulty as a function of the
-        step (DeepSpeed's data-sampling form, a dict of such functions, is not taken yet)."""
+        """``schedule_type: custom``: the difficulty as a function of the step. Data sampling
+        (data_efficiency) takes a dict ``{metric: fn}`` (DeepSpeed's form); the legacy
+        ``curriculum_learning`` section one function."""
+        if isinstance(schedule_func, dict):
+            loader = getattr(self, "training_dataloader", None)
+            sampler = getattr(loader, "data_sampler", None)
+            if not hasattr(sampler, "set_custom_curriculum_learning_schedule"):
+                raise ValueError("set_custom_curriculum_learning_schedule: a dict of schedules "
+                                 "is for data_efficiency.data_sampling.curriculum_learning, "
+                                 "with training_data given to initialize")
+            sampler.set_custom_curriculum_learning_schedule(schedule_func)
+            return
         scheduler = getattr(self, "curriculum_scheduler_legacy", None)
         if scheduler is None:
             raise ValueError("set_custom_curriculum_learning_schedule: the config's "
                              "curriculum_learning section is not enabled")
-        if isinstance(schedule_func, dict):
-            raise NotImplementedError("set_custom_curriculum_learning_schedule: a dict of "
-                                      "schedules is data_efficiency's form, not supported yet; "
-                                      "pass one function of the step")
         scheduler.set_custom_get_difficulty(schedule_func)
 
     def get_pld_theta(self):

@@ -23,6 +23,7 @@ from .autotuning_meter import TrialMeter
 from .checkpoint import save_load as ckpt
 from .comm_api import record_comm
 from .curriculum import CurriculumScheduler
+from .data_sampling import DataSamplingSurface, curriculum_dataloader, uses_curriculum_sampling
 from .deepspeed_surface import DeepSpeedSurface
 from .direct_backward import DirectBackward
 from .eigenvalue_hook import EigenvalueAtBoundaries
@@ -46,7 +47,7 @@ def _compression_scheduler(model, section):
     return compression_scheduler(model, section)
 
 
-class DSLaunchEngine(RandomLTDSurface, DeepSpeedSurface, torch.nn.Module):
+class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, torch.nn.Module):
     """What ``dslaunch.initialize`` returns: call it like the model, then ``backward(loss)`` and
     ``step()`` on every micro-batch (DeepSpeed's contract), or ``step()`` only at the boundaries
     that ``set_gradient_accumulation_boundary`` marks (Accelerate's)."""
@@ -186,6 +187,8 @@ class DSLaunchEngine(RandomLTDSurface, DeepSpeedSurface, torch.nn.Module):
         from torch.utils.data import DataLoader
         from torch.utils.data.distributed import DistributedSampler
 
+        if uses_curriculum_sampling(self):  # data_efficiency.data_sampling (data_sampling.py)
+            return curriculum_dataloader(self, dataset, batch_size, collate_fn)
         rank = self.global_rank if self._dp_rank is None else self._dp_rank
         sampler = DistributedSampler(dataset, num_replicas=self.dp_world_size, rank=rank,
                                      shuffle=shuffle)

@@ -39,6 +39,7 @@ import torch
 from dslaunch import progress_record
 
 from ..autotp import gather_tp_state, slice_tp_state
+from ..data_sampling import load_sampler_state, sampler_state
 from ..random_ltd.convert import remove_random_ltd_state_dict, with_random_ltd_names
 from .async_save import AsyncSaver, live_storages, snapshot, write_files
 from .autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed
@@ -166,6 +167,7 @@ def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> di
             "skipped_steps": engine.skipped_steps,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "random_ltd": engine._random_ltd_state(),
+            "data_sampler": sampler_state(engine),  # curriculum data sampling's place in the data
             "loss_scaler": engine.precision.scaler.state_dict(),
             "client_state": client,
             "dslaunch_version": dslaunch_version(),
@@ -326,6 +328,7 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler"):
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
     engine._load_random_ltd_state(states.get("random_ltd"))
+    load_sampler_state(engine, states.get("data_sampler"))
     if states.get("loss_scaler"):
         engine.precision.scaler.load_state_dict(states["loss_scaler"])
     engine.global_steps = int(states["global_steps"])
