@@ -18,7 +18,12 @@ from dslaunch.engine.random_ltd.convert import (
     with_random_ltd_names,
 )
 from dslaunch.engine.random_ltd.lr_schedule import layer_token_factor
-from dslaunch.ops.random_ltd import GatherTokens, ScatterTokens, gpt_sample_tokens
+from dslaunch.ops.random_ltd import (
+    GatherTokens,
+    ScatterTokens,
+    bert_sample_tokens,
+    gpt_sample_tokens,
+)
 from dslaunch.runtime.data_pipeline.data_routing.basic_layer import RandomLayerTokenDrop
 from dslaunch.runtime.data_pipeline.data_routing.helper import convert_to_random_ltd
 from dslaunch.runtime.data_pipeline.data_routing.scheduler import RandomLTDScheduler
@@ -176,6 +181,29 @@ def test_seq_first_order_and_deepspeeds_gather_scatter_functions():
     assert torch.allclose(out, plain)
     (plain * weights).sum().backward()
     assert torch.allclose(ds_grad, hidden.grad)
+
+
+def test_encoder_masks_are_each_samples_kept_rows_and_columns():
+    torch.manual_seed(3)
+    mask = torch.randn(2, 1, SEQ, SEQ)
+    idx, masks = bert_sample_tokens(6, SEQ, 2, layers=3, attn_mask=mask)
+    assert len(masks) == 3 and masks[0].shape == (2, 1, 6, 6)
+    for layer in range(3):
+        for b in range(2):
+            keep = idx[layer, b].long()
+            assert torch.equal(masks[layer][b], mask[b][:, keep][:, :, keep])
+    with pytest.raises(ValueError, match="model_mask_name"):
+        bert_sample_tokens(6, SEQ, 2)
+
+
+def test_layers_wrapped_before_initialize_are_bound_by_it(world_of_one):
+    model = Stack()
+    convert_to_random_ltd(model, Block)  # the bare model: nothing bound yet
+    assert all(w.random_ltd_scheduler is None for w in model.h)
+    engine, *_ = dslaunch.initialize(model=model, config=_config(_section(ids=(0, 3))))
+    assert [w.random_ltd_scheduler is not None for w in model.h] == [True, False, False, True]
+    engine.backward(engine(torch.randn(2, SEQ, WIDTH)))
+    assert [w.random_ltd_layer.seen[-1] for w in model.h] == [8, SEQ, SEQ, 8]
 
 
 def test_layer_token_learning_rate(world_of_one):
