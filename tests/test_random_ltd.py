@@ -280,3 +280,12 @@ def test_two_ranks_save_resume_continue_the_losses(tmp_path):
     assert later == {s: v for s, v in losses(whole).items() if int(s) >= 4}
     assert kept(resumed) == {s: v for s, v in kept(whole).items() if int(s) >= 4}
     assert len(set(kept(whole).values())) > 1  # the kept length moved during the run
+
+
+def test_pipeline_engines_refuse_it(world_of_one):
+    from dslaunch.pipe import LayerSpec, PipelineModule
+
+    model = PipelineModule(layers=[LayerSpec(nn.Linear, WIDTH, WIDTH)], num_stages=1,
+                           loss_fn=nn.MSELoss())
+    with pytest.raises(ValueError, match="random_ltd: not supported with a PipelineModule"):
+        dslaunch.initialize(model=model, config=_config(_section()))

@@ -28,6 +28,12 @@ class RandomLTDSurface:
         layers the script wrapped before ``initialize`` are bound now."""
         if not self.random_ltd_enabled():
             return
+        from ..pipe.module import PipelineModule
+
+        if isinstance(self.module, PipelineModule):  # train_batch never moves the kept length
+            raise ValueError("data_efficiency.data_routing.random_ltd: not supported with a "
+                             "PipelineModule (pipeline parallelism); train the model without "
+                             "pipeline stages or disable random_ltd")
         config = dict(self.random_ltd_config(), global_batch_size=self.train_batch_size(),
                       micro_batch_size=self.train_micro_batch_size_per_gpu())
         self.random_ltd_scheduler = RandomLTDScheduler(config)
