@@ -562,7 +562,9 @@ NAMES: list[Name] = [
              "dslaunch.runtime.data_pipeline.data_routing.basic_layer"),
     _present("deepspeed.runtime.data_pipeline.data_routing.basic_layer.RandomLayerTokenDrop",
              "dslaunch.engine.random_ltd.layer:RandomLayerTokenDrop",
-             "also passes positional arguments after the hidden states to the layer"),
+             "also passes positional arguments after the hidden states to the layer, and finds "
+             "the mask among them by the layer's signature (Transformers 5's GPT2Block passes "
+             "it positionally; DeepSpeed reads only the keyword)"),
     _present("deepspeed.runtime.data_pipeline.data_routing.helper",
              "dslaunch.runtime.data_pipeline.data_routing.helper"),
     _present("deepspeed.runtime.data_pipeline.data_routing.helper.convert_to_random_ltd",

@@ -289,3 +289,37 @@ def test_pipeline_engines_refuse_it(world_of_one):
                            loss_fn=nn.MSELoss())
     with pytest.raises(ValueError, match="random_ltd: not supported with a PipelineModule"):
         dslaunch.initialize(model=model, config=_config(_section()))
+
+
+def _hf_gpt2_run(attn_implementation):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=LAYERS, n_embd=WIDTH * 4, n_head=2, vocab_size=64,
+                                       n_positions=SEQ, attn_implementation=attn_implementation))
+    sec = dict(_section(lo=8, steps=4, per_step=8), model_mask_name="attention_mask")
+    engine, *_ = dslaunch.initialize(model=model, config=_config(sec))
+    engine = convert_to_random_ltd(engine, GPT2Block)  # DeepSpeedExamples' gpt_finetuning way
+    masks = []
+    for block in model.transformer.h:  # Transformers 5 hands the mask over positionally
+        block.random_ltd_layer.register_forward_pre_hook(
+            lambda m, args: masks.append(None if args[2] is None else args[2].shape[-1]))
+    losses = []
+    for _ in range(5):
+        tokens = torch.randint(0, 64, (2, SEQ))
+        out = engine(tokens, labels=tokens)
+        engine.backward(out.loss)
+        engine.step()
+        losses.append(out.loss.item())
+    return losses, masks
+
+
+def test_hugging_face_gpt2_blocks_get_the_cut_mask(world_of_one):
+    pytest.importorskip("transformers")
+    eager_losses, eager_masks = _hf_gpt2_run("eager")
+    sdpa_losses, sdpa_masks = _hf_gpt2_run("sdpa")
+    kept = [_want(step, 8, SEQ, 4, 8) for step in range(5)]
+    assert eager_masks == [n for k in kept for n in (SEQ, k, k, SEQ)]  # the mask cut to kept
+    assert set(sdpa_masks) == {None}  # sdpa: is_causal on the kept tokens, in order
+    assert eager_losses == pytest.approx(sdpa_losses, rel=1e-5)

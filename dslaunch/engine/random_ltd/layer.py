@@ -10,6 +10,8 @@ Evaluation forwards, and kept lengths at or above the sequence length, run the w
 
 from __future__ import annotations
 
+import inspect
+
 from torch import Tensor
 from torch.nn import Module
 
@@ -51,6 +53,18 @@ class RandomLayerTokenDrop(Module):
         self.model_type = model_type
         self.index_generator = MODEL_TYPES[model_type]
 
+    def _mask_position(self):
+        """Where the mask arrives among the positional arguments after the hidden states, or None
+        (Transformers 5's GPT-2 passes it positionally; DeepSpeed only reads the keyword)."""
+        if not hasattr(self, "_mask_pos"):
+            try:
+                names = list(inspect.signature(self.random_ltd_layer.forward).parameters)
+            except (TypeError, ValueError):
+                names = []
+            self._mask_pos = (names.index(self.mask_name) - 1
+                              if self.mask_name in names[1:] else None)
+        return self._mask_pos
+
     def _read_shape(self, hidden: Tensor) -> None:
         seq_dim, batch_dim = (1, 0) if self.batch_first else (0, 1)
         self.curr_seq, self.curr_micro_batch = hidden.size(seq_dim), hidden.size(batch_dim)
@@ -62,8 +76,13 @@ class RandomLayerTokenDrop(Module):
             self._read_shape(hidden_states)
         if not (self.training and sched is not None and self.reserved_length < self.curr_seq):
             return self.random_ltd_layer(hidden_states, *args, **kwargs)
+        args = list(args)
+        pos = self._mask_position() if self.mask_name is not None else None
+        positional = self.mask_name not in kwargs and pos is not None and pos < len(args)
         if self.random_ltd_layer_id == 0:  # one draw per forward, shared by the dropping layers
-            mask = kwargs.get(self.mask_name) if self.mask_name is not None else None
+            mask = None
+            if self.mask_name is not None:
+                mask = args[pos] if positional else kwargs.get(self.mask_name)
             indices, part_mask = self.index_generator(
                 self.reserved_length, self.curr_seq, self.curr_micro_batch,
                 self.random_ltd_num_layer, hidden_states.device, mask)
@@ -72,8 +91,11 @@ class RandomLayerTokenDrop(Module):
             indices, part_mask = sched.state[SAMPLE_INDEX], sched.state[ATTENTION_MASK]
         mine = indices[self.random_ltd_layer_id]
         if self.mask_name is not None:
-            kwargs[self.mask_name] = (part_mask[self.random_ltd_layer_id]
-                                      if self.model_type == "encoder" else part_mask)
+            cut = part_mask[self.random_ltd_layer_id] if self.model_type == "encoder" else part_mask
+            if positional:
+                args[pos] = cut
+            else:
+                kwargs[self.mask_name] = cut
         outputs = self.random_ltd_layer(gather_tokens(hidden_states, mine, self.batch_first),
                                         *args, **kwargs)
         if isinstance(outputs, Tensor):
