@@ -91,15 +91,18 @@ def _rank_digests(out: str) -> dict:
     return {int(r): d for r, d in re.findall(r"rank (\d+) pid \d+ done (\w+)", out)}
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage):
+@pytest.mark.parametrize("stage,bf16", [(1, False), (2, True)], ids=["zero1-fp32", "zero2-bf16"])
+def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16):
     """ZeRO 1-2: the lost rank's optimizer shard exists only in its buddy's copy
     (engine/zero/shard_copies.py); the replacement takes it from there, and every rank ends with
     the digest of its fault-free twin (its shard of fp32 state and Adam moments, bit for bit).
     The kill lands between steps; with gradient accumulation 2 the survivors then fail inside
-    the next step's first micro-batch (stage 2 reduces there) and start that step again."""
+    the next step's first micro-batch (stage 2 reduces there) and start that step again. In fp32
+    the copy holds the Adam moments (the weights are in every rank's model); in bf16 the fp32
+    masters too."""
     marker, env = marker_env()
-    config = json.dumps({"zero_optimization": {"stage": stage}, "gradient_accumulation_steps": 2})
+    config = json.dumps({"zero_optimization": {"stage": stage}, "gradient_accumulation_steps": 2,
+                         "bf16": {"enabled": bf16}})
     r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
                  "--log-dir", tmp_path / "logs", "--inject", "kill:rank=2,step=4", SCRIPT, STEPS,
                  config, env=env, timeout=240)

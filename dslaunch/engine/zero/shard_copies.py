@@ -10,8 +10,9 @@ local rank on the next host when the job spans several hosts (a lost host takes 
 with it otherwise), else the next rank.
 
 Cost, per rank and per optimizer step: one shard of state sent and one received (for Adam in fp32:
-2 x 4 bytes x parameters / world; with fp32 masters beside bf16 weights, 3 x), and that much more
-host memory for the copy.
+2 x 4 bytes x parameters / world: the moments; with fp32 masters beside bf16 weights, 3 x), and
+that much more host memory for the copy. The exchange waits for its transfers before the step
+returns: ``benchmarks/bench_shard_copies.py`` measures what that adds to a step.
 
 A shard's ``version`` counts the updates applied to it (and loads): a recovery rebuilds state only
 from shards that all carry one version (``consistent``), otherwise it refuses and the job restarts.
@@ -40,24 +41,26 @@ def _ranks_per_host() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
 
 
-def _tensors(sd: dict) -> list:
-    """The tensors of a shard state dict (``checkpoint/zero_shards.shard_state_dict``), in an
-    order every rank agrees on."""
+def _live_state(strategy) -> list:
+    """This rank's shard as the tensors that change with each update, in an order every rank
+    agrees on: per optimizer group, the fp32 masters (when kept apart from the weights: in fp32
+    the buddy reads the weights from its own all-gathered copy of the model), then per chunk
+    each optimizer state of the chunk's size. (Scalar states such as Adam's step count are the
+    same on every rank: a copy takes the holder's own.)"""
     out = []
-    for g in sd["zero"]["groups"]:
-        out.append(g["master"])
-        out += [g["state"][k] for k in sorted(g["state"])]
-        out += [g["scalars"][k] for k in sorted(g["scalars"])]
+    for g in strategy.groups:
+        if g.master is not None:
+            out.append(g.master)
+        for sp in g.shard_params:
+            state = strategy.optimizer.state.get(sp, {})
+            out += [state[k] for k in sorted(state)
+                    if torch.is_tensor(state[k]) and state[k].dim() > 0
+                    and state[k].numel() == sp.numel()]
     return out
 
 
-def _blank_like(sd: dict) -> dict:
-    """``sd`` with every tensor replaced by an empty one of its shape (a receive buffer)."""
-    groups = [{**g, "master": torch.empty_like(g["master"]),
-               "state": {k: torch.empty_like(v) for k, v in g["state"].items()},
-               "scalars": {k: torch.empty_like(v) for k, v in g["scalars"].items()}}
-              for g in sd["zero"]["groups"]]
-    return {**sd, "zero": {**sd["zero"], "groups": groups}}
+def _signature(tensors: list) -> list:
+    return [(tuple(t.shape), t.dtype) for t in tensors]
 
 
 class ShardCopies:
@@ -65,66 +68,85 @@ class ShardCopies:
 
     def __init__(self):
         self.ward: int | None = None  # the ward's rank when the copy was taken
-        self.copy: dict | None = None  # its shard state dict, with ``version``
+        self.version: int | None = None  # the ward's shard version in the copy (None: no copy)
+        self._buffers: list = []  # the copy: _live_state's tensors of the ward
 
     def exchange(self, strategy) -> None:
         """Send this rank's shard to its buddy and take its ward's (every rank of the strategy's
-        group calls this together). A peer lost during the exchange leaves the copy as it was
-        if nothing new arrived; the error is kept for the collective that follows, which fails
-        the same way and starts the recovery."""
+        group calls this together). The live tensors are sent as they are (nothing changes them
+        until the next update, after this returns) into buffers kept from one exchange to the
+        next. A peer lost during the exchange leaves no copy if its shard did not arrive whole;
+        the error is left to the collective that follows, which fails the same way and starts
+        the recovery."""
         import torch.distributed as dist
 
         world, rank = strategy.comm.world_size, strategy.comm.rank
         if world < 2:
-            self.ward = self.copy = None
+            self.ward = self.version = None
             return
-        from dslaunch.engine.checkpoint.zero_shards import shard_state_dict
-
-        mine = shard_state_dict(strategy)
-        mine["version"] = strategy.version
+        mine = _live_state(strategy)
+        if _signature(self._buffers) != _signature(mine):  # first exchange, or new states
+            self._buffers = [torch.empty_like(t) for t in mine]
         per_host = _ranks_per_host()
         buddy, ward = buddy_of(rank, world, per_host), ward_of(rank, world, per_host)
-        incoming = _blank_like(mine)
         group = strategy.comm.group
-        # versions first: a shard's tensors and its version always travel together
         version = torch.tensor([strategy.version], dtype=torch.int64)
         theirs = torch.empty(1, dtype=torch.int64)
-        sends = [dist.isend(t.contiguous(), _global(group, buddy), group=group)
-                 for t in [version] + _tensors(mine)]
+        self.version = None  # the buffers are being overwritten
+        sends = [dist.isend(t, _global(group, buddy), group=group) for t in [version] + mine]
         recvs = [dist.irecv(t, _global(group, ward), group=group)
-                 for t in [theirs] + _tensors(incoming)]
-        try:
-            for work in recvs:
-                work.wait()
-        except RuntimeError as exc:
-            from dslaunch.engine.inprocess_recovery import comm_fault
-
-            if not comm_fault(exc):
-                raise
-            return  # the ward is gone: its last copy stands (its version tells how old)
-        incoming["version"] = int(theirs.item())
-        incoming["zero"]["rank"] = ward
-        self.ward, self.copy = ward, incoming
-        for work in sends:
-            try:
-                work.wait()
-            except RuntimeError as exc:
-                from dslaunch.engine.inprocess_recovery import comm_fault
-
-                if not comm_fault(exc):
-                    raise
+                 for t in [theirs] + self._buffers]
+        if not _wait(recvs):
+            return  # the ward is gone: no copy of it
+        self.ward, self.version = ward, int(theirs.item())
+        _wait(sends)
 
     def held(self, strategy) -> dict:
-        """{rank in the old world: its shard state dict with ``version``}: this rank's own shard
-        and its copy of its ward's."""
+        """{rank in the old world: its shard state dict (``checkpoint/zero_shards``) with
+        ``version``}: this rank's own shard and its copy of its ward's."""
         from dslaunch.engine.checkpoint.zero_shards import shard_state_dict
 
         own = shard_state_dict(strategy)
         own["version"] = strategy.version
         out = {strategy.rank: own}  # (the strategy's rank is still the old world's)
-        if self.copy is not None:
-            out.setdefault(self.ward, self.copy)
+        if self.version is not None and self.ward != strategy.rank:
+            out[self.ward] = self._as_state_dict(strategy, own)
         return out
+
+    def _as_state_dict(self, strategy, own: dict) -> dict:
+        """The copy in the form of ``own`` (the holder's shard state dict)."""
+        from dslaunch.engine.zero import partition as P
+
+        copy = iter(self._buffers)
+        groups = []
+        for g, mine in zip(strategy.groups, own["zero"]["groups"]):
+            if g.master is not None:
+                master = next(copy).clone()
+            else:  # fp32: the ward's weights are its chunks of this rank's flat buffer
+                master = torch.cat([c.float() for c in P.chunk_views(g.flat, g.layout, self.ward)])
+            state: dict = {k: [] for k in mine["state"]}
+            for _ in g.shard_params:
+                for k in sorted(state):
+                    state[k].append(next(copy).reshape(-1))
+            groups.append({**mine, "master": master,
+                           "state": {k: torch.cat(v) for k, v in state.items()}})
+        return {**own, "version": self.version,
+                "zero": {**own["zero"], "rank": self.ward, "groups": groups}}
+
+
+def _wait(works: list) -> bool:
+    """Wait for every work; False when a peer was lost (any other error is raised)."""
+    from dslaunch.engine.inprocess_recovery import comm_fault
+
+    ok = True
+    for work in works:
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            if not comm_fault(exc):
+                raise
+            ok = False
+    return ok
 
 
 def _global(group, rank: int) -> int:
