@@ -26,8 +26,10 @@ the survivors would have to mirror), with the config resolved for the real world
 the new group as the survivors do and loads the state rank 0 sends.
 
 Supported: the data-parallel engine at ZeRO stage 0 (every rank holds the whole model and
-optimizer). Other layouts refuse (ZeRO 1-3 lose the dead rank's shard; pipeline, tensor and
-expert parallel groups are not rebuilt): the rank exits ``REFUSED_EXIT`` and the job restarts.
+optimizer) and at stages 1-2, where each rank also keeps a copy of one other rank's optimizer
+shard (``zero/shard_copies.py``) and the state moves through ``recover_shards``. Other layouts
+refuse (ZeRO 3 and offloaded optimizers keep no copies; pipeline, tensor and expert parallel
+groups are not rebuilt): the rank exits ``REFUSED_EXIT`` and the job restarts.
 """
 
 from __future__ import annotations
