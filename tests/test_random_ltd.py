@@ -323,3 +323,23 @@ def test_hugging_face_gpt2_blocks_get_the_cut_mask(world_of_one):
     assert eager_masks == [n for k in kept for n in (SEQ, k, k, SEQ)]  # the mask cut to kept
     assert set(sdpa_masks) == {None}  # sdpa: is_causal on the kept tokens, in order
     assert eager_losses == pytest.approx(sdpa_losses, rel=1e-5)
+
+
+def test_deepspeeds_per_sample_gather_and_scatter_helpers():
+    from dslaunch.runtime.data_pipeline.data_routing.utils import (
+        bsh_decoder_gather,
+        bsh_decoder_scatter,
+    )
+
+    torch.manual_seed(4)
+    hidden = torch.randn(3, SEQ, WIDTH)
+    part, positions, mask = bsh_decoder_gather(5, hidden, torch.ones(3, 1, SEQ, SEQ))
+    assert part.shape == (3, 5, WIDTH) and mask.shape == (3, 1, 5, 5)
+    for b, p in enumerate(positions):
+        assert torch.equal(p, p.sort().values) and torch.equal(part[b], hidden[b, p])
+    out = bsh_decoder_scatter(hidden.clone(), part * 2, positions)
+    for b, p in enumerate(positions):
+        assert torch.equal(out[b, p], 2 * hidden[b, p])
+        others = torch.ones(SEQ, dtype=torch.bool)
+        others[p] = False
+        assert torch.equal(out[b, others], hidden[b, others])
