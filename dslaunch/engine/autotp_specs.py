@@ -36,11 +36,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .tensor_parallel import ColumnParallelLinear, _divide, _rank, _world
+from .tensor_parallel import ColumnParallelLinear
+from .tp_plan import stacked_rows
 
 KEY = "tensor_parallel.partition_config"
 SPEC_KEYS = {"patterns", "partition_type", "shape", "partition_dim", "model_types",
@@ -176,23 +176,6 @@ def specs_from_config(section) -> tuple[list, bool] | None:
 
 
 # -- styles -----------------------------------------------------------------------------------
-
-def stacked_rows(out_features: int, parts: tuple, group) -> torch.Tensor:
-    """Rows of a column layer whose output is the stacked ``parts`` (-1: equal): this rank's
-    block of every part, so each rank holds matching pieces of each."""
-    if all(p == -1 for p in parts):
-        size = _divide(out_features, len(parts), f"output rows of {len(parts)} stacked parts")
-        parts = (size,) * len(parts)
-    if sum(parts) != out_features:
-        raise ValueError(f"{KEY}: the parts {parts} do not add up to the layer's "
-                         f"{out_features} output rows")
-    w, r, at, rows = _world(group), _rank(group), 0, []
-    for size in parts:
-        local = _divide(size, w, "rows of a stacked part")
-        rows.append(torch.arange(at + r * local, at + (r + 1) * local, device="cpu"))
-        at += size
-    return torch.cat(rows)
-
 
 def style_of(spec: Spec):
     """The plan style (``(module, group) -> module``) of a column or row spec."""

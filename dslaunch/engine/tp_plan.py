@@ -36,14 +36,29 @@ def _expect(module, kind, style):
     return module
 
 
+def stacked_rows(out_features: int, parts: tuple, group) -> torch.Tensor:
+    """Rows of a linear whose output is the stacked ``parts`` (their sizes; all -1: equal parts),
+    e.g. a fused q/k/v or gate/up projection: this rank's block of every part, so the rank holds
+    matching pieces of each."""
+    if all(p == -1 for p in parts):
+        size = _divide(out_features, len(parts), f"output features of a {len(parts)}-part "
+                       "fused layer")
+        parts = (size,) * len(parts)
+    if sum(parts) != out_features:
+        raise ValueError(f"tensor-parallel plan: the parts {tuple(parts)} do not add up to the "
+                         f"layer's {out_features} output features")
+    w, r, at, rows = _world(group), _rank(group), 0, []
+    for size in parts:
+        local = _divide(size, w, "features per fused part")
+        # built on the CPU: real indices even when the layer lives on the meta device
+        rows.append(torch.arange(at + r * local, at + (r + 1) * local, device="cpu"))
+        at += size
+    return torch.cat(rows)
+
+
 def _fused3_rows(linear: nn.Linear, group) -> torch.Tensor:
-    """Rows of a linear whose output is 3 stacked equal parts (a fused q/k/v projection): this
-    rank's block of each part, so the rank holds matching q, k and v features."""
-    part = _divide(linear.out_features, 3, "output features of a 3-part fused layer")
-    local, r = _divide(part, _world(group), "features per fused part"), _rank(group)
-    # built on the CPU: real indices even when the layer lives on the meta device
-    return torch.cat([torch.arange(p * part + r * local, p * part + (r + 1) * local, device="cpu")
-                      for p in range(3)])
+    """Rows of a linear whose output is 3 stacked equal parts (a fused q/k/v projection)."""
+    return stacked_rows(linear.out_features, (-1, -1, -1), group)
 
 
 def _column_fused3(m, group):
