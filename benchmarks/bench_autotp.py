@@ -3,7 +3,11 @@ the same Hugging Face Llama, data and config (``tensor_parallel.autotp_size``, t
 both sides, gloo on CPU).
 
     .venv/bin/python benchmarks/bench_autotp.py [--tp 2] [--stage 1] [--steps 3] [--rounds 1]
-        [--out benchmarks/results/autotp-<time>.json]
+        [--vocab-parallel] [--out benchmarks/results/autotp-<time>.json]
+
+``--vocab-parallel``: both engines with ``tensor_parallel.vocab_parallel_lm_head: true`` (the
+untied LM head split by vocabulary, the loss over the split logits); without it the head stays
+whole on every rank, DeepSpeed's default.
 
 * ``tiny`` (hidden 64, 2 layers, 4 heads / 2 key-value heads, 5 steps): the losses of the two,
   side by side, and their largest relative difference.
@@ -35,7 +39,7 @@ VENV_BIN = Path(sys.executable).parent
 
 def _run(engine: str, size: str, args) -> dict:
     common = [str(RANK), "--engine", engine, "--size", size, "--tp", str(args.tp), "--stage",
-              str(args.stage)]
+              str(args.stage)] + (["--vocab-parallel"] if args.vocab_parallel else [])
     common += ["--steps", "5"] if size == "tiny" else ["--steps", str(args.steps), "--warmup", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if engine == "deepspeed":
@@ -59,8 +63,10 @@ def main() -> None:
     ap.add_argument("--stage", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--vocab-parallel", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    load_before = os.getloadavg()
     tiny = {e: _run(e, "tiny", args) for e in ("dslaunch", "deepspeed")}
     rel = max(abs(a - b) / abs(b) for a, b in zip(tiny["dslaunch"]["losses"],
                                                   tiny["deepspeed"]["losses"], strict=True))
@@ -69,16 +75,23 @@ def main() -> None:
         for e in (("dslaunch", "deepspeed") if r % 2 == 0 else ("deepspeed", "dslaunch")):
             rounds[e].append(_run(e, "small", args))
     small = {e: {"median_step_s": statistics.median(x["median_step_s"] for x in runs),
+                 "tokens_per_s_each_round": [x["tokens_per_s"] for x in runs],
+                 "peak_rss_bytes_each_round": [x["peak_rss_bytes_max_rank"] for x in runs],
                  "tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs),
                  "peak_rss_bytes_max_rank": max(x["peak_rss_bytes_max_rank"] for x in runs),
                  "q_proj_local_shape": runs[0]["q_proj_local_shape"],
                  "losses": runs[0]["losses"]} for e, runs in rounds.items()}
     doc = {"bench": "autotp", "tp": args.tp, "stage": args.stage, "rounds": args.rounds,
-           "cpu_count": os.cpu_count(), "load_avg_before": os.getloadavg(),
+           "vocab_parallel_lm_head": args.vocab_parallel,
+           "cpu_count": os.cpu_count(), "load_avg_before": load_before,
+           "load_avg_after": os.getloadavg(),
            "tiny_losses": {e: v["losses"] for e, v in tiny.items()},
            "tiny_max_rel_loss_diff": rel, "small": small,
            "ratio_tokens_per_s": small["dslaunch"]["tokens_per_s"]
            / small["deepspeed"]["tokens_per_s"],
+           "ratio_tokens_per_s_each_round": [
+               a["tokens_per_s"] / b["tokens_per_s"]
+               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)],
            "ratio_peak_rss": small["dslaunch"]["peak_rss_bytes_max_rank"]
            / small["deepspeed"]["peak_rss_bytes_max_rank"]}
     text = json.dumps(doc, indent=1)

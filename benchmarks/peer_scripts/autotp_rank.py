@@ -21,6 +21,8 @@ p.add_argument("--tp", type=int, default=2)
 p.add_argument("--stage", type=int, default=1)
 p.add_argument("--steps", type=int, default=5)
 p.add_argument("--warmup", type=int, default=0)
+p.add_argument("--vocab-parallel", action="store_true",
+               help="tensor_parallel.vocab_parallel_lm_head: true (the LM head split by vocabulary)")
 args, _ = p.parse_known_args()
 if args.engine == "deepspeed":
     import deepspeed as ds
@@ -53,7 +55,8 @@ if args.engine == "deepspeed":
 config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
           "train_batch_size": micro * gas * world,
           "optimizer": {"type": "AdamW", "params": params}, "gradient_clipping": 1.0,
-          "zero_optimization": {"stage": args.stage}, "tensor_parallel": {"autotp_size": args.tp},
+          "zero_optimization": {"stage": args.stage}, "tensor_parallel": {"autotp_size": args.tp,
+                              "vocab_parallel_lm_head": args.vocab_parallel},
           "steps_per_print": 100000}
 engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(), config=config)
 vocab = shape["vocab_size"]
