@@ -83,6 +83,9 @@ _LABELS: dict = {}  # group object -> label
 # async Work -> (op, label, seq, nbytes) until its wait()
 _PENDING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _torch = None  # the torch module once installed
+# in-process recovery (engine/inprocess_recovery.ScriptCollectives): what a collective the script
+# makes itself does when it fails on a lost peer, or while an abandoned step runs out
+SCRIPT_HOOKS = None
 
 
 # ---- recording ----------------------------------------------------------------------------------
@@ -171,6 +174,13 @@ def _wrap_function(fn, op: str, p2p: bool):
         w = _WRITER or _writer()
         if w is None or w.v["coll_op"] or threading.get_ident() != _MAIN:
             return fn(*args, **kwargs)  # nested in a recorded call, or off the main thread
+        hooks = SCRIPT_HOOKS
+        if hooks is not None and hooks.applies():
+            return hooks.call(recorded_call, op, args, kwargs)
+        return recorded_call(*args, **kwargs)
+
+    def recorded_call(*args, **kwargs):
+        w = _WRITER
         if p2p:
             label = P2P_GROUP
         else:

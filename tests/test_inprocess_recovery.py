@@ -120,6 +120,27 @@ def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16
     assert_no_leftovers(marker)
 
 
+def test_fault_in_the_scripts_own_allreduce_is_recovered_in_process(tmp_path):
+    """The script all-reduces its loss with torch.distributed itself after each step (as most
+    training loops log); rank 2 dies right after step 4, so the survivors meet the fault in that
+    all-reduce, not in the engine: the bootstrap's wrapper (torch_progress.SCRIPT_HOOKS) starts
+    the same recovery, and the job ends as the fault-free one, rank by rank (ZeRO 2, gradient
+    accumulation 2: the replacement's shard from its buddy's copy)."""
+    marker, env = marker_env()
+    env["RECOVER_LOG_ALLREDUCE"] = "1"
+    config = json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2})
+    r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
+                 "--log-dir", tmp_path / "logs", "--inject", "kill:rank=2,step=4", SCRIPT, 8,
+                 config, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recovered in process" in r.stderr and "restarting" not in r.stderr, r.stderr[-3000:]
+    ref = dslaunch("run", "--nproc-per-node", 3, SCRIPT, 8, config, env=env, timeout=180)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert _losses(r.stdout) == _losses(ref.stdout) and len(_losses(r.stdout)) == 8
+    assert _rank_digests(r.stdout) == _rank_digests(ref.stdout)
+    assert_no_leftovers(marker)
+
+
 def test_zero3_refuses_and_the_job_restarts_instead(tmp_path):
     marker, env = marker_env()
     config = json.dumps({"zero_optimization": {"stage": 3}})

@@ -256,4 +256,5 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine._config_source = (source, _config_origin(label))  # an in-process resize re-reads it
     if joining:
         inprocess_recovery.join(engine, joining)
+    inprocess_recovery.watch_script_collectives(engine)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -198,6 +198,8 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
     # -- the loop ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         self._states.check_loaded("forward()")
+        if self._recovery is not None and not self._recovery.abandoning:
+            self._recovery.script_skip = False  # a step starts: the script's collectives count
         self.timers.start("forward")
         self.tput_timer.start()
         args = self.precision.cast_inputs(args)
@@ -391,10 +393,11 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
         """DeepSpeed's; ``async_save`` / ``keep_last`` (dslaunch's, default: the config's
         ``checkpoint.async_save`` / ``checkpoint.keep_last``): write in the background
         (``wait_checkpoint()``), keep only the newest N checkpoints."""
-        return ckpt.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
-                                    save_latest=save_latest,
-                                    exclude_frozen_parameters=exclude_frozen_parameters,
-                                    async_save=async_save, keep_last=keep_last)
+        with inprocess_recovery.engine_call(self):  # a lost peer here fails the rank
+            return ckpt.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                                        save_latest=save_latest,
+                                        exclude_frozen_parameters=exclude_frozen_parameters,
+                                        async_save=async_save, keep_last=keep_last)
 
     def wait_checkpoint(self) -> None:
         """Every rank calls it: an asynchronous save in flight is written and ``latest`` moved
@@ -416,11 +419,12 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
             # script's load at start must neither replace it nor make collectives they do not
             self._recovery.joined = False  # (a later load is the whole job's again)
             return None, {}
-        loaded = ckpt.load_checkpoint(self, load_dir, tag=tag, strict=load_module_strict,
-                                      load_optimizer_states=load_optimizer_states,
-                                      load_lr_scheduler_states=load_lr_scheduler_states,
-                                      load_module_only=load_module_only)
-        self._publish_step_state(overflow=False)  # the loss scale may have been restored
-        if getattr(self.strategy, "copies", None) is not None:  # in-process recovery, ZeRO 1-2
-            self.strategy.copies.exchange(self.strategy)
+        with inprocess_recovery.engine_call(self):
+            loaded = ckpt.load_checkpoint(self, load_dir, tag=tag, strict=load_module_strict,
+                                          load_optimizer_states=load_optimizer_states,
+                                          load_lr_scheduler_states=load_lr_scheduler_states,
+                                          load_module_only=load_module_only)
+            self._publish_step_state(overflow=False)  # the loss scale may have been restored
+            if getattr(self.strategy, "copies", None) is not None:  # in-process, ZeRO 1-2
+                self.strategy.copies.exchange(self.strategy)
         return loaded

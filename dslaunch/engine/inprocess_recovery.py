@@ -98,6 +98,8 @@ class Watch:
         self.word: dict | None = None
         self.arrived = threading.Event()
         self.abandoning = 0  # step() calls of the interrupted step still to skip
+        self.script_skip = False  # the script's own collectives, until its next step's forward
+        self.in_engine = 0  # inside an engine call: its collectives are not the script's
         self.joined = False  # a replacement that took its state from its peers
         self.aborted_at: float | None = None
         threading.Thread(target=self._run, daemon=True, name="dslaunch-recover").start()
@@ -168,6 +170,7 @@ def guarded(engine, name: str, fn, *args, **kwargs):
         return args[0] if args else None
     gas = engine._gas
     micro = engine.micro_steps % gas  # (before the recovery resets the count)
+    watch.in_engine += 1
     try:
         return fn(*args, **kwargs)
     except RuntimeError as exc:
@@ -178,7 +181,80 @@ def guarded(engine, name: str, fn, *args, **kwargs):
         # (unless the fault came inside it) and the later ones'
         watch.abandoning = gas - micro - (1 if name == "step" else 0) \
             if engine._managed_accumulation else (0 if name == "step" else 1)
+        watch.script_skip = True
         return None if name == "step" else (args[0] if args else None)
+    finally:
+        watch.in_engine -= 1
+
+
+class engine_call:
+    """``with engine_call(engine):`` the collectives inside are the engine's own (a checkpoint's
+    save or load): a lost peer there fails the rank, never a script-collective recovery."""
+
+    def __init__(self, engine):
+        self.watch = engine._recovery
+
+    def __enter__(self):
+        if self.watch is not None:
+            self.watch.in_engine += 1
+
+    def __exit__(self, *exc):
+        if self.watch is not None:
+            self.watch.in_engine -= 1
+
+
+class _Skipped:
+    """What a skipped or recovered ``async_op=True`` call of the script returns."""
+
+    def wait(self, *args, **kwargs) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class ScriptCollectives:
+    """The collectives the script makes itself (``torch.distributed`` calls outside any engine
+    call, seen by the bootstrap's wrappers: ``dslaunch/torch_progress.py``), such as the loss
+    all-reduce most training loops log with. One that fails on a lost peer starts the same
+    recovery as the engine's own, and returns with its outputs as they were (a value logged for
+    that step is then this rank's own). After a recovery the script's collectives are skipped
+    until its next step's ``forward``: the survivors finish the abandoned iteration of their loop
+    while a replacement starts at the top of it, where it makes none of them."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def applies(self) -> bool:
+        watch = self.engine._recovery
+        return watch is not None and watch.in_engine == 0
+
+    def call(self, fn, op: str, args, kwargs):
+        watch = self.engine._recovery
+        if watch.script_skip:
+            return _Skipped() if kwargs.get("async_op") else None
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as exc:
+            if not comm_fault(exc) or not watch.wait_for_word():
+                raise
+            watch.in_engine += 1
+            try:
+                recover(self.engine, watch)
+            finally:
+                watch.in_engine -= 1
+            watch.script_skip = True
+            return _Skipped() if kwargs.get("async_op") else None
+
+
+def watch_script_collectives(engine) -> None:
+    """Recover from faults in the script's own collectives too (the bootstrap's wrappers must be
+    installed: they are whenever the agent keeps a progress record)."""
+    if engine._recovery is None:
+        return
+    from dslaunch import torch_progress
+
+    torch_progress.SCRIPT_HOOKS = ScriptCollectives(engine)
 
 
 def unsupported(engine) -> str | None:

@@ -7,6 +7,8 @@ decimals: no collective of the script's own between steps, which a recovery coul
 and every rank prints ``rank R pid P start`` once and ``rank R pid P done`` at the end.
 
 - ``RECOVER_SLEEP=SECONDS``: sleep after each step (a fault then lands mid-job);
+- ``RECOVER_LOG_ALLREDUCE=1``: after each step every rank all-reduces its loss with
+  ``torch.distributed`` itself, as most training loops log (a collective of the script's own);
 - ``RECOVER_REFERENCE=4@0,2@7``: no launcher, one process trains on the whole global batch of
   each step, with the world size that step had (4 from step 0, 2 from step 7): the reference a
   job whose world shrank at step 7 must match (the mean loss over the ranks' equal shares is the
@@ -32,6 +34,7 @@ config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
 reference = [tuple(map(int, part.split("@"))) for part in
              os.environ.get("RECOVER_REFERENCE", "").split(",") if part]
 sleep = float(os.environ.get("RECOVER_SLEEP", "0"))
+log_allreduce = os.environ.get("RECOVER_LOG_ALLREDUCE") == "1"
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 engine, *_ = dslaunch.initialize(model=model, config=config)
@@ -68,6 +71,8 @@ while engine.global_steps < steps:
         engine.backward(loss)
         engine.step()
         losses.append(torch.nn.functional.mse_loss(out[first], y[first]).detach())
+    if log_allreduce:  # the script's own collective, outside the engine
+        torch.distributed.all_reduce(torch.stack(losses).mean())
     if engine.global_steps == step + 1:  # the step happened (not rolled back by a recovery)
         if engine.global_rank == 0:
             print(f"step {engine.global_steps} loss {torch.stack(losses).mean().item():.8f}",
