@@ -16,14 +16,14 @@ A survivor:
 3. **agree**: every member says its completed step; survivors that disagree cannot roll back to
    one state (the fault came between their optimizer steps): the rank exits with
    ``REFUSED_EXIT`` and the launcher falls back to restarting every rank;
-4. **state transfer**: rank 0 (a survivor) broadcasts the state a checkpoint would hold (module,
+4. **state transfer**: the first survivor broadcasts the state a checkpoint would hold (module,
    optimizer with its fp32 masters, scheduler, loss scaler, counters); survivors already hold it;
 5. **roll back**: the interrupted step is abandoned (its gradients dropped, no optimizer step, no
    step counted) and the script's loop goes on from the next ``forward`` at the same step.
 
 A replacement builds its engine in a one-rank world of its own (so building makes no collective
 the survivors would have to mirror), with the config resolved for the real world size, then joins
-the new group as the survivors do and loads the state rank 0 sends.
+the new group as the survivors do and loads the state the first survivor sends.
 
 Supported: the data-parallel engine at ZeRO stage 0 (every rank holds the whole model and
 optimizer) and at stages 1-2, where each rank also keeps a copy of one other rank's optimizer
@@ -323,7 +323,7 @@ def _join_group(word: dict) -> None:
 
 def engine_state(engine) -> dict:
     sched = engine.lr_scheduler
-    # a ZeRO 1-2 shard is rank 0's own: each rank's comes from the shards (recover_shards)
+    # a ZeRO 1-2 shard is the sender's own: each rank's comes from the shards (recover_shards)
     strategy = None if _sharded(engine) else engine.strategy.state_dict()
     return {"module": engine.module.state_dict(), "strategy": strategy,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
@@ -378,7 +378,7 @@ def _resize_batch(engine) -> None:
 
 
 def _rendezvous(engine, joining: bool) -> tuple:
-    """Every member's completed step; then rank 0's state to the newcomers. Returns (why the
+    """Every member's completed step; then the first survivor's state to the newcomers. Returns (why the
     members cannot go on from one state or None, the members, the state or None)."""
     import torch.distributed as dist
 
@@ -396,8 +396,10 @@ def _rendezvous(engine, joining: bool) -> tuple:
                 "end of its all-gather)"), members, None
     state = None
     if any(m["joining"] for m in members):
-        box = [engine_state(engine) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+        # from the first survivor (rank 0 itself may be the one replaced)
+        src = next(r for r, m in enumerate(members) if not m["joining"])
+        box = [engine_state(engine) if dist.get_rank() == src else None]
+        dist.broadcast_object_list(box, src=src)
         state = box[0]
     return None, members, state
 
@@ -461,7 +463,7 @@ def recover(engine, watch: Watch) -> None:
     if why:
         _refuse(watch, why)
     t_abort = time.time()
-    engine._abandon_step()  # before rank 0 sends its counters: the step starts again at micro 0
+    engine._abandon_step()  # before the state is sent (counters): the step starts again at micro 0
     _join_group(word)
     t_group = time.time()
     why, members, state = _rendezvous(engine, joining=False)
@@ -485,7 +487,7 @@ def recover(engine, watch: Watch) -> None:
 
 def join(engine, word: dict) -> None:
     """A replacement: leave the one-rank world the engine was built in, join the group, load
-    the state rank 0 sends."""
+    the state the first survivor sends."""
     path = os.environ.get(FILE_ENV, "")
     why = unsupported(engine)
     if why:
