@@ -19,6 +19,7 @@ STEPS = 10
 # the 2-rank job every TP 2 test reads (one run, served from the job cache)
 TP2_JOB = ("--families", "--extras", "--configurable", "--save", "{dir}/ckpt", "--save-each",
            "{dir}/ckpts")
+TP2_DP2_JOB = ("--save-each", "{dir}/ckpts")  # the 4-rank job (TP 2 x DP 2)
 
 
 def _job(job_cache, nproc, *extra, job=False):
@@ -76,7 +77,7 @@ def test_autotp2_llama_qwen2_zero012(job_cache):
 
 
 def test_autotp2_x_dp2_four_ranks(job_cache):
-    ranks = _job(job_cache, 4)
+    ranks = _job(job_cache, 4, *TP2_DP2_JOB)
     assert [(r["tp_rank"], r["dp_rank"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     _check_runs(ranks, dp=2)
     _check_saved(ranks)
@@ -180,16 +181,16 @@ def test_specs_parse_and_match():
     assert grain_sizes(1344, 2, 64) == [704, 640]
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_tp2_zero12_checkpoint_resumes_at_tp1(job_cache, stage):
-    """The TP 2 run's ZeRO 1 (and 2) checkpoint of the Llama after 10 steps (each rank's flat
-    shard of its slices' fp32 masters and Adam moments; one data rank, so each shard holds all
-    of its TP rank's) resumed by one process without tensor parallelism at the same stage: the
-    TP ranks' shards are read per parameter, the split ones put back together and laid out as
-    this job's shard (checkpoint/autotp_states.py); the next 4 losses equal the unsplit
-    reference's steps 11-14 within 1e-5."""
-    src = _job(job_cache, 2, *TP2_JOB, job=True)
-    job = job_cache.python(f"autotp_resume_z{stage}_tp1", "autotp_resume.py", "--ckpt",
+@pytest.mark.parametrize("nproc,stage", [(2, 1), (2, 2), (4, 1)])
+def test_tp2_zero12_checkpoint_resumes_at_tp1(job_cache, nproc, stage):
+    """The ZeRO 1 (and 2) checkpoint of the Llama after 10 steps at TP 2 (2 ranks; and TP 2 x
+    DP 2, 4 ranks: each TP rank's slices partitioned over its 2 data ranks) resumed by one process
+    without tensor parallelism at the same stage: each TP rank's fp32 masters and Adam moments
+    are read per parameter from its data ranks' flat shards, the split ones put back together
+    and laid out as this job's shard (checkpoint/autotp_states.py); the next 4 losses equal the
+    unsplit reference's steps 11-14 within 1e-5."""
+    src = _job(job_cache, nproc, *(TP2_JOB if nproc == 2 else TP2_DP2_JOB), job=True)
+    job = job_cache.python(f"autotp_resume_{nproc}r_z{stage}_tp1", "autotp_resume.py", "--ckpt",
                            src.dir / "ckpts", "--tag", f"z{stage}", "--stage", stage, "--out",
                            "{dir}/o", "--tp", 1, "--start", STEPS, "--more", 4)
     (r,) = results(job.dir / "o", 1)
