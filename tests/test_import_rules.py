@@ -255,9 +255,12 @@ RULES = {
     # the rank side of the hang watchdog for plain torch.distributed scripts: the progress record
     # only, torch inside functions (the hook runs once the script imports torch.distributed)
     "torch_progress": ("dslaunch.torch_progress", ("dslaunch.progress_record",), "lazy"),
+    # (torch_progress, a leaf: in-process recovery hands it the hooks for the script's own
+    # collectives, engine/inprocess_recovery.ScriptCollectives)
     "engine": ("dslaunch.engine", ("dslaunch.engine", "dslaunch.config", "dslaunch.kernels",
                                    "dslaunch.nvme", "dslaunch.accelerator",
-                                   "dslaunch.progress_record", "dslaunch.recover_files"), "any"),
+                                   "dslaunch.progress_record", "dslaunch.recover_files",
+                                   "dslaunch.torch_progress"), "any"),
     # the rank -> agent progress channel: a leaf both sides share
     "progress_record": ("dslaunch.progress_record", (), "none"),
     # the agent <-> rank files of an in-process recovery: a leaf both sides share

@@ -1,5 +1,5 @@
 """The engine's side of curriculum data sampling (``data_efficiency.data_sampling``; the sampler
-itself: ``runtime/data_pipeline/data_sampling/data_sampler.py``).
+itself: ``engine/data_efficiency/data_sampler.py``).
 
 As in DeepSpeed 0.19.8, ``data_sampling.curriculum_learning.enabled`` makes ``deepspeed_io``
 (and so ``initialize(training_data=...)``) serve the data through ``DeepSpeedDataSampler``:
@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dslaunch.config.data_efficiency import curriculum_sampling_enabled, data_efficiency_config
-from dslaunch.runtime.data_pipeline.data_sampling.data_sampler import CLUSTERS_KEY, DeepSpeedDataSampler
+from dslaunch.engine.data_efficiency.data_sampler import CLUSTERS_KEY, DeepSpeedDataSampler
 
 
 class CurriculumDataLoader:

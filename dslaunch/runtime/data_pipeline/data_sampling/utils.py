@@ -1,47 +1,13 @@
-"""Helpers of the data analyzer and sampler (DeepSpeed's ``data_sampling.utils`` names)."""
+"""DeepSpeed's ``data_sampling.utils``: the helpers the analyzer and sampler share.
+Implemented in ``dslaunch.engine.data_efficiency.utils``."""
 
-from __future__ import annotations
-
-import numpy as np
-
-from .indexed_dataset import MMapIndexedDatasetBuilder
+from dslaunch.engine.data_efficiency import utils as _impl
+from dslaunch.engine.data_efficiency.utils import *  # noqa: F403
 
 
-def find_fit_int_dtype(min_value, max_value):
-    """The narrowest integer dtype holding [min_value, max_value] (unsigned when min >= 0)."""
-    candidates = (np.uint8, np.uint16, np.uint32, np.uint64) if min_value >= 0 else \
-        (np.int8, np.int16, np.int32, np.int64)
-    for dtype in candidates:
-        info = np.iinfo(dtype)
-        if info.min <= min_value and max_value <= info.max:
-            return dtype
-    return candidates[-1]
-
-
-def split_index(start_idx: int, end_idx: int, num_partitions: int) -> list:
-    """``num_partitions`` contiguous ``(start, end)`` ranges covering [start_idx, end_idx)."""
-    bounds = np.linspace(start_idx, end_idx, dtype=int, num=num_partitions + 1)
-    return [(bounds[i], bounds[i + 1]) for i in range(num_partitions)]
-
-
-def split_dataset(dataset, num_workers: int, worker_id: int, num_threads: int):
-    """The workers' ranges of ``dataset`` and the threads' ranges of worker ``worker_id``."""
-    worker_splits = split_index(0, len(dataset), num_workers)
-    start, end = worker_splits[worker_id]
-    return worker_splits, split_index(start, end, num_threads)
-
-
-def create_mmap_dataset_builder(fname: str, dtype) -> MMapIndexedDatasetBuilder:
-    return MMapIndexedDatasetBuilder(f"{fname}.bin", dtype=dtype)
-
-
-def close_mmap_dataset_builder(builder: MMapIndexedDatasetBuilder, fname: str) -> None:
-    """One document of everything added, then the index (the analyzer's files' shape)."""
-    builder.end_document()
-    builder.finalize(f"{fname}.idx")
-
-
-def __getattr__(name):  # a DeepSpeed name we do not provide: say what to use
+def __getattr__(name):  # the implementation's other names; else a DeepSpeed name we lack
+    if not name.startswith("__") and hasattr(_impl, name):
+        return getattr(_impl, name)
     from dslaunch.deepspeed_names import missing_attribute
 
     raise missing_attribute(__name__, name)
