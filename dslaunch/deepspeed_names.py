@@ -555,6 +555,18 @@ NAMES: list[Name] = [
                    "make_dataset")],
     _present("deepspeed.runtime.data_pipeline.data_sampling.utils",
              "dslaunch.runtime.data_pipeline.data_sampling.utils"),
+    _present("deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr",
+             "dslaunch.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr",
+             "dynamic batching: a library the script calls, as in DeepSpeed (the engine does "
+             "not read dynamic_batching); same micro-batches and LRs (benchmarks/"
+             "compare_dynamic_batching_ds.py)"),
+    *[_present("deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr."
+               f"{name}",
+               f"dslaunch.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr:{name}")
+      for name in ("batch_by_seqlens", "scale_lr", "dataloader_for_variable_batch_size",
+                   "VariableBatchSizeLR", "lr_scheduler_for_variable_batch_size",
+                   "get_dataloader_and_lr_scheduler_for_variable_batch_size",
+                   "get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed")],
     _present("deepspeed.runtime.data_pipeline.data_routing",
              "dslaunch.runtime.data_pipeline.data_routing",
              "random layer-wise token dropping (random-LTD); runs on any device in torch ops"),

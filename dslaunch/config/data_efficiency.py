@@ -3,6 +3,9 @@ read. Two halves: ``data_sampling`` (curriculum data sampling; runtime:
 ``runtime/data_pipeline/data_sampling/``) is checked here in full; ``data_routing`` (random-LTD)
 is handed on raw: its keys are checked by ``config/random_ltd.py``.
 
+``data_sampling.dynamic_batching`` is checked here too; as in DeepSpeed the engine does not use
+it: the script's call to ``variable_batch_size_and_lr`` does.
+
 As in DeepSpeed, ``data_sampling.curriculum_learning.enabled`` alone switches the curriculum
 sampler on (DeepSpeed's engine reads only that flag); ``data_efficiency.enabled`` and
 ``data_sampling.enabled`` are kept and reported but do not gate it. Pure data and checks.
@@ -18,11 +21,16 @@ SEED_DEFAULT = 1234
 NUM_EPOCHS_DEFAULT = 1000
 DIFFICULTY_TYPES = ("value", "percentile")
 CLUSTERING_TYPES = ("schedule_based", "single_cluster")
+LR_SCALING_METHODS = ("linear", "sqrt", "none")
+PICKING_ORDERS = ("random", "seqlen", "dataloader")
 
 TOP_KEYS = {"enabled", "seed", "data_sampling", "data_routing"}
 SAMPLING_KEYS = {"enabled", "num_epochs", "num_workers", "pin_memory", "curriculum_learning",
                  "dynamic_batching"}
 CURRICULUM_KEYS = {"enabled", "data_cluster_path", "curriculum_metrics"}
+# dynamic_batching: read by the script's call to variable_batch_size_and_lr (not by the engine)
+DYNAMIC_BATCHING_KEYS = {"enabled", "metrics_path", "lr_scaling_method", "min_batch_size",
+                         "max_batch_size", "sequence_picking_order", "max_tokens", "verbose"}
 METRIC_KEYS = {"index_to_sample_path", "index_to_metric_path", "difficulty_type",
                "clustering_type", "min_difficulty", "max_difficulty", "schedule_type",
                "schedule_config"}
@@ -83,11 +91,25 @@ def data_efficiency_config(data_efficiency) -> dict:
     curriculum = dict(curriculum_section(section))
     curriculum.setdefault("enabled", False)
     sampling["curriculum_learning"] = curriculum
-    sampling["dynamic_batching"] = dict(sampling.get("dynamic_batching") or {"enabled": False})
+    sampling["dynamic_batching"] = dynamic_batching_config(sampling.get("dynamic_batching"))
     return {"enabled": section.get("enabled", False) is True,
             "seed": section.get("seed", SEED_DEFAULT),
             "data_sampling": sampling,
             "data_routing": dict(data_routing_section(section))}
+
+
+def dynamic_batching_config(dynamic) -> dict:
+    """``dynamic_batching`` with DeepSpeed's defaults filled in (``max_tokens`` stays absent
+    when not given; ``metrics_path`` None when not given)."""
+    out = dict(dynamic or {})
+    out.setdefault("enabled", False)
+    out.setdefault("metrics_path", None)
+    out.setdefault("lr_scaling_method", "linear")
+    out.setdefault("min_batch_size", 1)
+    out.setdefault("max_batch_size", None)
+    out.setdefault("sequence_picking_order", "dataloader")
+    out.setdefault("verbose", False)
+    return out
 
 
 # -- checks -----------------------------------------------------------------------------------------
@@ -119,10 +141,46 @@ def sampling_problems(sampling, prefix: str = f"{PREFIX}.data_sampling") -> list
     if "num_workers" in sampling and not _int(sampling["num_workers"], 0):
         problems.append(f"{prefix}.num_workers: {sampling['num_workers']!r}; must be an integer "
                         ">= 0 (the dataloader's worker processes)")
-    dynamic = _object(sampling.get("dynamic_batching"), f"{prefix}.dynamic_batching", problems)
-    _flag(dynamic, "enabled", f"{prefix}.dynamic_batching", problems)
+    problems.extend(dynamic_batching_problems(sampling.get("dynamic_batching"),
+                                              f"{prefix}.dynamic_batching"))
     problems.extend(curriculum_problems(sampling.get("curriculum_learning"),
                                         f"{prefix}.curriculum_learning"))
+    return problems
+
+
+def dynamic_batching_problems(dynamic, prefix: str) -> list:
+    """The ``dynamic_batching`` keys (DeepSpeed's); ``max_tokens`` is required when enabled."""
+    problems: list = []
+    dynamic = _object(dynamic, prefix, problems)
+    problems.extend(_unknown(dynamic, DYNAMIC_BATCHING_KEYS, prefix))
+    _flag(dynamic, "enabled", prefix, problems)
+    _flag(dynamic, "verbose", prefix, problems)
+    method = dynamic.get("lr_scaling_method", "linear")
+    if not isinstance(method, str) or method.lower() not in LR_SCALING_METHODS:
+        problems.append(f"{prefix}.lr_scaling_method: {method!r}; use one of "
+                        f"{', '.join(LR_SCALING_METHODS)}")
+    order = dynamic.get("sequence_picking_order", "dataloader")
+    if order not in PICKING_ORDERS:
+        problems.append(f"{prefix}.sequence_picking_order: {order!r}; use one of "
+                        f"{', '.join(PICKING_ORDERS)}")
+    lo, hi = dynamic.get("min_batch_size", 1), dynamic.get("max_batch_size")
+    if not _int(lo, 1):
+        problems.append(f"{prefix}.min_batch_size: {lo!r}; must be an integer >= 1 (samples "
+                        "per micro-batch)")
+    if hi is not None and not _int(hi, 1):
+        problems.append(f"{prefix}.max_batch_size: {hi!r}; must be null or an integer >= 1")
+    elif hi is not None and _int(lo, 1) and hi < lo:
+        problems.append(f"{prefix}.max_batch_size: {hi} is below min_batch_size {lo}")
+    path = dynamic.get("metrics_path")
+    if path is not None and (not isinstance(path, str) or not path):
+        problems.append(f"{prefix}.metrics_path: {path!r}; name the directory of the data "
+                        "analyzer's seqlen files")
+    if "max_tokens" in dynamic and not _int(dynamic["max_tokens"], 1):
+        problems.append(f"{prefix}.max_tokens: {dynamic['max_tokens']!r}; must be an integer "
+                        ">= 1 (the token budget of a micro-batch)")
+    elif dynamic.get("enabled") is True and "max_tokens" not in dynamic:
+        problems.append(f"{prefix}.max_tokens: missing; dynamic batching is enabled, so give "
+                        "the token budget of a micro-batch")
     return problems
 
 

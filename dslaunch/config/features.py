@@ -39,11 +39,6 @@ REFUSED = "see docs/porting.md, 'Config sections dslaunch refuses'"
 NOT_SUPPORTED_YET = [
     Feature("amp.enabled", f"NVIDIA apex AMP: use bf16 or fp16 instead; {REFUSED}", "",
             _enabled("amp")),
-    # data_efficiency: its keys are checked in data_efficiency.py; this part is not built yet
-    Feature("data_efficiency.data_sampling.dynamic_batching.enabled",
-            "dynamic batching by sequence length", "",
-            lambda get: _section(get, "data_efficiency", "data_sampling", "dynamic_batching")
-            .get("enabled") is True),
     Feature("hybrid_engine.enabled", "the hybrid (RLHF) engine: generate with the model "
             f"itself or an inference server; {REFUSED}", "", _enabled("hybrid_engine")),
     Feature("nebula.enabled", "Nebula checkpointing: use checkpoint.async_save and "

@@ -3,7 +3,8 @@
 - ``indexed_dataset``: the Megatron/DeepSpeed ``.bin``/``.idx`` memory-mapped array files;
 - ``data_analyzer``: offline per-sample metrics (map over workers/threads, reduce into index files);
 - ``data_sampler``: ``DeepSpeedDataSampler``, batches whose difficulty follows a curriculum;
-- ``utils``: the small helpers the three share.
+- ``utils``: the small helpers the three share;
+- ``variable_batch_size_and_lr``: dynamic batching (a library the script calls).
 """
 
 from dslaunch.deepspeed_names import face_getattr
