@@ -210,6 +210,11 @@ def test_the_deepspeed_helper_on_a_dslaunch_engine():
     assert sched.batch_sizes == sizes
     items = list(loader)
     assert len(items) == len(ids) // 2  # items of 2 micro-batches, one rank
+    _, _, io_kwargs = get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(
+        data, engine, dataset_seqlens=LENS)
+    io_items = list(engine.deepspeed_io(**io_kwargs))  # DeepSpeed's way to the same loader
+    assert [[s.tolist() for s in item] for item in io_items] == \
+        [[s.tolist() for s in item] for item in items]
     for k, item in enumerate(items):
         expected = [i for _, mb in ids[2 * k:2 * k + 2] for i in mb]
         assert [int(s[0]) for s in item] == expected

@@ -183,17 +183,24 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
     def comm_stats(self) -> dict:
         return self.comm.stats()
 
-    def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True):
+    def deepspeed_io(self, dataset, batch_size=None, collate_fn=None, shuffle=True, *,
+                     route=None, pin_memory=False, data_sampler=None, num_local_io_workers=None):
+        """A loader of this data-parallel rank's share of ``dataset``. DeepSpeed's keywords
+        ``data_sampler`` (used as it is, e.g. dynamic batching's ``deepspeed_io_kwargs``),
+        ``pin_memory`` and ``num_local_io_workers`` are taken; ``route`` is accepted."""
         from torch.utils.data import DataLoader
         from torch.utils.data.distributed import DistributedSampler
 
         if uses_curriculum_sampling(self):  # data_efficiency.data_sampling (data_sampling.py)
             return curriculum_dataloader(self, dataset, batch_size, collate_fn)
-        rank = self.global_rank if self._dp_rank is None else self._dp_rank
-        sampler = DistributedSampler(dataset, num_replicas=self.dp_world_size, rank=rank,
-                                     shuffle=shuffle)
+        sampler = data_sampler
+        if sampler is None:
+            rank = self.global_rank if self._dp_rank is None else self._dp_rank
+            sampler = DistributedSampler(dataset, num_replicas=self.dp_world_size, rank=rank,
+                                         shuffle=shuffle)
         return DataLoader(dataset, batch_size=batch_size or self._micro_batch, sampler=sampler,
-                          collate_fn=collate_fn)
+                          collate_fn=collate_fn, pin_memory=pin_memory,
+                          num_workers=num_local_io_workers or 0)
 
     # -- the loop ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
