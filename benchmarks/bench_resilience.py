@@ -99,6 +99,11 @@ def parse_args(argv=None):
                     help="(b) a fixed number of steps instead of --minutes (one kill halfway)")
     ap.add_argument("--smoke", action="store_true", help="(b) only, 30 steps per run")
     ap.add_argument("--e-steps", type=int, default=1500, help="(e) steps of each run")
+    ap.add_argument("--e-zero", type=int, default=0, choices=(0, 1, 2),
+                    help="(e) ZeRO stage of the job (1-2: in-process recovery keeps shard copies)")
+    ap.add_argument("--e-kinds", default="kill",
+                    help="(e) fault kinds: kill, or kill,hang (rank 1 killed and rank 0 hung, each "
+                         "every 2 x --fault-every of its life: mixed, one fault every --fault-every)")
     ap.add_argument("--results-dir", type=Path, default=bu.RESULTS)
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
@@ -515,9 +520,23 @@ def recover_run(work, args, recover: str | None) -> dict:
     argv = [*DSLAUNCH, "run", "--nproc-per-node", str(args.ranks), "--omp-threads", "1",
             "--grace-period", "1", "--log-dir", str(logs)]
     spec = None
+    if args.e_zero:  # the script's own config with the stage (dslaunch run --config)
+        config = work / "zero.json"
+        config.write_text(json.dumps({
+            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "steps_per_print": 10 ** 9,
+            "zero_optimization": {"stage": args.e_zero}}))
+        argv += ["--config", str(config)]
     if recover:
-        spec = f"kill:rank=1,after={args.fault_every:g}s,attempt=all"
-        argv += ["--recover", recover, "--max-restarts", "1000", "--inject", spec]
+        kinds = args.e_kinds.split(",")
+        every = args.fault_every * len(kinds)  # per kind: mixed faults come every --fault-every
+        specs = [f"{kind}:rank={1 if kind == 'kill' else 0},after={every:g}s,attempt=all"
+                 for kind in kinds]
+        spec = " ".join(specs)
+        argv += ["--recover", recover, "--max-restarts", "1000"]
+        argv += [w for s in specs for w in ("--inject", s)]
+        if "hang" in kinds:
+            argv += ["--hang-timeout", str(args.hang_timeout)]
     argv += [str(SCRIPT), "--save-dir", str(ckpt), "--save-every", str(args.save_every),
              "--step-sleep", str(args.step_sleep), "--steps", str(args.e_steps)]
     t0 = time.time()
@@ -536,6 +555,8 @@ def recover_run(work, args, recover: str | None) -> dict:
         recs = [json.loads(x) for x in incidents.read_text().splitlines() if x.strip()]
         res["seconds_to_training"] = [r.get("seconds_to_training") for r in recs]
         res["steps_redone"] = [r.get("steps_redone") for r in recs]
+        res["paths"] = [r.get("action") for r in recs]  # in-process, or restart (and why)
+        res["reasons"] = [str(r.get("reason", ""))[:200] for r in recs]
     return res
 
 
@@ -550,6 +571,7 @@ def part_e(args, features) -> dict:
             runs[recover or "clean"] = recover_run(work, args, recover)
         clean_wall = runs["clean"]["wall_s"]
         return {"status": "ok", "steps": args.e_steps, "ranks": args.ranks,
+                "zero_stage": args.e_zero, "fault_kinds": args.e_kinds,
                 "fault_every_s": args.fault_every, "step_sleep_s": args.step_sleep,
                 "goodput_in_process": bu.ratio(clean_wall, runs["in-process"]["wall_s"]),
                 "goodput_restart": bu.ratio(clean_wall, runs["restart"]["wall_s"]),

@@ -400,11 +400,19 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
         """DeepSpeed's; ``async_save`` / ``keep_last`` (dslaunch's, default: the config's
         ``checkpoint.async_save`` / ``checkpoint.keep_last``): write in the background
         (``wait_checkpoint()``), keep only the newest N checkpoints."""
-        with inprocess_recovery.engine_call(self):  # a lost peer here fails the rank
-            return ckpt.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
-                                        save_latest=save_latest,
-                                        exclude_frozen_parameters=exclude_frozen_parameters,
-                                        async_save=async_save, keep_last=keep_last)
+        with inprocess_recovery.engine_call(self):
+            try:
+                return ckpt.save_checkpoint(self, save_dir, tag=tag,
+                                            client_state=client_state or {},
+                                            save_latest=save_latest,
+                                            exclude_frozen_parameters=exclude_frozen_parameters,
+                                            async_save=async_save, keep_last=keep_last)
+            except RuntimeError as exc:
+                # in-process recovery: a peer lost during the save; the save is abandoned
+                # (``latest`` moves only once every rank wrote) and training goes on
+                if not inprocess_recovery.recover_between_steps(self, exc):
+                    raise
+                return False
 
     def wait_checkpoint(self) -> None:
         """Every rank calls it: an asynchronous save in flight is written and ``latest`` moved

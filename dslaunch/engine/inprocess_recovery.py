@@ -189,7 +189,8 @@ def guarded(engine, name: str, fn, *args, **kwargs):
 
 class engine_call:
     """``with engine_call(engine):`` the collectives inside are the engine's own (a checkpoint's
-    save or load): a lost peer there fails the rank, never a script-collective recovery."""
+    save or load), not the script's: the engine call itself decides what a lost peer there
+    means."""
 
     def __init__(self, engine):
         self.watch = engine._recovery
@@ -236,15 +237,25 @@ class ScriptCollectives:
         try:
             return fn(*args, **kwargs)
         except RuntimeError as exc:
-            if not comm_fault(exc) or not watch.wait_for_word():
-                raise
             watch.in_engine += 1
             try:
-                recover(self.engine, watch)
+                if not recover_between_steps(self.engine, exc):
+                    raise
             finally:
                 watch.in_engine -= 1
-            watch.script_skip = True
             return _Skipped() if kwargs.get("async_op") else None
+
+
+def recover_between_steps(engine, exc: BaseException) -> bool:
+    """A call between the script's steps (its own collective, a checkpoint save) failed with
+    ``exc``: when a lost peer is the cause, recover (the last completed step stands) and skip the
+    script's collectives until its next step's forward. False: not a recoverable fault."""
+    watch = engine._recovery
+    if watch is None or not comm_fault(exc) or not watch.wait_for_word():
+        return False
+    recover(engine, watch)
+    watch.script_skip = True
+    return True
 
 
 def watch_script_collectives(engine) -> None:
