@@ -97,7 +97,7 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
     tag = save_tag(engine, tag)
     comm, rank = engine.comm, engine.global_rank
     final, tmp = start_save_dir(save_dir, tag, rank)
-    comm.barrier()
+    _job_barrier(comm)
 
     if async_save:  # ZeRO shards are gathered straight into the reused host buffers
         saver.staging.begin()
@@ -123,12 +123,24 @@ def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=T
         return True
     crash_point("before_files", rank)
     write_files(files, rank)
-    comm.barrier()
+    _job_barrier(comm)
     if rank == 0:
         publish()
-    comm.barrier()
+    _job_barrier(comm)
     _record_saved(step)
     return True
+
+
+def _job_barrier(comm) -> None:
+    """Every rank of the job, not only ``comm``'s: a tensor- or pipeline-parallel engine's comm is
+    its data-parallel group, and rank 0 must not publish the folder before the other groups'
+    ranks wrote into it (a TP 2 x DP 2 save lost rank 3's file that way)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and comm.world_size != dist.get_world_size():
+        dist.barrier()
+    else:
+        comm.barrier()
 
 
 def async_saver(engine) -> AsyncSaver:
