@@ -170,21 +170,19 @@ def guarded(engine, name: str, fn, *args, **kwargs):
         return args[0] if args else None
     gas = engine._gas
     micro = engine.micro_steps % gas  # (before the recovery resets the count)
-    watch.in_engine += 1
-    try:
-        return fn(*args, **kwargs)
-    except RuntimeError as exc:
-        if not comm_fault(exc) or not watch.wait_for_word():
-            raise
-        recover(engine, watch)
-        # the step() calls the script still makes for the abandoned step: this micro-batch's
-        # (unless the fault came inside it) and the later ones'
-        watch.abandoning = gas - micro - (1 if name == "step" else 0) \
-            if engine._managed_accumulation else (0 if name == "step" else 1)
-        watch.script_skip = True
-        return None if name == "step" else (args[0] if args else None)
-    finally:
-        watch.in_engine -= 1
+    with engine_call(engine):
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as exc:
+            if not comm_fault(exc) or not watch.wait_for_word():
+                raise
+            recover(engine, watch)
+    # the step() calls the script still makes for the abandoned step: this micro-batch's (unless
+    # the fault came inside it) and the later ones'
+    watch.abandoning = gas - micro - (1 if name == "step" else 0) \
+        if engine._managed_accumulation else (0 if name == "step" else 1)
+    watch.script_skip = True
+    return None if name == "step" else (args[0] if args else None)
 
 
 class engine_call:
@@ -237,12 +235,9 @@ class ScriptCollectives:
         try:
             return fn(*args, **kwargs)
         except RuntimeError as exc:
-            watch.in_engine += 1
-            try:
+            with engine_call(self.engine):  # the recovery's own collectives
                 if not recover_between_steps(self.engine, exc):
                     raise
-            finally:
-                watch.in_engine -= 1
             return _Skipped() if kwargs.get("async_op") else None
 
 
@@ -389,8 +384,8 @@ def _resize_batch(engine) -> None:
 
 
 def _rendezvous(engine, joining: bool) -> tuple:
-    """Every member's completed step; then the first survivor's state to the newcomers. Returns (why the
-    members cannot go on from one state or None, the members, the state or None)."""
+    """Every member's completed step; then the first survivor's state to the newcomers. Returns
+    (why the members cannot go on from one state or None, the members, the state or None)."""
     import torch.distributed as dist
 
     step = -1 if joining else engine.global_steps

@@ -25,16 +25,19 @@ import os
 import torch
 
 
+def _stride(world: int, per_host: int) -> int:
+    """How far a rank's buddy is: one host on (same local rank) when hosts are whole, else 1."""
+    return per_host if 1 <= per_host < world and world % per_host == 0 else 1
+
+
 def buddy_of(rank: int, world: int, per_host: int) -> int:
     """Whom ``rank`` sends its shard to."""
-    step = per_host if 1 <= per_host < world and world % per_host == 0 else 1
-    return (rank + step) % world
+    return (rank + _stride(world, per_host)) % world
 
 
 def ward_of(rank: int, world: int, per_host: int) -> int:
     """Whose shard ``rank`` keeps a copy of (the rank whose buddy it is)."""
-    step = per_host if 1 <= per_host < world and world % per_host == 0 else 1
-    return (rank - step) % world
+    return (rank - _stride(world, per_host)) % world
 
 
 def _ranks_per_host() -> int:
