@@ -348,8 +348,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
     def _abandon_step(self) -> None:
         """In-process recovery: drop the interrupted step (gradients, losses, micro-steps); the
         next forward starts the same step again (inprocess_recovery.py)."""
-        abandon = getattr(self.strategy, "abandon", None)  # ZeRO 1-2: collectives in flight
-        (abandon or self.strategy.zero_grad)()
+        self.strategy.abandon()  # gradients (ZeRO 1-2: and collectives in flight)
         self._losses.clear()
         self._unmanaged_backwards = 0
         self.micro_steps = self.global_steps * self._gas

@@ -81,6 +81,11 @@ class OptimizerStrategy:
     def _after_skip(self) -> None:
         """An overflow skipped the step: drop what only this step would have used."""
 
+    def abandon(self) -> None:
+        """In-process recovery: drop the interrupted step's gradients (and whatever a strategy
+        keeps in flight for it: ZeRO 1-2 override)."""
+        self.zero_grad()
+
     def zero_grad(self) -> None:
         raise NotImplementedError
 
