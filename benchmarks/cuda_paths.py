@@ -658,6 +658,13 @@ def p_nvme_offload(ctx, rec):
     nvme.mkdir(parents=True, exist_ok=True)
     engine = None
     try:
+        try:
+            from dslaunch.nvme.aio import probe_direct
+
+            ok, why = probe_direct(nvme)
+            rec["io_mode"] = "O_DIRECT" if ok else f"buffered ({why})"
+        except Exception as exc:  # informative only
+            rec["io_mode"] = f"unknown ({type(exc).__name__}: {exc})"
         zero = {"stage": 3, "sub_group_size": 1e6,
                 "stage3_param_persistence_threshold": 100,
                 "offload_optimizer": {"device": "nvme", "nvme_path": str(nvme),
@@ -679,7 +686,7 @@ def p_nvme_offload(ctx, rec):
         if not files:
             raise CheckFailed(f"no swap files under {nvme}")
         return (check_train(rec, losses, ref, BF16_TOL) +
-                f"; {len(files)} swap files {rec['swap_bytes'] >> 20} MB; op loads "
+                f"; {len(files)} swap files {rec['swap_bytes'] >> 20} MB, {rec['io_mode']}; op loads "
                 + ", ".join(f"{k} {v['seconds']}s" for k, v in loads.items()))
     finally:
         engine = None
@@ -918,6 +925,8 @@ def main(argv=None):
         meta["cuda"] = torch.version.cuda
     results = Results(Path(args.out), meta, args.resume)
     results.write()
+    if args.budget:  # the builds may take at most half of the run's time
+        args.prebuild_timeout = min(args.prebuild_timeout, max(30, args.budget // 2))
     if args.prebuild and not args.resume:
         results.data["prebuild"] = prebuild(args, names)
         results.write()
