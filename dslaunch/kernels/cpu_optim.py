@@ -12,7 +12,8 @@ float32; copy_out (optional): float32 or bfloat16, receives the updated param (t
 form: fp32 master shard + bf16 grad shard in, bf16 model copy out, all in the same pass).
 All tensors must be contiguous CPU tensors with the same number of elements.
 Each returns True when the compiled op did the work, False when torch did. ``use_compiled=False``
-forces the torch path; ``op=`` passes a specific build of the op (tests use it to run one SIMD level).
+forces the torch path; ``op=`` passes a specific build of the op (tests use it to run one SIMD level);
+``threads=`` the compiled op's thread count (torch's setting by default).
 """
 
 from __future__ import annotations
@@ -57,14 +58,14 @@ def _copy_args(copy_out):
 def adam_step(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float = 0.9,
               beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
               adamw: bool = False, bias_correction: bool = True, grad_scale: float = 1.0,
-              copy_out=None, use_compiled: bool = True, op=None) -> bool:
+              copy_out=None, use_compiled: bool = True, op=None, threads: int | None = None) -> bool:
     _check(param, grad, [("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)], copy_out)
     op = _compiled("cpu_adam", param, grad, copy_out, op) if use_compiled else None
     if op is not None:
         op.adam(param.data_ptr(), _CODES[param.dtype], grad.data_ptr(), _CODES[grad.dtype],
                 exp_avg.data_ptr(), exp_avg_sq.data_ptr(), *_copy_args(copy_out), param.numel(),
                 lr, beta1, beta2, eps, weight_decay, step, adamw, bias_correction, grad_scale,
-                torch.get_num_threads())
+                threads or torch.get_num_threads())
         return True
     p = param.float() if param.dtype != torch.float32 else param
     g = grad.float() if grad.dtype != torch.float32 else grad
@@ -87,13 +88,13 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: 
 
 def adagrad_step(param, grad, state_sum, *, step: int, lr: float, lr_decay: float = 0.0,
                  eps: float = 1e-10, weight_decay: float = 0.0, grad_scale: float = 1.0,
-                 copy_out=None, use_compiled: bool = True, op=None) -> bool:
+                 copy_out=None, use_compiled: bool = True, op=None, threads: int | None = None) -> bool:
     _check(param, grad, [("state_sum", state_sum)], copy_out)
     op = _compiled("cpu_adagrad", param, grad, copy_out, op) if use_compiled else None
     if op is not None:
         op.adagrad(param.data_ptr(), _CODES[param.dtype], grad.data_ptr(), _CODES[grad.dtype],
                    state_sum.data_ptr(), *_copy_args(copy_out), param.numel(), lr, lr_decay, eps,
-                   weight_decay, step, grad_scale, torch.get_num_threads())
+                   weight_decay, step, grad_scale, threads or torch.get_num_threads())
         return True
     p = param.float() if param.dtype != torch.float32 else param
     g = grad.float() if grad.dtype != torch.float32 else grad
@@ -110,13 +111,13 @@ def adagrad_step(param, grad, state_sum, *, step: int, lr: float, lr_decay: floa
 
 def lion_step(param, grad, exp_avg, *, lr: float, beta1: float = 0.9, beta2: float = 0.99,
               weight_decay: float = 0.0, grad_scale: float = 1.0, copy_out=None,
-              use_compiled: bool = True, op=None) -> bool:
+              use_compiled: bool = True, op=None, threads: int | None = None) -> bool:
     _check(param, grad, [("exp_avg", exp_avg)], copy_out)
     op = _compiled("cpu_lion", param, grad, copy_out, op) if use_compiled else None
     if op is not None:
         op.lion(param.data_ptr(), _CODES[param.dtype], grad.data_ptr(), _CODES[grad.dtype],
                 exp_avg.data_ptr(), *_copy_args(copy_out), param.numel(), lr, beta1, beta2,
-                weight_decay, grad_scale, torch.get_num_threads())
+                weight_decay, grad_scale, threads or torch.get_num_threads())
         return True
     p = param.float() if param.dtype != torch.float32 else param
     g = grad.float() if grad.dtype != torch.float32 else grad

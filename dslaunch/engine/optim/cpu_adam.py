@@ -76,19 +76,30 @@ class _CPUOptimizer(torch.optim.Optimizer):
     def _initial_state(self, p, group, name: str):
         return self._state_tensor(p)
 
-    def _update(self, group, step: int, param, grad, *states, use_compiled: bool) -> None:
+    def _update(self, group, step: int, param, grad, *states, use_compiled: bool,
+                grad_scale: float = 1.0, copy_out=None, threads=None) -> None:
         raise NotImplementedError
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, *, grad_scale: float = 1.0, copy_outs=None, on_updated=None,
+             threads: int | None = None):
+        """torch's step, plus what ZeRO-Offload's pipeline (``zero/offload_pipeline.py``) asks:
+        every gradient is multiplied by ``grad_scale`` inside the update, ``copy_outs`` maps a
+        parameter to a tensor that receives its updated value (a 16-bit copy) in the same pass,
+        ``on_updated(p)`` is called as soon as ``p`` is updated, ``threads`` sets the compiled
+        op's thread count."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        fused = dict(grad_scale=grad_scale, copy_outs=copy_outs or {}, threads=threads)
         for group in self.param_groups:
             params = list(self._params_with_grad(group))
             here = [p for p in params if self._for_op(p)]
             if len(here) < len(params):
+                if grad_scale != 1.0 or copy_outs:
+                    raise RuntimeError(f"{type(self).__name__}: grad_scale and copy_outs are "
+                                       "for CPU parameters")
                 self._step_elsewhere(group, [p for p in params if not self._for_op(p)])
             for p in here:
                 state = self.state[p]
@@ -97,17 +108,23 @@ class _CPUOptimizer(torch.optim.Optimizer):
                     for name in self._state_names:
                         state[name] = self._initial_state(p, group, name)
                 state["step"] += 1
-                self._run(p, group, state["step"], [state[n] for n in self._state_names])
+                self._run(p, group, state["step"], [state[n] for n in self._state_names], **fused)
+                if on_updated is not None:
+                    on_updated(p)
         return loss
 
-    def _run(self, p, group, step: int, states: list) -> None:
+    def _run(self, p, group, step: int, states: list, grad_scale: float = 1.0, copy_outs=None,
+             threads: int | None = None) -> None:
         """Call _update on the flat param, grad and fp32 states; write back what needed copying."""
         param, grad = self._flat(p), self._flat(p.grad)
         fp32 = [s if s.dtype == torch.float32 else s.float() for s in states]
         # low-precision states (fp32_optimizer_states=False) take the torch path in fp32
         use_compiled = all(s is f for s, f in zip(states, fp32))
         work = param if (use_compiled or param.dtype == torch.float32) else param.float()
-        self._update(group, step, work, grad, *fp32, use_compiled=use_compiled)
+        copy_out = (copy_outs or {}).get(p)
+        self._update(group, step, work, grad, *fp32, use_compiled=use_compiled,
+                     grad_scale=grad_scale, copy_out=None if copy_out is None else
+                     self._flat(copy_out), threads=threads)
         if work is not param:
             param.copy_(work)
         if param.data_ptr() != p.data_ptr():
@@ -151,12 +168,12 @@ class DSCPUAdam(_CPUOptimizer):
         self.adamw_mode = adamw_mode
         super().__init__(model_params, defaults, fp32_optimizer_states)
 
-    def _update(self, group, step, param, grad, m, v, use_compiled):
+    def _update(self, group, step, param, grad, m, v, use_compiled, **fused):
         beta1, beta2 = group["betas"]
         cpu_optim.adam_step(param, grad, m, v, step=step, lr=group["lr"], beta1=beta1, beta2=beta2,
                             eps=group["eps"], weight_decay=group["weight_decay"],
                             adamw=self.adamw_mode, bias_correction=group["bias_correction"],
-                            use_compiled=use_compiled)
+                            use_compiled=use_compiled, **fused)
 
 
 class DSCPUAdagrad(_CPUOptimizer):
@@ -174,10 +191,10 @@ class DSCPUAdagrad(_CPUOptimizer):
     def _initial_state(self, p, group, name):
         return self._state_tensor(p).fill_(group["initial_accumulator_value"])
 
-    def _update(self, group, step, param, grad, s, use_compiled):
+    def _update(self, group, step, param, grad, s, use_compiled, **fused):
         cpu_optim.adagrad_step(param, grad, s, step=step, lr=group["lr"], lr_decay=group["lr_decay"],
                                eps=group["eps"], weight_decay=group["weight_decay"],
-                               use_compiled=use_compiled)
+                               use_compiled=use_compiled, **fused)
 
 
 class DSCPULion(_CPUOptimizer):
@@ -189,10 +206,10 @@ class DSCPULion(_CPUOptimizer):
         defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay)
         super().__init__(model_params, defaults, fp32_optimizer_states)
 
-    def _update(self, group, step, param, grad, m, use_compiled):
+    def _update(self, group, step, param, grad, m, use_compiled, **fused):
         beta1, beta2 = group["betas"]
         cpu_optim.lion_step(param, grad, m, lr=group["lr"], beta1=beta1, beta2=beta2,
-                            weight_decay=group["weight_decay"], use_compiled=use_compiled)
+                            weight_decay=group["weight_decay"], use_compiled=use_compiled, **fused)
 
 
 __all__ = ["DSCPUAdam", "DSCPUAdagrad", "DSCPULion"]

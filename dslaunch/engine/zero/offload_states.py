@@ -145,7 +145,10 @@ class StateOffloader:
         storages = {}
         for kind in wanted:
             for t in kinds[kind]:
-                if t.device != target:
+                # a storage of no bytes is a ZeRO-3 parameter released at rest: it holds nothing
+                # to move, and its tensors keep their shapes (re-pointing them at a new storage
+                # of no bytes would resize it, which pinned host memory refuses)
+                if t.device != target and t.untyped_storage().nbytes() > 0:
                     storages.setdefault(_key(t), t.untyped_storage())
         holders: dict = {}
         for t in _all_holders(engine) + [t for ts in kinds.values() for t in ts]:

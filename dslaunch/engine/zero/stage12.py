@@ -43,6 +43,7 @@ from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
 from dslaunch.engine.zero.common import get_comm, named_groups, offloads_optimizer, repoint_optimizer
 from dslaunch.engine.zero.offload import cpu_optimizer_for
+from dslaunch.engine.zero.offload_pipeline import HostOffload, host_buffer
 from dslaunch.engine.zero.zero_init import register_strategy
 
 # gloo runs one huge reduce-scatter / all-gather several times slower than the same bytes in
@@ -95,6 +96,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
     copies = None
     version = 0
     updating = False
+    host = None  # offload_optimizer: the pipelined copies (offload_pipeline.HostOffload)
 
     def __init__(self, stage, model, optimizer, zero, comm=None, precision=None, aio=None):
         """``zero``: the typed ``zero_optimization`` section; ``aio``: the typed ``aio`` section
@@ -150,8 +152,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
                                  "for_optimizer")
             kind = kinds.pop() if kinds else None
             self.groups.append(_Group(g, self.experts.comm(kind, comm), bucket, kind))
-        pin = zero.offload_optimizer.pin_memory and torch.cuda.is_available() and \
-            self.opt_device.type == "cpu"
+        pin = self._pin_host()
         if self.need_master:
             for g in self.groups:
                 g.take_master(self.opt_device, pin, self.master_dtype)
@@ -165,6 +166,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
             self._make_shard(g)
         shard_groups = [g.shard_params for g in self.groups]
         self._install_optimizer(optimizer, shard_groups)
+        # offload: the copies between the device and the host, pipelined (offload_pipeline.py)
+        self.host = HostOffload(self, pin) if self.offload_optimizer else None
         register_strategy(self)  # GatheredParameters(modifier_rank=...) refreshes our masters
         if self.stage == 1:
             for g in self.groups:
@@ -193,7 +196,15 @@ class ZeroStage12Strategy(OptimizerStrategy):
         if self.stage >= 2:
             self._in_flight, self._open = [], {}
             self._reset_pending()
+        if self.host is not None:
+            self.host.abandon()
         self.zero_grad()
+
+    def _pin_host(self) -> bool:
+        """Whether host buffers are pinned: asked for, and a device that copies from them."""
+        zero = self.zero
+        return bool(zero.offload_optimizer is not None and zero.offload_optimizer.pin_memory) \
+            and self.opt_device.type == "cpu" and self.device.type != "cpu"
 
     def _make_shard(self, g: _Group):
         shard_numel = g.layout.shard_numel
@@ -204,7 +215,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         g.shard_params = [torch.nn.Parameter(v) for v in views]
         if self.stage >= 2 or self.offload_optimizer:
             if self.offload_optimizer:  # the CPU step reads a gradient shard of the masters'
-                g.grad_shard = torch.zeros(shard_numel, dtype=self.master_dtype, device="cpu")
+                g.grad_shard = host_buffer(shard_numel, self.master_dtype, self._pin_host())
             else:
                 g.grad_shard = torch.zeros(shard_numel, dtype=self.dtype, device=self.device)
 
@@ -328,6 +339,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
     def _finish(self, g, bi, work, out, staging):
         if work is not None:
             work.wait()
+        if self.host is not None:  # offload: to the host, asynchronously
+            self.host.gradient(self.groups.index(g), bi, out, self._grad_post())
+            self._unstage(staging)
+            return
         off = g.layout.shard_offsets()[bi]
         dst = g.grad_shard[off: off + out.numel()]
         dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=self._grad_post())  # offload: to the CPU
@@ -343,6 +358,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
             while self._in_flight:
                 self._finish(*self._in_flight.pop(0))
             self._reset_pending()
+            if self.host is not None:
+                self.host.drain()
             return
         for g in self.groups:  # stage 1: someone may have replaced a .grad view; fold it back
             flat_ptr = (g.grad_flat.data_ptr(), g.grad_flat.data_ptr() + g.grad_flat.numel() *
@@ -367,8 +384,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 g.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
                 outs.append(out if cd == self.dtype else out.to(self.dtype))
             if g.grad_shard is not None:  # offload: fp32 shard on the CPU
-                for dst, out in zip(P.shard_chunks(g.grad_shard, g.layout), outs):
-                    dst.copy_(out).mul_(self._grad_post())
+                for bi, out in enumerate(outs):
+                    self.host.gradient(gi, bi, out, self._grad_post())
+                self.host.drain()
                 outs = P.shard_chunks(g.grad_shard, g.layout)
             else:
                 for out in outs:
@@ -418,7 +436,11 @@ class ZeroStage12Strategy(OptimizerStrategy):
         group's shards partition its experts within their expert-data-parallel group, so over
         all ranks every expert element is counted once too."""
         inv = 1.0 / loss_scale_of(loss_scaler)
-        sq = sum_of_squares(c for group_chunks in self._grad_chunks() for c in group_chunks)
+        if self.host is not None:
+            self.host.zero_unwritten()
+        sq = self.host.sum_of_squares() if self.host is not None else None
+        if sq is None:
+            sq = sum_of_squares(c for group_chunks in self._grad_chunks() for c in group_chunks)
         sq, overflow = all_reduce_sq_norm(sq * (inv * inv), self._norm_comm().all_reduce)
         return GradNorm(math.sqrt(sq), overflow)
 
@@ -430,6 +452,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
         self._stage1_grad_chunks = None
 
     def _scale_grads_and_step(self, coef: float) -> None:
+        if self.host is not None and self.host.fuses(self.optimizer):
+            self._offloaded_step(coef)
+            return
         for g, gchunks in zip(self.groups, self._grad_chunks()):
             for sp, gc in zip(g.shard_params, gchunks):
                 if self.need_master:
@@ -455,9 +480,24 @@ class ZeroStage12Strategy(OptimizerStrategy):
         if self.copies is not None:  # in-process recovery: the buddy's copy of this shard
             self.copies.exchange(self)
 
-    def _all_gather_params(self):
-        sources = self._master_chunks() if self.need_master else (
-            (gi, bi, c) for gi, g in enumerate(self.groups) for bi, c in enumerate(g.chunks))
+    def _offloaded_step(self, coef: float) -> None:
+        """The offloaded step, pipelined (``offload_pipeline.HostOffload.step``): each chunk's
+        update lands in this rank's chunk of the flat buffer, which is then all-gathered."""
+        self.updating = True
+        self.host.step(coef)
+        self.version += 1
+        self._stage1_grad_chunks = None
+        if self.world > 1:
+            self._all_gather_params(((gi, bi, c) for gi, g in enumerate(self.groups)
+                                     for bi, c in enumerate(g.chunks)))
+        self.updating = False
+        if self.copies is not None:
+            self.copies.exchange(self)
+
+    def _all_gather_params(self, sources=None):
+        if sources is None:
+            sources = self._master_chunks() if self.need_master else (
+                (gi, bi, c) for gi, g in enumerate(self.groups) for bi, c in enumerate(g.chunks))
         for gi, bi, src in sources:
             g = self.groups[gi]
             bview = g.buckets[bi]
@@ -492,11 +532,13 @@ class ZeroStage12Strategy(OptimizerStrategy):
         pass
 
     def zero_grad(self, set_to_none: bool = True):
+        if self.host is not None:  # the next backward writes every bucket of the shards afresh
+            self.host.zero_grad()
         for g in self.groups:
             if g.grad_flat is not None:
                 g.grad_flat.zero_()
                 self._attach_grad_views(g)
-            if g.grad_shard is not None:
+            if g.grad_shard is not None and self.host is None:
                 g.grad_shard.zero_()
             if self.stage >= 2:
                 for p in g.params.values():
