@@ -39,10 +39,16 @@ from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero.base import OptimizerStrategy
 from dslaunch.engine.zero.common import get_comm, offloads_optimizer
 from dslaunch.engine.zero.nvme.param_store import nvme_param_store
+from dslaunch.engine.zero.offload_pipeline import HostOffload
 from dslaunch.engine.zero.param_status import attach_ds_attributes
 from dslaunch.engine.zero.quantized_comm import ZeroPPComm
 from dslaunch.engine.zero.stage3_access import gather_on_read
-from dslaunch.engine.zero.stage3_fetch import RELEASED, FetchCoordinator, ParamStore
+from dslaunch.engine.zero.stage3_fetch import (
+    RELEASED,
+    FetchCoordinator,
+    HostParamStore,
+    ParamStore,
+)
 from dslaunch.engine.zero.stage3_groups import Stage3Comms
 from dslaunch.engine.zero.stage3_units import plan_units
 from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
@@ -92,6 +98,12 @@ class Stage3Strategy(ZeroStage12Strategy):
             self._make_shard(g)
         shard_groups = [g.shard_params for g in self.groups]
         self._install_optimizer(optimizer, shard_groups)
+        # offload_optimizer: gradient chunks go to the host on a side stream as backward reduces
+        # them, and the compiled CPU optimizer writes the 16-bit weights in its pass: straight
+        # into the host shard with offload_param (offload_pipeline.py, as stages 1-2)
+        # (not with offload_param: nvme, whose shard is not in memory to write)
+        self.host = HostOffload(self, self._pin_host()) \
+            if self.offload_optimizer and zero.offload_param.device != "nvme" else None
         register_strategy(self)
         self._install_hooks(model)
 
@@ -116,6 +128,9 @@ class Stage3Strategy(ZeroStage12Strategy):
         if zero.offload_param.device == "nvme":
             self.store = nvme_param_store(self.plan, self.dtype, self.device, self.comms,
                                           zero.offload_param, aio, self.rank)
+        elif zero.offload_param.device == "cpu":  # ZeRO-Infinity's CPU tier, ZeRO-Inference
+            self.store = HostParamStore(self.plan, self.dtype, self.device, shard_device,
+                                        self.comms, pin_memory=zero.offload_param.pin_memory)
         else:
             self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, self.comms)
         self.zeropp = ZeroPPComm(zero, comm)  # qwZ / qgZ (quantized_comm.py), or neither
@@ -271,22 +286,47 @@ class Stage3Strategy(ZeroStage12Strategy):
                 self.comms.reduce_scatter(out, send)  # stage3_groups.py: which groups
         else:
             out = staging
-        off = g.layout.shard_offsets()[bi]
-        dst = g.grad_shard[off: off + c]
-        dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=self._grad_post())
-        self._unstage(staging)
+        if self.host is not None:  # offload: to the host, asynchronously
+            self.host.gradient(gi, bi, out, self._grad_post())
+            if out is not staging:  # (one rank: the copy still reads it; a new one next time)
+                self._unstage(staging)
+        else:
+            off = g.layout.shard_offsets()[bi]
+            dst = g.grad_shard[off: off + c]
+            dst.add_(out.to(device=dst.device, dtype=dst.dtype), alpha=self._grad_post())
+            self._unstage(staging)
         if self.fetcher.active.get(key, 0) == 0:
             self.store.release(key)
 
     def after_backward(self, is_boundary: bool = True):
         self.store.wait_all()
+        if is_boundary:  # offload_param: the step may write the host shards in place
+            self.store.settle()
         for key in sorted(self._pending):  # buckets some of whose parameters got no gradient
             if self._pending[key] >= 0:
                 self._reduce(key)
         self._reset_pending()
+        if self.host is not None:
+            self.host.drain()
         self.fetcher.end_backward()
 
     on_backward_done = after_backward
+
+    def _offloaded_step(self, coef: float) -> None:
+        """The fused offloaded step (``offload_pipeline.HostOffload.step``): the updated 16-bit
+        chunks land in this rank's parameter shard (on the host with ``offload_param``, else
+        uploaded to it), so only the persistent buckets are gathered again."""
+        self.store.settle()  # the step writes the host shards in place
+        self.updating = True
+        self.host.step(coef)
+        self.version += 1
+        self._stage1_grad_chunks = None
+        with torch.no_grad():
+            self.store.weights_changed()
+            self.store.refresh_persistent()
+        self.updating = False
+        if self.copies is not None:
+            self.copies.exchange(self)
 
     def _grad_post(self) -> float:
         return 1.0 / self.dp_world if self.average_gradients else 1.0

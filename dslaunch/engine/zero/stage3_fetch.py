@@ -8,10 +8,16 @@ of. A bucket's full buffer has storage only while it is gathered (``untyped_stor
 frees it: parameters and the tensors
 autograd saved stay valid views and are refilled in place by the next all-gather).
 
+``HostParamStore`` is the store of ``offload_param: cpu`` (ZeRO-Infinity's CPU tier and
+ZeRO-Inference): the shard in (pinned) host memory, full buffers without storage from the start,
+and with one partition rank each fetch a host-to-device copy, prefetches on a side stream with an
+event the compute stream waits on (``get_accelerator()`` streams: no-ops on a CPU).
+
 ``FetchCoordinator`` decides when: a unit (``stage3_units.py``) is gathered just before its
 module's forward and its backward and released after (backward release is the strategy's, once
-the unit's gradients are reduced). The first training forward records the order modules run in;
-later passes prefetch the next units along that order asynchronously
+the unit's gradients are reduced). The first training forward (any forward of a forward-only
+engine) records the order modules run in; later passes that follow it (evaluation and generation
+too) prefetch the next units along that order asynchronously
 (``stage3_prefetch_bucket_size`` elements in flight at most), keep a unit gathered past its
 forward when its next use (in backward) comes within ``stage3_max_reuse_distance`` elements of
 other units or within the prefetch window (it would be gathered again at once), and neither
@@ -57,13 +63,17 @@ class ParamStore:
         self.live = 0  # gathered or in-flight elements of non-persistent buckets
         self.approx = set()  # keys whose full buffer holds dequantized (qwZ) values
         self.max_live = 0
-        for gi, lay in enumerate(plan.layouts):
-            for bi, b in enumerate(lay.buckets):
-                key = (gi, bi)
-                self.full[key] = torch.empty(b.numel, dtype=dtype, device=device)
-                self.state[key] = GATHERED
+        self._alloc_full()
         self.nbytes = {k: t.numel() * t.element_size() for k, t in self.full.items()}
         self._make_shards()
+
+    def _alloc_full(self):
+        """Every bucket's full buffer, gathered (the strategy partitions, then releases)."""
+        for gi, lay in enumerate(self.plan.layouts):
+            for bi, b in enumerate(lay.buckets):
+                key = (gi, bi)
+                self.full[key] = torch.empty(b.numel, dtype=self.dtype, device=self.device)
+                self.state[key] = GATHERED
 
     def _make_shards(self):
         self.local = [torch.zeros(lay.shard_numel, dtype=self.dtype, device=self.shard_device)
@@ -103,6 +113,10 @@ class ParamStore:
 
     def nvme_bytes(self) -> int:
         return 0
+
+    def settle(self) -> None:
+        """Before the host writes the shards in place (an optimizer stepping ``chunk_views``):
+        let every fetch still reading them finish."""
 
     def read_ahead(self, keys) -> None:
         """Start loading the shards of ``keys`` (the next units) where that takes time."""
@@ -219,6 +233,123 @@ class ParamStore:
         return self.live
 
 
+class _CopyWork:
+    """An asynchronous host-to-device fetch: ``wait()`` makes the compute stream wait for the
+    copy stream's event (the host does not block)."""
+
+    __slots__ = ("acc", "event")
+
+    def __init__(self, acc, event):
+        self.acc, self.event = acc, event
+
+    def wait(self):
+        self.acc.current_stream().wait_event(self.event)
+
+
+class HostParamStore(ParamStore):
+    """``offload_param: cpu`` (ZeRO-Infinity's CPU tier, ZeRO-Inference): this rank's shard lives
+    in host memory, pinned when ``pin_memory`` is set and the device can copy from pinned memory
+    asynchronously (``get_accelerator().pin_memory``; plain memory on a CPU host). A bucket's full
+    buffer on the device has storage only while it is gathered, from the start (the whole model
+    never sits on the device, not even while the engine partitions it).
+
+    With one partition rank (no hierarchical, hpZ or qwZ gather) a fetch is one host-to-device
+    copy: a prefetch (``async_op``) is issued ``non_blocking`` on a side stream
+    (``get_accelerator().Stream()``), after the compute stream's queued work (whose memory the
+    allocator may hand to the new buffer), and recorded in an event; ``wait`` makes the compute
+    stream wait on that event before the module uses the weights, so copies of the next units run
+    while one computes. A synchronous fetch is the same copy on the compute stream (stream
+    ordered). With several ranks the chunk goes to the device ``non_blocking`` (from pinned
+    memory) and the all-gather follows as in ``ParamStore``. On a CPU the streams and events are
+    ``NullStream`` / ``NullEvent``: the same code, done when queued."""
+
+    def __init__(self, plan, dtype, device, shard_device, comm, pin_memory=False):
+        from dslaunch.accelerator import get_accelerator
+
+        self.acc = get_accelerator()
+        self.pin = bool(pin_memory) and device.type != "cpu"
+        self.copy_stream = self.acc.Stream()  # NullStream on a CPU: the same code, in order
+        self.h2d_bytes = 0  # bytes fetched host-to-device (all fetches)
+        self._reading = False  # copies from the shards issued since the last settle()
+        super().__init__(plan, dtype, device, shard_device, comm)
+
+    def _alloc_full(self):
+        """Full buffers with no storage (non-persistent ones): the device holds no bucket that is
+        not gathered, at any time."""
+        for gi, lay in enumerate(self.plan.layouts):
+            for bi, b in enumerate(lay.buckets):
+                key = (gi, bi)
+                self.full[key] = torch.empty(b.numel, dtype=self.dtype, device=self.device)
+                if key in self.plan.persistent:
+                    self.state[key] = GATHERED
+                else:
+                    self.full[key].untyped_storage().resize_(0)
+                    self.state[key] = RELEASED
+
+    def settle(self) -> None:
+        """The host is about to write the shards (an optimizer step, a load): copies that may
+        still read them on the device finish first (nothing to wait for on a CPU)."""
+        if self._reading:
+            self.copy_stream.synchronize()
+            self.acc.current_stream().synchronize()
+            self._reading = False
+
+    def write_chunk(self, key, values) -> None:
+        self.settle()
+        super().write_chunk(key, values)
+
+    def write_shard(self, gi, values) -> None:
+        self.settle()
+        super().write_shard(gi, values)
+
+    def param_view(self, key, slot) -> torch.Tensor:
+        st = self.full[key].untyped_storage()
+        if st.nbytes() == 0:  # released: a view is cut with the storage there, then freed
+            st.resize_(self.nbytes[key])
+            view = super().param_view(key, slot)
+            st.resize_(0)
+            return view
+        return super().param_view(key, slot)
+
+    def _make_shards(self):
+        self.local = []
+        for lay in self.plan.layouts:
+            t = torch.zeros(lay.shard_numel, dtype=self.dtype, device=self.shard_device)
+            if self.pin and self.shard_device.type == "cpu":
+                t = self.acc.pin_memory(t)
+            self.local.append(t)
+        self.chunks = [P.shard_chunks(loc, lay) for loc, lay in zip(self.local, self.plan.layouts)]
+
+    def pinned(self) -> bool:
+        """Whether every shard is in pinned host memory."""
+        return all(self.acc.is_pinned(t) for t in self.local) if self.pin else False
+
+    def _direct(self, key, exact) -> bool:
+        return (self.comm.part.world_size == 1 and self.comm.hier is None
+                and key not in self.fresh and (self.quantized_gather is None or exact))
+
+    def _source(self, key) -> torch.Tensor:
+        self._reading = True  # several ranks: a non_blocking copy from the host shard
+        return super()._source(key)
+
+    def _all_gather(self, key, full, async_op, exact=False):
+        if not self._direct(key, exact):
+            return super()._all_gather(key, full, async_op, exact)
+        src = self.chunks[key[0]][key[1]]
+        self.h2d_bytes += self.nbytes[key]
+        self._reading = True
+        if not async_op:
+            full.copy_(src, non_blocking=True)  # the compute stream: ordered before its use
+            return None
+        s = self.copy_stream
+        s.wait_stream(self.acc.current_stream())  # the buffer may be memory just freed there
+        with self.acc.stream(s):
+            full.copy_(src, non_blocking=True)
+            event = self.acc.Event()
+            event.record(s)
+        return _CopyWork(self.acc, event)
+
+
 class FetchCoordinator:
     def __init__(self, store: ParamStore, plan, zero):
         """``zero``: the typed ``zero_optimization`` section (its ``stage3_*`` budgets)."""
@@ -257,7 +388,9 @@ class FetchCoordinator:
         self.store.release_all()
         self.pos, self.ahead, self.stack, self.kept, self.running = 0, 0, [], [], []
         self.recording = training and not self.recorded
-        self.on_trace = self.recorded and training
+        # every pass that follows the recorded order prefetches along it (evaluation and
+        # generation too); only a training pass keeps units for its backward
+        self.on_trace = self.recorded
 
     def end_forward(self):
         if self.recording and self.trace:
