@@ -45,11 +45,10 @@ step() {  # step NAME LIMIT COMMAND...: run it under min(LIMIT, time left), log 
         return
     fi
     echo "== $name (limit ${t}s, $(( SECONDS - T0 ))s in): $*" | tee -a "$LOG"
-    timeout -k 10 "$t" "$@" >"$OUT/step.log" 2>&1
+    local from=$(( $(stat -c %s "$LOG") + 1 ))
+    timeout -k 10 "$t" "$@" >>"$LOG" 2>&1  # straight into the log: complete if we are killed
     rc=$?
-    cat "$OUT/step.log" >>"$LOG"
-    grep -v '^dslaunch:  \|^\[rank 0\]  ' "$OUT/step.log" | tail -n 6
-    rm -f "$OUT/step.log"
+    tail -c +"$from" "$LOG" | grep -v '^dslaunch:  \|^\[rank 0\]  ' | tail -n 6
     SUMMARY+=("$(printf '%-22s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t1)))")
     echo "${SUMMARY[-1]}" | tee -a "$LOG"
     tar -czf "$OUT/results.tgz" -C "$R" . 2>/dev/null
@@ -60,28 +59,27 @@ free -g | head -2; $PY -c 'import torch, transformers; print(torch.__version__, 
 torch.cuda.get_device_name(), transformers.__version__)'; PYTHONPATH=/tmp/site $PY -c 'import deepspeed; \
 print(\"deepspeed\", deepspeed.__version__)' 2>&1 | tail -1"
 
-# op builds in the background (ours and DeepSpeed's CPU Adam), so that no timed run pays for one
-(PYTHONPATH=$PWD:/tmp/site timeout 240 $PY benchmarks/bench_gpu_train.py --prebuild-only \
-    --peer-python "$PY" --peer-pythonpath /tmp/site >"$R/prebuild.log" 2>&1; echo "prebuild rc=$?" >>"$R/prebuild.log") &
-PREBUILD=$!
-
-step cuda-tests 90 $PY -m pytest -q -p no:cacheprovider -x tests/test_offload_pipeline.py \
+# the offload-pipeline and offload_states tests with real streams and pinned memory
+step cuda-tests 90 $PY -m pytest -q -p no:cacheprovider tests/test_offload_pipeline.py \
     tests/test_offload_states.py tests/test_accelerator.py
-wait $PREBUILD; tail -3 "$R/prebuild.log" | tee -a "$LOG"
-
-step offload-bench 260 $PY benchmarks/bench_gpu_train.py --device cuda --size 355m \
-    --configs z2off,z3off --rounds 2 --steps 8 --warmup 3 --omp-threads 8 \
-    --peer-python "$PY" --peer-pythonpath /tmp/site --budget 240 --run-timeout 90 \
-    --results-dir "$R"
-step offload-step 60 $PY benchmarks/bench_offload_step.py --device cuda --size 355m --steps 6 \
-    --out "$R/offload_step.json"
-step cuda-paths 150 $PY benchmarks/cuda_paths.py --device cuda --prebuild --budget 130 \
+GPU_TRAIN=(--device cuda --size 355m --omp-threads 16 --peer-python "$PY" --peer-pythonpath /tmp/site
+           --results-dir "$R/gpu_train")
+# the targets: ZeRO-2 + offload_optimizer, ZeRO-3 + offload_param/optimizer, dslaunch vs DeepSpeed
+# (--prebuild: both runtimes' JIT ops built before the first timed run)
+step offload-bench 250 $PY benchmarks/bench_gpu_train.py "${GPU_TRAIN[@]}" --configs z2off,z3off \
+    --rounds 2 --steps 8 --warmup 3 --prebuild --prebuild-timeout 100 --budget 240 --run-timeout 75
+step cuda-paths 110 $PY benchmarks/cuda_paths.py --device cuda --prebuild --budget 100 \
     --out "$R/cuda_paths.json"
-step zero-inference 90 $PY benchmarks/bench_zero_inference.py --device cuda \
-    --peer-python "$PY" --peer-pythonpath /tmp/site --results-dir "$R"
-step zero-bench 120 $PY benchmarks/bench_gpu_train.py --device cuda --size 355m \
-    --configs z3,z2 --rounds 1 --steps 8 --warmup 3 --omp-threads 8 \
-    --peer-python "$PY" --peer-pythonpath /tmp/site --budget 100 --run-timeout 60 \
-    --results-dir "$R"
+step zero-inference 75 $PY benchmarks/bench_zero_inference.py --hidden 4096 --layers 16 --heads 32 \
+    --intermediate 11008 --vocab 32000 --batch 4 --prompt-len 512 --new-tokens 8 --prefill-iters 1 \
+    --gpu-cap-gb 4 --check --omp-threads 16 --timeout 60 --peer-python "$PY" \
+    --peer-pythonpath /tmp/site --results-dir "$R"
+step offload-step 45 $PY benchmarks/bench_offload_step.py --device cuda --size 355m --steps 5 \
+    --out "$R/offload_step.json"
+step zero-bench 120 $PY benchmarks/bench_gpu_train.py "${GPU_TRAIN[@]}" --configs z3,z2 --rounds 1 \
+    --steps 8 --warmup 3 --budget 110 --run-timeout 50
+step hf-trainer 70 $PY benchmarks/bench_gpu_train.py "${GPU_TRAIN[@]}" --script hf --configs z3 \
+    --rounds 1 --steps 6 --warmup 2 --budget 60 --run-timeout 55
 echo "== summary ($(( SECONDS - T0 ))s)" | tee -a "$LOG"
 printf '%s\n' "${SUMMARY[@]}" | tee -a "$LOG"
+tar -czf "$OUT/results.tgz" -C "$R" . 2>/dev/null
