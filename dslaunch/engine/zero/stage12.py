@@ -177,6 +177,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             self._staging_pool = []
             self._in_flight = []  # (group, bucket index, work, out, staging)
             self._open = {}  # (group idx, bucket idx) -> staging buffer
+            self._written = {}  # (group idx, bucket idx) -> names of the slots staged so far
             self._pending = {}
             self._reset_pending()
 
@@ -194,7 +195,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         """In-process recovery: forget the interrupted step's collectives in flight."""
         self._stage1_grad_chunks = None
         if self.stage >= 2:
-            self._in_flight, self._open = [], {}
+            self._in_flight, self._open, self._written = [], {}, {}
             self._reset_pending()
         if self.host is not None:
             self.host.abandon()
@@ -301,26 +302,54 @@ class ZeroStage12Strategy(OptimizerStrategy):
         return hook
 
     def _stage_grad(self, key, name, grad):
+        """Write ``grad`` into its slot of the bucket's staging buffer: a copy the first time
+        (no zero_() of the whole bucket then add_: that was a memset plus a read-modify-write
+        of every element), an add if the same parameter reports twice. The padding is zeroed
+        when the buffer opens, slots that got no gradient at launch (``_zero_unwritten``)."""
         gi, bi = key
         g = self.groups[gi]
         buf = self._open.get(key)
+        written = self._written
         if buf is None:
-            buf = self._staging(g.layout.buckets[bi].numel)
-            buf.zero_()
+            b = g.layout.buckets[bi]
+            buf = self._staging(b.numel)
+            used = sum(s.numel for s in b.slots)
+            if used < b.numel:
+                buf[used:].zero_()
             self._open[key] = buf
+            written[key] = set()
         s = g.slot_of[name]
-        buf[s.start: s.start + s.numel].add_(grad.reshape(-1))
+        dst = buf[s.start: s.start + s.numel]
+        seen = written.setdefault(key, set())
+        if name in seen:
+            dst.add_(grad.reshape(-1))
+        else:
+            dst.copy_(grad.reshape(-1))
+            seen.add(name)
+
+    def _zero_unwritten(self, key, staging):
+        """Zero the slots of bucket ``key`` that ``_stage_grad`` did not write this backward."""
+        seen = self._written.pop(key, None)
+        if seen is None:  # opened by _stage_empty (zeroed whole)
+            return
+        slots = self.groups[key[0]].layout.buckets[key[1]].slots
+        if len(seen) < len(slots):
+            for s in slots:
+                if s.name not in seen:
+                    staging[s.start: s.start + s.numel].zero_()
 
     def _stage_empty(self, key):
         gi, bi = key
         buf = self._staging(self.groups[gi].layout.buckets[bi].numel)
         buf.zero_()
         self._open[key] = buf
+        self._written.pop(key, None)  # zeroed whole
 
     def _launch(self, key):
         gi, bi = key
         g = self.groups[gi]
         staging = self._open.pop(key)
+        self._zero_unwritten(key, staging)
         chunk = g.layout.buckets[bi].chunk(g.world)
         send, cd = self._comm_input(key, staging)
         out = torch.empty(chunk, dtype=cd, device=self.device)
