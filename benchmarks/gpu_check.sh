@@ -6,7 +6,7 @@
 #   benchmarks/gpu_check.sh OUT_DIR [WHEEL_DIR]
 #
 # WHEEL_DIR: wheels to install first (the machine cannot download: DeepSpeed built with
-# DS_BUILD_OPS=0, hjson, pydantic 2 and its parts). BUDGET (seconds, default 540) bounds the whole
+# DS_BUILD_OPS=0, hjson, pydantic 2 and its parts: benchmarks/gpu_wheels.sh makes them). BUDGET (seconds, default 540) bounds the whole
 # command: each step runs under min(its own limit, what is left), a step with under 20 s left is
 # skipped, and the benches are told their share so they stop starting runs in time. Each step
 # appends to OUT_DIR/gpu_check.log as it goes (complete up to the moment even if the command is
