@@ -93,4 +93,7 @@ def to_universal_cmd(ckpt_dir, out_dir, tag, out_tag):
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {dst}: {info['params']} trained parameters with their optimizer states "
                f"and {info['others']} other tensors (ZeRO stage {info['stage']}, "
-               f"{info['world_size']} ranks); {os.path.join(out_dir, 'latest_universal')} names it")
+               f"{info['world_size']} ranks"
+               + (f", tensor-parallel {info['tp_size']}: slices merged whole"
+                  if info.get("tp_size", 1) > 1 else "")
+               + f"); {os.path.join(out_dir, 'latest_universal')} names it")

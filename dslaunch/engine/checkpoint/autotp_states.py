@@ -16,6 +16,11 @@ cuts this rank's rows, lays them out as a one-rank checkpoint of this job's own 
 that to the ZeRO resharder (``zero_shards.load_resharded_from``), which cuts this rank's shard.
 A stage change across 0 and 1-2 together with a TP change is refused;
 ``load_optimizer_states=False`` loads the weights at any TP size.
+
+Universal checkpoints (``universal.py``) hold every parameter whole: ``SavedTPRanks`` and
+``whole_of`` put a TP checkpoint's slices together for ``dslaunch ckpt to-universal``
+(``rank_slice`` cuts TP rank ``t``'s for its model-states file), and ``TPSlicedReader`` hands a
+TP job's loader this rank's slices of the whole tensors.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ def autotp_meta(engine) -> dict:
     named = list(engine.module.named_parameters())
     name_of = {id(p): n for n, p in named}
     splits = {n: {"dim": p.partition_dim, "full": p.tp_full,
-                  "ranges": [r[n] for r in layout["ranges"]]}
+                  "ranges": [r[n] for r in layout["ranges"]],
+                  # GPT-2's Conv1D: held [out, in], the model's (and a universal file's) [in, out]
+                  **({"conv1d": True} if getattr(p, "tp_conv1d", False) else {})}
               for n, p in named if getattr(p, "tensor_model_parallel", False)}
     params = getattr(engine.strategy, "params", None) or [p for _, p in named if p.requires_grad]
     return {"autotp": {"tp_size": layout["tp_size"], "splits": splits,
@@ -66,6 +73,18 @@ def _whole(parts: list, split: dict) -> torch.Tensor:
     return full
 
 
+def whole_of(parts: list, name: str, splits: dict) -> torch.Tensor:
+    """Parameter ``name``'s whole tensor from each saved TP rank's part (a part of a parameter
+    that is not split: every rank holds all of it, the first is taken)."""
+    return _whole(parts, splits[name]) if name in splits else parts[0]
+
+
+def rank_slice(full: torch.Tensor, split: dict, t: int) -> torch.Tensor:
+    """TP rank ``t``'s slice of a whole tensor (``split``: the metadata's entry)."""
+    idx = torch.cat([torch.arange(a, b) for a, b in split["ranges"][t]])
+    return full.index_select(split["dim"], idx).contiguous()
+
+
 def _mine(full: torch.Tensor, param) -> torch.Tensor:
     if not getattr(param, "tensor_model_parallel", False):
         return full
@@ -75,8 +94,7 @@ def _mine(full: torch.Tensor, param) -> torch.Tensor:
 
 def _resplit(parts: list, name: str, splits: dict, param) -> torch.Tensor:
     """One state tensor of parameter ``name`` (one per saved TP rank) for this rank's ``param``."""
-    full = _whole(parts, splits[name]) if name in splits else parts[0]
-    mine = _mine(full, param)
+    mine = _mine(whole_of(parts, name, splits), param)
     if mine.shape != param.shape:
         raise CheckpointError(f"AutoTP checkpoint: the state of {name} has shape "
                               f"{tuple(mine.shape)} after re-splitting, the parameter "
@@ -129,7 +147,7 @@ def load_resplit_optimizer(engine, path: str, meta: dict) -> None:
 
 # -- ZeRO 1-2 ---------------------------------------------------------------------------------
 
-class _SavedTPRanks:
+class SavedTPRanks:
     """The ZeRO 1-2 shards of a checkpoint saved at ``tp`` x ``dp``, read per TP rank: every
     parameter's whole (this TP rank's, unsplit by ZeRO) flat values of the masters or a state."""
 
@@ -165,7 +183,7 @@ def load_resplit_zero(engine, path: str, meta: dict) -> None:
     """This rank's ZeRO 1-2 shard of the fp32 masters and optimizer states from a ZeRO 1-2
     checkpoint written at another TP size."""
     info = meta.get("autotp") or {"tp_size": 1, "splits": {}}
-    saved = _SavedTPRanks(path, meta, int(info["tp_size"]))
+    saved = SavedTPRanks(path, meta, int(info["tp_size"]))
     splits, strategy = info["splits"], engine.strategy
     params = dict(engine.module.named_parameters())
 
@@ -195,3 +213,60 @@ def load_resplit_zero(engine, path: str, meta: dict) -> None:
         load_resharded_from(strategy, HeldShards({0: one}), 1)
     except (KeyError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path}: cannot re-split the ZeRO optimizer state ({e})") from None
+
+
+# -- universal checkpoints (whole tensors) into a TP job ------------------------------------------
+
+def whole_shapes(module) -> dict:
+    """Every parameter's whole shape (the model's own layout) under AutoTP."""
+    out = {}
+    for n, p in module.named_parameters():
+        shape = list(p.shape)
+        if getattr(p, "tensor_model_parallel", False) and hasattr(p, "tp_full"):
+            shape[p.partition_dim] = p.tp_full
+            if getattr(p, "tp_conv1d", False):
+                shape.reverse()
+        out[n] = tuple(shape)
+    return out
+
+
+class TPSlicedReader:
+    """A universal checkpoint's reader (``universal.UniversalCheckpoint``: whole tensors) seen
+    by a tensor-parallel job: the same interface, with this rank's slice of every split
+    parameter (shape, weights, optimizer states), so ``deepspeed_format.load_deepspeed_checkpoint``
+    and the stage 0 loader cut their shards out of it as from an unsplit checkpoint."""
+
+    def __init__(self, reader, module):
+        from ..autotp import slice_tp_state
+
+        self._reader, self._module, self._slice = reader, module, slice_tp_state
+        self.params = {n: p for n, p in module.named_parameters()
+                       if getattr(p, "tensor_model_parallel", False) and hasattr(p, "tp_ranges")}
+        self.shape = dict(reader.shape)
+        for n, p in self.params.items():
+            if n in self.shape:
+                self.shape[n] = tuple(p.shape)
+        self._last = (None, None)
+
+    def __getattr__(self, attr):  # where, path, model, model_path, scalars, param_groups, ...
+        return getattr(self._reader, attr)
+
+    def _local(self, key, name: str) -> torch.Tensor:
+        if self._last[0] != (key, name):
+            full = self._reader.gather(key, name).view(self._reader.shape[name])
+            if getattr(self.params[name], "tp_conv1d", False):  # the model's [in, out] layout
+                full = full.t()
+            self._last = ((key, name), _mine(full, self.params[name]).reshape(-1))
+        return self._last[1]
+
+    def gather(self, key, name: str, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        if name not in self.params:
+            return self._reader.gather(key, name, lo, hi)
+        flat = self._local(key, name)
+        return flat[lo:flat.numel() if hi is None else hi]
+
+    def full(self, name: str) -> torch.Tensor:
+        return self.gather(None, name).view(self.shape[name])
+
+    def module_state_dict(self) -> dict:
+        return self._slice(self._reader.module_state_dict(), self._module)

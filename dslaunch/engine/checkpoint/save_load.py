@@ -388,13 +388,24 @@ def _log_layout_change(path: str, meta: dict, states: dict, engine) -> None:
         return (f"world size {b['world_size']}, micro {b['train_micro_batch_size_per_gpu']} x "
                 f"accumulation {b['gradient_accumulation_steps']} x data-parallel "
                 f"{b['dp_world_size']} = batch {b['train_batch_size']}")
-    same = saved["train_batch_size"] in (None, now["train_batch_size"])
+    # AutoTP: train_batch_size counts the TP ranks too (DeepSpeed's count); the samples a step
+    # trains on are micro x accumulation x data-parallel
+    same = saved["train_batch_size"] in (None, now["train_batch_size"]) or (
+        _samples(saved) is not None and _samples(saved) == _samples(now))
     print(f"[dslaunch] resumed {path}: saved with {split(saved)}; now {split(now)}"
           + (" (optimizer state resharded)" if saved["world_size"] != now["world_size"] and
              engine.zero_stage in ZERO_STAGES else "")
           + ("; the global batch is the same" if same else
              "; the global batch CHANGED (set elasticity, or train_batch_size with "
              "train_micro_batch_size_per_gpu, to keep it)"), file=sys.stderr, flush=True)
+
+
+def _samples(b: dict):
+    try:
+        return (int(b["train_micro_batch_size_per_gpu"]) * int(b["gradient_accumulation_steps"])
+                * int(b["dp_world_size"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 ZERO_STAGES = (1, 2, 3)  # one shard format (zero_shards.py): any of them reads any other

@@ -17,13 +17,18 @@ The layout, ``<dir>/<tag>/`` (``<dir>/latest_universal`` names the tag):
 
 Reading (``UniversalCheckpoint``) answers the questions ``deepspeed_format.py``'s reader
 answers, by parameter name, so ``load_deepspeed_checkpoint`` loads it the same way: every rank
-cuts its own shard from the whole tensors. Tensor-parallel merges (``sub_param_shape``, more
-than one sub-parameter) are refused: those need a TP layout this reader does not rebuild.
+cuts its own shard from the whole tensors. A folder converted from a tensor-parallel run holds
+whole (merged) tensors too: an AutoTP job takes its rank's slices of them
+(``autotp_states.TPSlicedReader``), at any TP size.
 Files are read with ``torch.load(weights_only=True)``; ``optimizer_state.pt`` pickles DeepSpeed's
 loss scaler and stage enum, allowed as inert records (``deepspeed_format._SAFE``).
 
 Writing (``to_universal``): a dslaunch ZeRO 1-3 checkpoint's shards are gathered parameter by
-parameter (``shard_index.py``), one parameter and state in memory at a time. The loss scaler and
+parameter (``shard_index.py``), one parameter and state in memory at a time. An AutoTP
+checkpoint's TP slices are put back together (whole tensors, ``cat_dim`` the split's dim, none
+for the parameters every TP rank holds) and, as DeepSpeed's converter leaves them, one
+``mp_rank_<t>_model_states.pt`` per TP rank with its slices and DeepSpeed's AutoTP
+``universal_checkpoint_info`` (row-parallel and replicated patterns). The loss scaler and
 ``clip_grad`` are left out of ``optimizer_state.pt``, so DeepSpeed keeps its own config's.
 """
 
@@ -31,12 +36,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 
 import torch
 
+from dslaunch.engine.zero import partition as P
+
+from .autotp_states import SavedTPRanks, whole_of
 from .deepspeed_format import DS_KEYS, DeepSpeedCheckpoint, ds_load, is_deepspeed_checkpoint
 from .files import CheckpointError, RankFiles, atomic_text, dslaunch_version, read_meta, resolve_tag
+from .shard_index import ParamIndex
 
 # DeepSpeed's names (deepspeed.checkpoint.constants), the same values
 UNIVERSAL_CHECKPOINT_INFO = "universal_checkpoint_info"
@@ -51,6 +61,7 @@ PARAMETER_WITH_ROW_PARALLELISM_PATTERNS = "parameter_with_row_parallelism_patter
 TP_REPLICATED_PARAMETER_PATTERNS = "tp_replicated_parameter_patterns"
 PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 = "parameter_with_2_sub_params_cat_dim_0"
 PARAMETER_WITH_SUB_PARAMS = "parameter_with_sub_params"
+AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS = "autotp_unsupported_parameter_patterns"
 PARAM = "param"
 CAT_DIM = "cat_dim"
 PARAM_N_SUB_PARAMS = "param_n_sub_params"
@@ -128,9 +139,8 @@ class UniversalCheckpoint:
         path = os.path.join(self.zero, name, f"{key}.pt")
         if not isinstance(d, dict) or not torch.is_tensor(d.get(PARAM)):
             raise CheckpointError(f"{path}: no '{PARAM}' tensor")
-        if d.get(SUB_PARAM_SHAPE) or int(d.get(PARAM_N_SUB_PARAMS, 1)) > 1:
-            raise CheckpointError(f"{path}: a tensor-parallel parameter made of sub-parameters; "
-                                  "only plain (data-parallel) universal checkpoints are read")
+        # a tensor-parallel parameter (cat_dim, sub-parameters, an affine map): ds_to_universal
+        # wrote it merged, whole in the model's own layout, which is all this reader takes
         return d[PARAM]
 
     def _padded(self, name: str, key: str, shape) -> torch.Tensor:
@@ -222,10 +232,13 @@ def load_universal_checkpoint(engine, path: str, strict=True, load_optimizer_sta
     """``engine.load_checkpoint`` of a universal checkpoint ``<dir>/<tag>``: ZeRO 1-3 engines
     through ``deepspeed_format.load_deepspeed_checkpoint`` (each rank cuts its shard), stage 0
     here (every rank holds the whole state)."""
+    from .autotp_states import TPSlicedReader, whole_shapes
     from .deepspeed_format import load_deepspeed_checkpoint
 
     uc = UniversalCheckpoint(path)
-    uc.set_model_shapes({n: tuple(p.shape) for n, p in engine.module.named_parameters()})
+    uc.set_model_shapes(whole_shapes(engine.module))
+    if getattr(engine.module, "ds_autotp_layout", None):  # AutoTP: this rank's slices
+        uc = TPSlicedReader(uc, engine.module)
     stage0 = engine.zero_stage == 0 and load_optimizer_states and not load_module_only
     loaded = load_deepspeed_checkpoint(engine, path, strict, load_optimizer_states and not stage0,
                                        load_lr_scheduler_states, load_module_only, reader=uc)
@@ -234,7 +247,7 @@ def load_universal_checkpoint(engine, path: str, strict=True, load_optimizer_sta
     return loaded
 
 
-def _load_stage0(engine, uc: UniversalCheckpoint) -> None:
+def _load_stage0(engine, uc) -> None:
     """Stage 0: the optimizer steps whole tensors (its fp32 masters under bf16/fp16)."""
     from .zero_shards import _scalar_state
 
@@ -270,8 +283,9 @@ class _DslaunchShards:
         self.path = path
         meta = read_meta(path)
         if meta.get("format") == PIPE_FORMAT:
-            raise CheckpointError(f"{path}: a pipeline/tensor-parallel checkpoint; only ZeRO 0-3 "
-                                  "data-parallel ones convert to universal (TP/PP: not yet)")
+            raise CheckpointError(f"{path}: a pipeline-engine checkpoint (pipeline / mpu "
+                                  "tensor parallelism); ZeRO 1-3 data-parallel and AutoTP ones "
+                                  "convert to universal (pipeline engine: not yet)")
         if meta.get("expert_parallel"):
             raise CheckpointError(f"{path}: an MoE checkpoint; universal conversion of expert "
                                   "parameters is not supported")
@@ -283,15 +297,48 @@ class _DslaunchShards:
         self.files = RankFiles(path, self.world)
         self.model = load_file(model_file(path), mmap=True)
         z0 = self.files.zero(0)
+        # AutoTP: each TP rank's slices are partitioned over its data ranks; put back together
+        tp_info = meta.get("autotp") or {}
+        self.tp = int(tp_info.get("tp_size", 1))
+        self.splits = tp_info.get("splits", {}) if self.tp > 1 else {}
+        self.tp_ranks = SavedTPRanks(path, meta, self.tp) if self.tp > 1 else None
         self.groups = []  # per optimizer group: [(name, shape)], {name: (index, ranks)}, state
         for gi, g in enumerate(z0["groups"]):
+            if self.tp > 1:  # the group's names from TP rank 0's layout (every TP rank's alike)
+                index = ParamIndex(P.Layout.from_meta(g["layout"]))
+                names = [(n, self._whole_shape(n, tuple(index.where[n][1].shape)))
+                         for n in index.names()]
+                self.groups.append((names, None, sorted(g["state"]), dict(g["scalars"])))
+                continue
             where = _old_index(self.files, gi, self.world)
             names = [(n, tuple(where[n][0].where[n][1].shape)) for n in where]
             self.groups.append((names, where, sorted(g["state"]), dict(g["scalars"])))
         self.hyper = self.files.raw(0)["strategy"].get("param_groups", [])
         self.frozen = set(meta.get("frozen_params") or [])
 
+    def _whole_shape(self, name: str, local: tuple) -> tuple:
+        split = self.splits.get(name)
+        if split is None:
+            return local
+        shape = list(local)
+        shape[split["dim"]] = split["full"]
+        return tuple(reversed(shape)) if split.get("conv1d") else tuple(shape)
+
+    def cat_dim(self, name: str):
+        """The dim DeepSpeed's universal files name for a TP-split parameter (in the model's
+        layout); None for one every TP rank holds whole."""
+        split = self.splits.get(name)
+        if split is None:
+            return None
+        return 1 - split["dim"] if split.get("conv1d") else split["dim"]
+
     def gather(self, gi: int, key, name: str) -> torch.Tensor:
+        if self.tp > 1:  # every TP rank's values, its slices put back together
+            parts = [self.tp_ranks.values(t, name, key) for t in range(self.tp)]
+            full = whole_of(parts, name, self.splits)
+            if self.splits.get(name, {}).get("conv1d"):
+                full = full.t()
+            return full.contiguous().float()
         _, where, _, _ = self.groups[gi]
         index, ranks = where[name]
 
@@ -343,9 +390,12 @@ def to_universal(ckpt_dir: str, out_dir: str, tag=None, out_tag=None) -> str:
     return dst, info
 
 
-def _write_param(zero: str, name: str, shape, states: dict, step) -> None:
+def _write_param(zero: str, name: str, shape, states: dict, step, cat_dim=0) -> None:
+    """``cat_dim``: None for a parameter every TP rank holds whole (DeepSpeed's replicated
+    entries carry none)."""
     for key, t in states.items():
-        _save({PARAM: t.reshape(shape).contiguous(), CAT_DIM: 0},
+        _save({PARAM: t.reshape(shape).contiguous(),
+               **({CAT_DIM: cat_dim} if cat_dim is not None else {})},
               os.path.join(zero, name, f"{key}.pt"))
     if step is not None:
         _save(step, os.path.join(zero, name, "step.pt"))
@@ -368,7 +418,8 @@ def _write_from_dslaunch(path: str, tmp: str) -> dict:
         for name, shape in names:
             states = {FP32_WEIGHT_KEY: src.gather(gi, None, name)}
             states.update({k: src.gather(gi, k, name) for k in keys})
-            _write_param(zero, name, shape, states, step)
+            _write_param(zero, name, shape, states, step,
+                         src.cat_dim(name) if src.tp > 1 else 0)
             trained.add(name)
         shapes.append({n: torch.Size(s) for n, s in names})
     module = src.module_state_dict()
@@ -409,11 +460,54 @@ def _write_from_dslaunch(path: str, tmp: str) -> dict:
         UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY:
                                     UNIVERSAL_CHECKPOINT_VERSION_VALUE},
     }
+    info = {"params": len(trained), "others": len(module) - len(trained), "stage": src.stage,
+            "world_size": src.world, "tp_size": src.tp}
+    if src.tp > 1:
+        _write_tp_model_files(src, states, tmp)
+        return info
     _save(states, os.path.join(tmp, MODEL_FILE))
     # the name a DeepSpeed ZeRO 3 engine looks for (the same content)
     shutil.copyfile(os.path.join(tmp, MODEL_FILE), os.path.join(tmp, MODEL_3_FILE))
-    return {"params": len(trained), "others": len(module) - len(trained), "stage": src.stage,
-            "world_size": src.world}
+    return info
+
+
+def _tp_universal_info(src: _DslaunchShards, names) -> dict:
+    """The ``universal_checkpoint_info`` DeepSpeed's AutoTP records in its model-states files
+    (what its ds_to_universal.py reads to merge the slices): row-parallel weights (cat dim 1),
+    the parameters every TP rank holds whole."""
+    def pattern(n):
+        return rf"^{re.escape(n)}$"
+    return {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+            PARAMETER_WITH_ROW_PARALLELISM_PATTERNS: sorted(
+                pattern(n) for n in names if src.cat_dim(n) == 1),
+            TP_REPLICATED_PARAMETER_PATTERNS: sorted(
+                pattern(n) for n in names if src.cat_dim(n) is None),
+            VOCABULARY_PARAMETER_PATTERNS: [], PARAMETER_WITH_SUB_PARAMS: [],
+            AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS: {}}
+
+
+def _write_tp_model_files(src: _DslaunchShards, states: dict, tmp: str) -> None:
+    """DeepSpeed's AutoTP layout: one ``mp_rank_<t>_model_states.pt`` per TP rank, holding that
+    rank's slices of the weights and their shapes (ds_to_universal.py copies them as they are;
+    a universal load takes no weights from them)."""
+    from .autotp_states import rank_slice
+
+    module = states["module"]
+    for t in range(src.tp):
+        def mine(n, v, t=t):
+            split = src.splits.get(n)
+            if split is None:
+                return v
+            held = v.t() if split.get("conv1d") else v
+            cut = rank_slice(held, split, t)
+            return cut.t().contiguous() if split.get("conv1d") else cut
+        sliced = {n: mine(n, v) for n, v in module.items()}
+        shapes = [{n: sliced[n].shape if n in sliced else torch.Size(s)
+                   for n, s in group.items()} for group in states["param_shapes"]]
+        _save(dict(states, module=sliced, param_shapes=shapes, mp_world_size=src.tp,
+                   dp_world_size=src.world // src.tp,
+                   **{UNIVERSAL_CHECKPOINT_INFO: _tp_universal_info(src, list(module))}),
+              os.path.join(tmp, f"mp_rank_{t:02d}_model_states.pt"))
 
 
 def _write_from_deepspeed(path: str, tmp: str) -> dict:
