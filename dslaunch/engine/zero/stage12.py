@@ -533,7 +533,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
             inp = src.to(device=self.device, dtype=self.dtype)
             lo = bview.data_ptr()
             if lo <= inp.data_ptr() < lo + bview.numel() * bview.element_size() and \
-                    getattr(g.comm, "paths", {}).get("all_gather", "native") == "native":
+                    _aliasing_refused(g.comm, inp):
                 inp = inp.clone()  # gloo's own all-gather: the input must not alias the output
             g.comm.all_gather_into_tensor(bview, inp)
 
@@ -622,6 +622,16 @@ class ZeroStage12Strategy(OptimizerStrategy):
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+def _aliasing_refused(comm, tensor) -> bool:
+    """Whether ``comm``'s all-gather of ``tensor`` may not read its input from its output: only
+    gloo's pairwise and all_reduce paths (``engine/comm.py``; pairwise is gloo's default) are known
+    to allow it. (gloo's own all-gather refuses; NCCL's in-place form is untested here.)"""
+    paths_for = getattr(comm, "paths_for", None)
+    if paths_for is None or tensor.device.type != "cpu":
+        return True
+    return paths_for(tensor)["all_gather"] == "native"
 
 
 def _remove_hooks_at_exit(ref):
