@@ -13,6 +13,11 @@ one-off check outside CI: it needs the DeepSpeed venv, benchmarks/peers.py).
 
 Prints (and writes ``universal_ckpt_peer-<time>.json``) both loss lists and the largest
 relative difference.
+
+``--autotp``: the same with AutoTP: dslaunch at TP 2 (2 ranks, ZeRO 1) trains the tiny Llama of
+tests/fixtures/autotp_universal 3 steps and saves (tests/scripts/autotp_reshape.py), ``dslaunch
+ckpt to-universal`` merges its TP slices, and DeepSpeed 0.19.8's AutoTP loads the folder at TP 2
+and at TP 1 (that fixture's make_fixture.py ``resume``) and trains the next 3 batches.
 """
 
 from __future__ import annotations
@@ -44,10 +49,13 @@ def _run(cmd, **kw) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--autotp", action="store_true", help="a TP 2 (AutoTP) checkpoint instead")
     args = ap.parse_args()
     py = peer_python(create=False)
     if py is None:
         sys.exit("the DeepSpeed venv is not ready: python benchmarks/peers.py")
+    if args.autotp:
+        return _autotp(py, args.out_dir)
     fix = json.loads((FIXTURE / "fixture.json").read_text())
     cfg = dict(fix["config"], train_micro_batch_size_per_gpu=2)
     cfg["optimizer"] = {"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.0}}
@@ -77,6 +85,38 @@ def main() -> int:
     out = Path(args.out_dir) / f"universal_ckpt_peer-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _report(result: dict, out_dir: str) -> int:
+    print(json.dumps(result, indent=1))
+    os.makedirs(out_dir, exist_ok=True)
+    out = Path(out_dir) / f"universal_ckpt_peer-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _autotp(py: str, out_dir: str) -> int:
+    fixture = ROOT / "tests" / "fixtures" / "autotp_universal"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        dslaunch = [sys.executable, "-m", "dslaunch"]
+        _run(dslaunch + ["run", "--nproc-per-node", "2", "--omp-threads", "1",
+                         "tests/scripts/autotp_reshape.py", "--tp", "2", "--stages", "1",
+                         "--save", tmp / "ckpt", "--out", tmp / "out"])
+        ours = json.loads((tmp / "out" / "rank_0.json").read_text())["z1"]["losses"]
+        _run(dslaunch + ["ckpt", "to-universal", tmp / "ckpt", tmp / "uni", "--tag", "z1"])
+        theirs = {}
+        for tp in (2, 1):
+            out = tmp / f"ds_tp{tp}.json"
+            _run([py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={tp}",
+                  fixture / "make_fixture.py", "resume", "--ckpt", tmp / "uni", "--tp", tp,
+                  "--out", out])
+            theirs[f"TP {tp}, ZeRO 1"] = json.loads(out.read_text())
+    rel = max(abs(a - b) / abs(b) for losses in theirs.values() for a, b in zip(losses, ours))
+    return _report({"what": "dslaunch AutoTP TP 2 ZeRO 1 checkpoint -> dslaunch ckpt "
+                            "to-universal -> DeepSpeed 0.19.8 AutoTP load_universal",
+                    "dslaunch_losses_after_save": ours, "deepspeed_losses_after_load": theirs,
+                    "max_rel_diff": rel}, out_dir)
 
 
 if __name__ == "__main__":
