@@ -5,7 +5,9 @@ engine (``engine/inprocess_recovery.py``), which may not import each other. No t
 - the **instruction** (``FILE_ENV`` names it, one per rank slot of the node): the launcher's
   ``recover`` word for a surviving rank, written whole (rename) by the agent;
 - its **answer** (``ack_path``): what the rank did: ``recovered``, ``joined`` (a replacement) or
-  ``refused`` (with why), and the seconds each phase took;
+  ``refused`` (with why), and the seconds each phase took; before it, a survivor writes
+  ``recovering`` as its main thread takes the word (the launcher gives up on one that does not
+  within the hang timeout: ``launcher/inprocess.py``);
 - a replacement rank gets its instruction in ``JOIN_ENV`` instead;
 - a **standby** (a process the agent starts ahead, which runs the script up to dslaunch's first
   call and waits there: ``STANDBY_ENV`` names the file it waits for) is promoted to a lost rank by

@@ -147,6 +147,30 @@ def test_fault_in_the_scripts_own_allreduce_is_recovered_in_process(tmp_path):
     assert_no_leftovers(marker)
 
 
+def test_survivor_hung_at_the_same_step_gives_up_at_once(tmp_path):
+    """Two faults at once (what benchmarks/bench_resilience.py --parts e --e-kinds kill,hang
+    injects in its first attempt: both faults "after=" the same time since the same start): rank 2
+    dies and rank 0 hangs outside any collective at the same step. Rank 0 never takes up the
+    recovery and the replacement waits for it in the new group: the launcher used to wait
+    RECOVER_TIMEOUT (90 s: "rank(s) 0, 2 did not answer within 90 s") with its watchdog muted.
+    Now a survivor that has not said "recovering" within the hang timeout is a second fault: the
+    job restarts every rank at once, and finishes."""
+    marker, env = marker_env()
+    r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 2,
+                 "--hang-timeout", 4, "--log-dir", tmp_path / "logs", "--inject",
+                 "kill:rank=2,step=4", "--inject", "hang:rank=0,step=4", SCRIPT, 6, env=env,
+                 timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recovering in process: the other 2 ranks keep running" in r.stderr
+    assert ("in-process recovery failed (surviving rank(s) 0 did not take up the recovery within "
+            "6 s" in r.stderr), r.stderr[-3000:]
+    assert "restarting the whole job (restart 1 of 2)" in r.stderr
+    [inc] = _incidents(tmp_path)
+    assert inc["action"] == "restart" and "a second fault" in inc["reason"]
+    assert inc["detect_seconds"] < 30, inc  # from the kill to giving up: was 90 (RECOVER_TIMEOUT)
+    assert_no_leftovers(marker)
+
+
 def test_zero3_refuses_and_the_job_restarts_instead(tmp_path):
     marker, env = marker_env()
     config = json.dumps({"zero_optimization": {"stage": 3}})

@@ -468,6 +468,9 @@ def recover(engine, watch: Watch) -> None:
     why = unsupported(engine)
     if why:
         _refuse(watch, why)
+    # this rank's main thread took the word (the launcher gives up at once on a survivor that does
+    # not within the hang timeout: stuck outside any collective, it would never answer)
+    watch.ack(status="recovering")
     t_abort = time.time()
     engine._abandon_step()  # before the state is sent (counters): the step starts again at micro 0
     _join_group(word)

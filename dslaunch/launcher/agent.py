@@ -145,6 +145,7 @@ class Agent:
         # stop) even if no rank of ours runs any more; the answers still to forward
         self.awaiting_word = False
         self.pending_acks: dict = {}  # local rank -> (rank, epoch)
+        self.started_acks: dict = {}  # local rank -> the epoch whose "recovering" went out
         self.standby: Rank | None = None  # a warm process that becomes a lost rank at once
         self.standbys = 0  # how many were started (their file names)
 
@@ -652,6 +653,11 @@ class Agent:
         for local_rank, (rank, epoch) in list(self.pending_acks.items()):
             ack = recover_files.read_json(recover_files.ack_path(self.recover_file(local_rank)))
             if ack is None or ack.get("epoch") not in (epoch, 0):
+                continue
+            if ack.get("status") == "recovering":  # under way: the final answer follows
+                if self.started_acks.get(local_rank) != epoch:
+                    self.started_acks[local_rank] = epoch
+                    self.event(events.RECOVER_ACK, rank=rank, **{**ack, "epoch": epoch})
                 continue
             del self.pending_acks[local_rank]
             self.event(events.RECOVER_ACK, rank=rank, **{**ack, "epoch": epoch})

@@ -15,6 +15,14 @@ recovery cannot run: the host is lost (no node to start the replacement on), a s
 during a recovery, no restart is left, a rank refuses (its engine cannot: ZeRO shards, pipeline or
 tensor groups, no dslaunch engine; the survivors disagree on the last completed step) or the
 ranks do not all answer within ``RECOVER_TIMEOUT``. The failure's text says which.
+
+A survivor says ``recovering`` as soon as its main thread takes the word (its next collective
+raises on the shut connections), and the recovery itself follows. With the hang watchdog on, a
+survivor that has not said so ``hang_timeout`` (+ ``START_SLACK``) after the word is stuck outside
+any collective (the watchdog's rule for a hang): a second fault, which no one would ever answer
+for (a replacement waits for it in the new group), so we give up at once instead of after
+``RECOVER_TIMEOUT`` (the watchdog itself is muted while a recovery is in flight). Replacements are
+not held to it: they start a process first.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from dslaunch.launcher import errors, events
 from dslaunch.recover_files import REFUSED_EXIT
 
 RECOVER_TIMEOUT = 90.0  # seconds for every rank to answer (a replacement imports torch first)
+START_SLACK = 2.0  # beyond the hang timeout, for a survivor to say it took the word (the agents'
+# ack poll, a loaded host)
 
 
 @dataclasses.dataclass
@@ -38,6 +48,9 @@ class InFlight:
     waiting: set  # ranks yet to answer
     acks: dict = dataclasses.field(default_factory=dict)
     lost_node: int | None = None  # a lost host's node the world goes on without
+    survivors: set = dataclasses.field(default_factory=set)  # ranks that keep their processes
+    started: set = dataclasses.field(default_factory=set)  # survivors that took the word
+    sent: float = 0.0  # monotonic time the word went out
     renumber: dict | None = None  # {old rank (str): new rank} then
 
 
@@ -99,6 +112,7 @@ class InProcessRecovery:
                 "replace": [{"rank": rank, "node_rank": ev["node_rank"],
                              "local_rank": ev["local_rank"]}]}
         self._send(word, failure, agents, plan.world_size)
+        self.inflight.survivors.discard(rank)
         c._say(f"{failure.text}; recovering in process: the other {plan.world_size - 1} ranks keep "
                f"running, rank {rank} starts again on {host}")
         return True
@@ -141,8 +155,9 @@ class InProcessRecovery:
         for a in agents:
             if not a.finished and lost_node not in a.node_ranks:
                 self.c.runner.send(a, line)
-        self.inflight = InFlight(word["epoch"], failure, time.time(),
-                                 time.monotonic() + RECOVER_TIMEOUT, set(range(world_size)))
+        now = time.monotonic()
+        self.inflight = InFlight(word["epoch"], failure, time.time(), now + RECOVER_TIMEOUT,
+                                 set(range(world_size)), survivors=set(range(world_size)), sent=now)
 
     # ---- the ranks' answers -----------------------------------------------------------------------
     def on_ack(self, ev: dict, agents) -> None:
@@ -152,6 +167,9 @@ class InProcessRecovery:
         if ev.get("status") == "refused":
             self._give_up(f"rank {ev.get('rank')} refused: {ev.get('why')}", agents)
             return
+        if ev.get("status") == "recovering":  # under way; its answer follows
+            inf.started.add(int(ev["rank"]))
+            return
         inf.acks[int(ev["rank"])] = ev
         inf.waiting.discard(int(ev["rank"]))
         if not inf.waiting:
@@ -159,9 +177,20 @@ class InProcessRecovery:
 
     def tick(self, agents) -> None:
         inf = self.inflight
-        if inf is not None and time.monotonic() > inf.deadline:
+        if inf is None:
+            return
+        now = time.monotonic()
+        if now > inf.deadline:
             missing = ", ".join(map(str, sorted(inf.waiting)))
             self._give_up(f"rank(s) {missing} did not answer within {RECOVER_TIMEOUT:g} s", agents)
+            return
+        hang_timeout = getattr(self.c, "hang_timeout", 0) or 0
+        if hang_timeout > 0 and now > inf.sent + hang_timeout + START_SLACK:
+            stuck = sorted((inf.survivors & inf.waiting) - inf.started)
+            if stuck:
+                self._give_up(f"surviving rank(s) {', '.join(map(str, stuck))} did not take up the "
+                              f"recovery within {hang_timeout + START_SLACK:g} s (hung outside any "
+                              "collective: a second fault)", agents)
 
     def _give_up(self, why: str, agents) -> None:
         inf, self.inflight = self.inflight, None
