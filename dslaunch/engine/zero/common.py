@@ -15,6 +15,26 @@ def offloads_optimizer(zero) -> bool:
     return zero.offload_optimizer.device in ("cpu", "nvme")
 
 
+class BufferPool:
+    """Reusable 1-D buffers: ``take(numel, make)`` hands out a view of the smallest pooled buffer
+    that is big enough (or ``make(numel)``'s new one), ``give(t)`` takes it back. The pool holds
+    whole buffers: pooling the views instead let it grow by a buffer every step (seen as RSS
+    creeping up)."""
+
+    def __init__(self):
+        self.free: list = []
+
+    def take(self, numel: int, make) -> torch.Tensor:
+        fits = [i for i, buf in enumerate(self.free) if buf.numel() >= numel]
+        if fits:
+            i = min(fits, key=lambda j: self.free[j].numel())
+            return self.free.pop(i)[:numel]
+        return make(numel)
+
+    def give(self, t: torch.Tensor) -> None:
+        self.free.append(t if t._base is None else t._base)
+
+
 def get_comm(comm):
     """The engine's accounting ``Comm`` (engine/comm.py), or one over the world group."""
     if comm is not None:

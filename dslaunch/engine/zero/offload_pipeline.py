@@ -25,6 +25,7 @@ import torch
 from dslaunch.accelerator import get_accelerator
 from dslaunch.engine.optim.cpu_adam import _CPUOptimizer
 from dslaunch.engine.zero import partition as P
+from dslaunch.engine.zero.common import BufferPool
 
 
 def optimizer_threads() -> int:
@@ -59,7 +60,7 @@ class HostOffload:
         self.norms: dict = {}
         self.pending: list = []  # (device tensor kept alive, event, host scratch, destination)
         self.uploads: list = []  # events of the last step's host-to-device copies
-        self.scratch_pool: list = []
+        self.scratch_pool = BufferPool()  # pinned host buffers for accumulated micro-steps
         # the 16-bit copy the CPU optimizer writes, to go up to the device; none where the
         # model's chunks are on the host (the optimizer writes them directly) or the model trains
         # in fp32 (the masters themselves go up)
@@ -97,19 +98,13 @@ class HostOffload:
                 self.norms[(gi, bi)] = torch.linalg.vector_norm(wide, dtype=torch.float32)
             else:
                 self.norms.pop((gi, bi), None)
-                scratch = self._scratch(wide.numel(), dst.dtype)
+                scratch = self.scratch_pool.take(
+                    wide.numel(), lambda n: host_buffer(n, dst.dtype, self.pin))
                 scratch.copy_(wide, non_blocking=True)
             event = self.acc.Event()
             event.record(self.to_host)
         # ``out`` and ``wide`` were made on other streams: keep them until the copy is done
         self.pending.append(((out, wide), event, scratch, dst))
-
-    def _scratch(self, numel, dtype):
-        fits = [i for i, b in enumerate(self.scratch_pool) if b.numel() >= numel]
-        if fits:
-            i = min(fits, key=lambda j: self.scratch_pool[j].numel())
-            return self.scratch_pool.pop(i)[:numel]
-        return host_buffer(numel, dtype, self.pin)
 
     def drain(self) -> None:
         """Wait for the gradient copies; add the accumulated ones on the host."""
@@ -117,7 +112,7 @@ class HostOffload:
             event.synchronize()
             if scratch is not None:
                 dst.add_(scratch)
-                self.scratch_pool.append(scratch if scratch._base is None else scratch._base)
+                self.scratch_pool.give(scratch)
         self.pending = []
 
     def zero_grad(self) -> None:

@@ -41,7 +41,13 @@ from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.step_policy import SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
 from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
-from dslaunch.engine.zero.common import get_comm, named_groups, offloads_optimizer, repoint_optimizer
+from dslaunch.engine.zero.common import (
+    BufferPool,
+    get_comm,
+    named_groups,
+    offloads_optimizer,
+    repoint_optimizer,
+)
 from dslaunch.engine.zero.offload import cpu_optimizer_for
 from dslaunch.engine.zero.offload_pipeline import HostOffload, host_buffer
 from dslaunch.engine.zero.zero_init import register_strategy
@@ -174,7 +180,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
                 g.grad_flat = torch.zeros_like(g.flat)
                 self._attach_grad_views(g)
         else:
-            self._staging_pool = []
+            self._staging_pool = BufferPool()
             self._in_flight = []  # (group, bucket index, work, out, staging)
             self._open = {}  # (group idx, bucket idx) -> staging buffer
             self._written = {}  # (group idx, bucket idx) -> names of the slots staged so far
@@ -270,17 +276,12 @@ class ZeroStage12Strategy(OptimizerStrategy):
         return named
 
     def _staging(self, numel):
-        """A reusable buffer of ``numel`` elements: a view of the smallest pooled buffer that is
-        big enough (the pool holds whole buffers: pooling the views instead let it grow by a
-        buffer every step, seen as RSS creeping up)."""
-        fits = [i for i, buf in enumerate(self._staging_pool) if buf.numel() >= numel]
-        if fits:
-            i = min(fits, key=lambda j: self._staging_pool[j].numel())
-            return self._staging_pool.pop(i)[:numel]
-        return torch.empty(numel, dtype=self.dtype, device=self.device)
+        """A reusable device buffer of ``numel`` elements (``common.BufferPool``)."""
+        return self._staging_pool.take(
+            numel, lambda n: torch.empty(n, dtype=self.dtype, device=self.device))
 
     def _unstage(self, staging):
-        self._staging_pool.append(staging if staging._base is None else staging._base)
+        self._staging_pool.give(staging)
 
     def _make_hook(self, gi, name):
         ref = weakref.ref(self)
@@ -305,11 +306,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
         """Write ``grad`` into its slot of the bucket's staging buffer: a copy the first time
         (no zero_() of the whole bucket then add_: that was a memset plus a read-modify-write
         of every element), an add if the same parameter reports twice. The padding is zeroed
-        when the buffer opens, slots that got no gradient at launch (``_zero_unwritten``)."""
+        when the buffer opens, slots that got no gradient at launch (``_zero_unstaged_slots``)."""
         gi, bi = key
         g = self.groups[gi]
         buf = self._open.get(key)
-        written = self._written
         if buf is None:
             b = g.layout.buckets[bi]
             buf = self._staging(b.numel)
@@ -317,17 +317,17 @@ class ZeroStage12Strategy(OptimizerStrategy):
             if used < b.numel:
                 buf[used:].zero_()
             self._open[key] = buf
-            written[key] = set()
+            self._written[key] = set()
         s = g.slot_of[name]
         dst = buf[s.start: s.start + s.numel]
-        seen = written.setdefault(key, set())
+        seen = self._written[key]
         if name in seen:
             dst.add_(grad.reshape(-1))
         else:
             dst.copy_(grad.reshape(-1))
             seen.add(name)
 
-    def _zero_unwritten(self, key, staging):
+    def _zero_unstaged_slots(self, key, staging):
         """Zero the slots of bucket ``key`` that ``_stage_grad`` did not write this backward."""
         seen = self._written.pop(key, None)
         if seen is None:  # opened by _stage_empty (zeroed whole)
@@ -349,7 +349,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         gi, bi = key
         g = self.groups[gi]
         staging = self._open.pop(key)
-        self._zero_unwritten(key, staging)
+        self._zero_unstaged_slots(key, staging)
         chunk = g.layout.buckets[bi].chunk(g.world)
         send, cd = self._comm_input(key, staging)
         out = torch.empty(chunk, dtype=cd, device=self.device)

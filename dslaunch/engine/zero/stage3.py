@@ -37,7 +37,7 @@ import torch
 
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero.base import OptimizerStrategy
-from dslaunch.engine.zero.common import get_comm, offloads_optimizer
+from dslaunch.engine.zero.common import BufferPool, get_comm, offloads_optimizer
 from dslaunch.engine.zero.nvme.param_store import nvme_param_store
 from dslaunch.engine.zero.offload_pipeline import HostOffload
 from dslaunch.engine.zero.param_status import attach_ds_attributes
@@ -139,7 +139,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         self._partition()
         attach_ds_attributes(self)
         self.fetcher = FetchCoordinator(self.store, self.plan, zero)
-        self._staging_pool = []
+        self._staging_pool = BufferPool()
         self._reset_pending()
 
     def _prepare_rest(self, model, named):
@@ -165,7 +165,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         """Bucket by bucket: assemble the bucket whole in fp32 (from the whole parameters, with
         rank 0's values broadcast, or from zero.Init's per-parameter shards), keep this rank's
         chunk (and its fp32 master), point the parameters at the bucket's full buffer, free it."""
-        pin = self.zero.offload_optimizer.pin_memory and torch.cuda.is_available()
+        pin = self._pin_host()
         for gi, g in enumerate(self.groups):
             lay = g.layout
             if self.need_master:
