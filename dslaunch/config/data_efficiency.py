@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .curriculum import schedule_problems
 from .random_ltd import routing_problems
+from .section_checks import is_int, unknown_keys
 
 PREFIX = "data_efficiency"
 SEED_DEFAULT = 1234
@@ -34,15 +35,6 @@ DYNAMIC_BATCHING_KEYS = {"enabled", "metrics_path", "lr_scaling_method", "min_ba
 METRIC_KEYS = {"index_to_sample_path", "index_to_metric_path", "difficulty_type",
                "clustering_type", "min_difficulty", "max_difficulty", "schedule_type",
                "schedule_config"}
-
-
-def _int(value, lo=None) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and (lo is None or value >= lo)
-
-
-def _unknown(section: dict, known: set, prefix: str) -> list:
-    return [f"{prefix}.{k}: unknown key; known: {', '.join(sorted(known))}"
-            for k in section if k not in known]
 
 
 def _flag(section: dict, key: str, prefix: str, problems: list) -> None:
@@ -118,9 +110,9 @@ def data_efficiency_problems(section) -> list:
     ``data_routing`` is only checked to be an object here."""
     problems: list = []
     section = _object(section, PREFIX, problems)
-    problems.extend(_unknown(section, TOP_KEYS, PREFIX))
+    problems.extend(unknown_keys(section, TOP_KEYS, PREFIX))
     _flag(section, "enabled", PREFIX, problems)
-    if "seed" in section and not _int(section["seed"], 0):
+    if "seed" in section and not is_int(section["seed"], 0):
         problems.append(f"{PREFIX}.seed: {section['seed']!r}; must be an integer >= 0 (the "
                         "sampler's numpy seed)")
     _object(section.get("data_routing"), f"{PREFIX}.data_routing", problems)
@@ -132,13 +124,13 @@ def data_efficiency_problems(section) -> list:
 def sampling_problems(sampling, prefix: str = f"{PREFIX}.data_sampling") -> list:
     problems: list = []
     sampling = _object(sampling, prefix, problems)
-    problems.extend(_unknown(sampling, SAMPLING_KEYS, prefix))
+    problems.extend(unknown_keys(sampling, SAMPLING_KEYS, prefix))
     _flag(sampling, "enabled", prefix, problems)
     _flag(sampling, "pin_memory", prefix, problems)
-    if "num_epochs" in sampling and not _int(sampling["num_epochs"], 1):
+    if "num_epochs" in sampling and not is_int(sampling["num_epochs"], 1):
         problems.append(f"{prefix}.num_epochs: {sampling['num_epochs']!r}; must be an integer "
                         ">= 1 (how many passes over the data the sampler serves)")
-    if "num_workers" in sampling and not _int(sampling["num_workers"], 0):
+    if "num_workers" in sampling and not is_int(sampling["num_workers"], 0):
         problems.append(f"{prefix}.num_workers: {sampling['num_workers']!r}; must be an integer "
                         ">= 0 (the dataloader's worker processes)")
     problems.extend(dynamic_batching_problems(sampling.get("dynamic_batching"),
@@ -152,7 +144,7 @@ def dynamic_batching_problems(dynamic, prefix: str) -> list:
     """The ``dynamic_batching`` keys (DeepSpeed's); ``max_tokens`` is required when enabled."""
     problems: list = []
     dynamic = _object(dynamic, prefix, problems)
-    problems.extend(_unknown(dynamic, DYNAMIC_BATCHING_KEYS, prefix))
+    problems.extend(unknown_keys(dynamic, DYNAMIC_BATCHING_KEYS, prefix))
     _flag(dynamic, "enabled", prefix, problems)
     _flag(dynamic, "verbose", prefix, problems)
     method = dynamic.get("lr_scaling_method", "linear")
@@ -164,18 +156,18 @@ def dynamic_batching_problems(dynamic, prefix: str) -> list:
         problems.append(f"{prefix}.sequence_picking_order: {order!r}; use one of "
                         f"{', '.join(PICKING_ORDERS)}")
     lo, hi = dynamic.get("min_batch_size", 1), dynamic.get("max_batch_size")
-    if not _int(lo, 1):
+    if not is_int(lo, 1):
         problems.append(f"{prefix}.min_batch_size: {lo!r}; must be an integer >= 1 (samples "
                         "per micro-batch)")
-    if hi is not None and not _int(hi, 1):
+    if hi is not None and not is_int(hi, 1):
         problems.append(f"{prefix}.max_batch_size: {hi!r}; must be null or an integer >= 1")
-    elif hi is not None and _int(lo, 1) and hi < lo:
+    elif hi is not None and is_int(lo, 1) and hi < lo:
         problems.append(f"{prefix}.max_batch_size: {hi} is below min_batch_size {lo}")
     path = dynamic.get("metrics_path")
     if path is not None and (not isinstance(path, str) or not path):
         problems.append(f"{prefix}.metrics_path: {path!r}; name the directory of the data "
                         "analyzer's seqlen files")
-    if "max_tokens" in dynamic and not _int(dynamic["max_tokens"], 1):
+    if "max_tokens" in dynamic and not is_int(dynamic["max_tokens"], 1):
         problems.append(f"{prefix}.max_tokens: {dynamic['max_tokens']!r}; must be an integer "
                         ">= 1 (the token budget of a micro-batch)")
     elif dynamic.get("enabled") is True and "max_tokens" not in dynamic:
@@ -190,7 +182,7 @@ def curriculum_problems(curriculum, prefix: str) -> list:
     _flag(curriculum, "enabled", prefix, problems)
     if curriculum.get("enabled") is not True:
         return problems
-    problems.extend(_unknown(curriculum, CURRICULUM_KEYS, prefix))
+    problems.extend(unknown_keys(curriculum, CURRICULUM_KEYS, prefix))
     path = curriculum.get("data_cluster_path")
     if not isinstance(path, str) or not path:
         problems.append(f"{prefix}.data_cluster_path: {path!r}; name a directory where the "
@@ -209,7 +201,7 @@ def metric_problems(metric, prefix: str) -> list:
     problems: list = []
     if not isinstance(metric, dict):
         return [f"{prefix}: {metric!r}; must be an object"]
-    problems.extend(_unknown(metric, METRIC_KEYS, prefix))
+    problems.extend(unknown_keys(metric, METRIC_KEYS, prefix))
     difficulty, clustering = metric.get("difficulty_type"), metric.get("clustering_type")
     if difficulty not in DIFFICULTY_TYPES:
         problems.append(f"{prefix}.difficulty_type: {difficulty!r}; use one of "

@@ -5,6 +5,8 @@ as in DeepSpeed, ``random_ltd.enabled`` alone switches it on. Pure data and chec
 
 from __future__ import annotations
 
+from .section_checks import is_int, unknown_keys
+
 PREFIX = "data_efficiency.data_routing.random_ltd"
 SCHEDULE_TYPES = ("fixed_linear",)
 MODEL_TYPES = ("decoder", "encoder")
@@ -30,19 +32,10 @@ def random_ltd_enabled(data_efficiency) -> bool:
     return random_ltd_section(data_efficiency).get("enabled") is True
 
 
-def _int(value, lo=None) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and (lo is None or value >= lo)
-
-
-def _unknown(section: dict, known: set, prefix: str) -> list:
-    return [f"{prefix}.{k}: unknown key; known: {', '.join(sorted(known))}"
-            for k in section if k not in known]
-
-
 def _required_int(section: dict, key: str, prefix: str, lo: int, problems: list) -> None:
     if key not in section:
         problems.append(f"{prefix}.{key}: missing; random-LTD needs it")
-    elif not _int(section[key], lo):
+    elif not is_int(section[key], lo):
         problems.append(f"{prefix}.{key}: {section[key]!r}; must be an integer >= {lo}")
 
 
@@ -59,7 +52,7 @@ def routing_problems(routing, prefix: str = "data_efficiency.data_routing") -> l
     ``data_routing`` is reported by ``data_efficiency.py``)."""
     if not isinstance(routing, dict):
         return []
-    problems = _unknown(routing, {"enabled", "random_ltd"}, prefix)
+    problems = unknown_keys(routing, {"enabled", "random_ltd"}, prefix)
     if routing.get("enabled", False) not in (True, False):
         problems.append(f"{prefix}.enabled: {routing['enabled']!r}; must be true or false")
     return problems + random_ltd_problems(routing.get("random_ltd"), f"{prefix}.random_ltd")
@@ -75,7 +68,7 @@ def random_ltd_problems(section, prefix: str = PREFIX) -> list:
         return [f"{prefix}.enabled: {section['enabled']!r}; must be true or false"]
     if not section.get("enabled"):
         return []
-    problems = _unknown(section, TOP_KEYS, prefix)
+    problems = unknown_keys(section, TOP_KEYS, prefix)
     _required_int(section, "total_layer_num", prefix, 1, problems)
     _required_int(section, "random_ltd_layer_num", prefix, 1, problems)
     _choice(section, "model_type", MODEL_TYPES, prefix, problems)
@@ -100,19 +93,19 @@ def _layer_ids(section: dict, prefix: str, problems: list) -> None:
     if ids is None:
         problems.append(f"{key}: missing; list the indices of the layers that drop tokens")
         return
-    if not isinstance(ids, list) or not ids or not all(_int(i, 0) for i in ids):
+    if not isinstance(ids, list) or not ids or not all(is_int(i, 0) for i in ids):
         problems.append(f"{key}: {ids!r}; must be a non-empty list of layer indices (>= 0)")
         return
     if len(set(ids)) != len(ids):
         problems.append(f"{key}: {ids!r} repeats a layer")
     total, num = section.get("total_layer_num"), section.get("random_ltd_layer_num")
-    if _int(total) and max(ids) >= total:
+    if is_int(total) and max(ids) >= total:
         problems.append(f"{key}: layer {max(ids)} is past total_layer_num {total} (indices "
                         "start at 0)")
-    if _int(num) and num != len(ids):
+    if is_int(num) and num != len(ids):
         problems.append(f"{prefix}.random_ltd_layer_num: {num}, but random_ltd_layer_id lists "
                         f"{len(ids)} layers; they must agree")
-    if _int(num) and _int(total) and num > total:
+    if is_int(num) and is_int(total) and num > total:
         problems.append(f"{prefix}.random_ltd_layer_num: {num} is more than total_layer_num "
                         f"{total}")
 
@@ -125,11 +118,11 @@ def _schedule(schedule, prefix: str, problems: list) -> None:
     if not isinstance(schedule, dict):
         problems.append(f"{prefix}: {schedule!r}; must be an object")
         return
-    problems.extend(_unknown(schedule, SCHEDULE_KEYS, prefix))
+    problems.extend(unknown_keys(schedule, SCHEDULE_KEYS, prefix))
     _required_int(schedule, "min_value", prefix, 1, problems)
     _required_int(schedule, "max_value", prefix, 1, problems)
     lo, hi = schedule.get("min_value"), schedule.get("max_value")
-    if _int(lo, 1) and _int(hi, 1) and lo > hi:
+    if is_int(lo, 1) and is_int(hi, 1) and lo > hi:
         problems.append(f"{prefix}.min_value: {lo} is above max_value {hi}")
     _choice(schedule, "schedule_type", SCHEDULE_TYPES, prefix, problems)
     cfg = schedule.get("schedule_config")
@@ -137,7 +130,7 @@ def _schedule(schedule, prefix: str, problems: list) -> None:
         problems.append(f"{prefix}.schedule_config: {cfg!r}; give require_steps and "
                         "seq_per_step")
         return
-    problems.extend(_unknown(cfg, SCHEDULE_CONFIG_KEYS, f"{prefix}.schedule_config"))
+    problems.extend(unknown_keys(cfg, SCHEDULE_CONFIG_KEYS, f"{prefix}.schedule_config"))
     _required_int(cfg, "require_steps", f"{prefix}.schedule_config", 1, problems)
     _required_int(cfg, "seq_per_step", f"{prefix}.schedule_config", 1, problems)
 
@@ -148,13 +141,13 @@ def _lr_schedule(lr, prefix: str, problems: list) -> None:
     if not isinstance(lr, dict):
         problems.append(f"{prefix}: {lr!r}; must be an object")
         return
-    problems.extend(_unknown(lr, LR_KEYS, prefix))
+    problems.extend(unknown_keys(lr, LR_KEYS, prefix))
     if lr.get("enabled", False) not in (True, False):
         problems.append(f"{prefix}.enabled: {lr['enabled']!r}; must be true or false")
     if lr.get("enabled") is not True:
         return
     _required_int(lr, "total_layer_tokens", prefix, 1, problems)
-    if "warmup_layer_tokens" in lr and not _int(lr["warmup_layer_tokens"], 0):
+    if "warmup_layer_tokens" in lr and not is_int(lr["warmup_layer_tokens"], 0):
         problems.append(f"{prefix}.warmup_layer_tokens: {lr['warmup_layer_tokens']!r}; must be "
                         "an integer >= 0")
     _choice(lr, "warmup_type", WARMUP_TYPES, prefix, problems, required=False)
