@@ -82,8 +82,11 @@ def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
 def to_universal_cmd(ckpt_dir, out_dir, tag, out_tag):
     """Write DeepSpeed's universal checkpoint (OUT_DIR/TAG_universal/zero/<param>/fp32.pt,
     exp_avg.pt, ... and OUT_DIR/latest_universal) from a ZeRO 1-3 checkpoint, dslaunch's or
-    DeepSpeed's. DeepSpeed loads it at any world size with "checkpoint": {"load_universal":
-    true}; so does dslaunch."""
+    DeepSpeed's, an AutoTP one, or a pipeline-engine one (every parameter whole: TP slices
+    merged, stages joined, PipelineModule's names 'N.param' and 'tied_modules.KEY.param', a tied
+    parameter once). DeepSpeed loads it at any world size with "checkpoint": {"load_universal":
+    true}; so does dslaunch, a pipeline job at any layout (pipeline stages, TP and data-parallel
+    sizes, partition)."""
     from dslaunch.engine.checkpoint.files import CheckpointError
     from dslaunch.engine.checkpoint.universal import to_universal
 
@@ -93,7 +96,8 @@ def to_universal_cmd(ckpt_dir, out_dir, tag, out_tag):
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {dst}: {info['params']} trained parameters with their optimizer states "
                f"and {info['others']} other tensors (ZeRO stage {info['stage']}, "
-               f"{info['world_size']} ranks"
+               + (f"{info['pipe']} pipeline stages x " if info.get("pipe", 1) > 1 else "")
+               + f"{info['world_size']} ranks"
                + (f", tensor-parallel {info['tp_size']}: slices merged whole"
                   if info.get("tp_size", 1) > 1 else "")
                + f"); {os.path.join(out_dir, 'latest_universal')} names it")

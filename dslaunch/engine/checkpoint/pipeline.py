@@ -14,7 +14,8 @@ Layout of ``<dir>/<tag>/``:
 ``<dir>/zero_to_fp32.py`` (rank 0) consolidates with torch alone.
 Everything is written into ``<dir>/.<tag>.tmp/``, renamed after a world barrier, ``latest`` last.
 Loading needs the same layout (pipe, tp, dp and partition); anything else is a
-``CheckpointError`` that says what differs.
+``CheckpointError`` that says what differs: to change the layout, convert it with ``dslaunch
+ckpt to-universal`` and load that folder (``pipe_universal.py``: any layout).
 """
 
 from __future__ import annotations
@@ -119,11 +120,18 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True,
 
 def load(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
          load_lr_scheduler_states=True, load_module_only=False):
+    from .universal import is_universal_checkpoint, load_universal_checkpoint, universal_tag
+
     load_dir = os.fspath(load_dir)
+    if tag is None:  # checkpoint.load_universal: DeepSpeed's latest_universal names the tag
+        tag = universal_tag(load_dir, engine._config.checkpoint.load_universal)
     tag = find_tag(load_dir, tag)
     if tag is None:  # nothing to resume from (DeepSpeed's answer)
         return None, None
     path = os.path.join(load_dir, tag)
+    if is_universal_checkpoint(path):  # whole parameters: any layout (pipe_universal.py)
+        return load_universal_checkpoint(engine, path, strict, load_optimizer_states,
+                                         load_lr_scheduler_states, load_module_only)
     meta_path = os.path.join(path, "metadata.json")
     try:
         with open(meta_path) as f:
@@ -136,7 +144,9 @@ def load(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
     mine = _layout(engine)
     diff = [f"{k} {meta.get(k)} (now {v})" for k, v in mine.items() if meta.get(k) != v]
     if diff:
-        raise CheckpointError(f"{path}: saved with another layout: " + ", ".join(diff))
+        raise CheckpointError(f"{path}: saved with another layout: " + ", ".join(diff)
+                              + "; to load it at this layout, convert it with 'dslaunch ckpt "
+                              "to-universal' and load the universal folder")
     g = engine.grid
     layer_path = layer_file(path, g.stage_id, g.tp_rank)
     sd = load_file(layer_path)

@@ -30,6 +30,9 @@ for the parameters every TP rank holds) and, as DeepSpeed's converter leaves the
 ``mp_rank_<t>_model_states.pt`` per TP rank with its slices and DeepSpeed's AutoTP
 ``universal_checkpoint_info`` (row-parallel and replicated patterns). The loss scaler and
 ``clip_grad`` are left out of ``optimizer_state.pt``, so DeepSpeed keeps its own config's.
+A pipeline-engine checkpoint is read by ``pipe_universal.PipeShards`` (stages joined, TP slices
+merged) and written the same way; a pipeline job loads a universal folder through
+``pipe_universal.StageView`` (its own stage's parameters), at any layout.
 """
 
 from __future__ import annotations
@@ -236,8 +239,13 @@ def load_universal_checkpoint(engine, path: str, strict=True, load_optimizer_sta
     from .deepspeed_format import load_deepspeed_checkpoint
 
     uc = UniversalCheckpoint(path)
-    uc.set_model_shapes(whole_shapes(engine.module))
-    if getattr(engine.module, "ds_autotp_layout", None):  # AutoTP: this rank's slices
+    shapes = whole_shapes(engine.module)
+    uc.set_model_shapes(shapes)
+    if hasattr(engine.module, "tied_modules"):  # a pipeline stage: its own tensors only
+        from .pipe_universal import StageView
+        uc = StageView(uc, engine.module, shapes)
+    if any(getattr(p, "tensor_model_parallel", False) and hasattr(p, "tp_ranges")
+           for p in engine.module.parameters()):  # AutoTP or mpu TP: this rank's slices
         uc = TPSlicedReader(uc, engine.module)
     stage0 = engine.zero_stage == 0 and load_optimizer_states and not load_module_only
     loaded = load_deepspeed_checkpoint(engine, path, strict, load_optimizer_states and not stage0,
@@ -277,15 +285,10 @@ class _DslaunchShards:
 
     def __init__(self, path: str):
         from .files import load_file, model_file
-        from .pipeline import FORMAT as PIPE_FORMAT
         from .zero_shards import _old_index
 
         self.path = path
         meta = read_meta(path)
-        if meta.get("format") == PIPE_FORMAT:
-            raise CheckpointError(f"{path}: a pipeline-engine checkpoint (pipeline / mpu "
-                                  "tensor parallelism); ZeRO 1-3 data-parallel and AutoTP ones "
-                                  "convert to universal (pipeline engine: not yet)")
         if meta.get("expert_parallel"):
             raise CheckpointError(f"{path}: an MoE checkpoint; universal conversion of expert "
                                   "parameters is not supported")
@@ -410,7 +413,13 @@ def _step_tensor(scalars: dict):
 
 
 def _write_from_dslaunch(path: str, tmp: str) -> dict:
-    src = _DslaunchShards(path)
+    """A dslaunch ZeRO 1-3 / AutoTP checkpoint, or a pipeline-engine one (``PipeShards``:
+    stages joined, TP slices merged)."""
+    from .pipe_universal import FORMAT as PIPE_FORMAT
+    from .pipe_universal import PipeShards
+
+    meta = read_meta(path)
+    src = PipeShards(path, meta) if meta.get("format") == PIPE_FORMAT else _DslaunchShards(path)
     zero = os.path.join(tmp, ZERO_DIR)
     trained, shapes = set(), []
     for gi, (names, _, keys, scalars) in enumerate(src.groups):
@@ -461,7 +470,7 @@ def _write_from_dslaunch(path: str, tmp: str) -> dict:
                                     UNIVERSAL_CHECKPOINT_VERSION_VALUE},
     }
     info = {"params": len(trained), "others": len(module) - len(trained), "stage": src.stage,
-            "world_size": src.world, "tp_size": src.tp}
+            "world_size": src.world, "tp_size": src.tp, "pipe": getattr(src, "pipe", 1)}
     if src.tp > 1:
         _write_tp_model_files(src, states, tmp)
         return info
