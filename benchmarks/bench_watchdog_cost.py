@@ -26,6 +26,10 @@
   block comparison shows with nothing to measure; ``record_share_of_step`` = collectives per
   step x ``call_us`` / step time.
 
+``--quick`` (tests/test_bench_watchdog_cost.py, which checks that every part runs, not the
+figures): no ``--aa`` job (no ``plain.noise_floor``) and a tenth of the calls per batch in the two
+one-process micro-measurements (``record`` and ``plain.call``): noisier figures, not for quoting.
+
 ``measure(repeats, steps, smoke)`` returns the result dict (bench_resilience.py imports it).
 JSON to stdout and to benchmarks/results/watchdog_cost-<timestamp>.json; a table to stderr.
 """
@@ -140,19 +144,20 @@ def _train_summary(runs: list, smoke: bool, steps: int, warmup: int, block: int,
 
 
 def measure(repeats: int = 3, steps: int = 40, smoke: bool = False, warmup: int = 5,
-            block: int = 5, plain: bool = False) -> dict:
+            block: int = 5, plain: bool = False, quick: bool = False) -> dict:
     """The benchmark's result (see the module docstring)."""
     runs, plain_runs, aa_runs = [], [], []
     kinds = ((False, False, runs), (True, False, plain_runs), (True, True, aa_runs))
+    micro = 10 if quick else 1  # the micro-measurements' calls per batch divided by this
     with tempfile.TemporaryDirectory() as d:
         for i in range(repeats):
-            for is_plain, aa, into in kinds[:3 if plain else 1]:
+            for is_plain, aa, into in kinds[:(2 if quick else 3) if plain else 1]:
                 res = _train(steps, warmup, block, smoke, Path(d), plain=is_plain, aa=aa)
                 into.append(res)
                 what = " (plain torch, off in both)" if aa else " (plain torch)" if is_plain else ""
                 bu.log(f"  run {i + 1}/{repeats}{what}: {1 / res['on_s']:.3f} steps/s in the "
                        f"'on' blocks, {1 / res['off_s']:.3f} in the 'off' ones")
-    record = record_cost()
+    record = record_cost(n=20000 // micro)
     coll = statistics.median(r["collectives_per_step"] for r in runs)
     step_s = statistics.median(r["off_s"] for r in runs)
     share = (coll * record["collective_us"] + record["step_us"]) * 1e-6 / step_s
@@ -163,16 +168,17 @@ def measure(repeats: int = 3, steps: int = 40, smoke: bool = False, warmup: int 
         "train": _train_summary(runs, smoke, steps, warmup, block, repeats, False),
     }
     if plain:
-        call = plain_call_cost()
+        call = plain_call_cost(n=3000 // micro)
         pcoll = statistics.median(r["collectives_per_step"] for r in plain_runs)
         pstep = statistics.median(r["off_s"] for r in plain_runs)
         result["plain"] = {
             "call": call, "collectives_per_step": round(pcoll, 2),
             "record_share_of_step": round(pcoll * max(call["call_us"], 0.0) * 1e-6 / pstep, 6),
-            "train": _train_summary(plain_runs, smoke, steps, warmup, block, repeats, True),
-            # the same job with the recording off in both kinds of block: what the comparison
-            # shows by itself on this machine
-            "noise_floor": _train_summary(aa_runs, smoke, steps, warmup, block, repeats, True)}
+            "train": _train_summary(plain_runs, smoke, steps, warmup, block, repeats, True)}
+        if not quick:  # the same job with the recording off in both kinds of block: what the
+            # comparison shows by itself on this machine
+            result["plain"]["noise_floor"] = _train_summary(aa_runs, smoke, steps, warmup, block,
+                                                            repeats, True)
     return result
 
 
@@ -183,12 +189,15 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny model, 1 repeat unless given")
     p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results/")
     p.add_argument("--no-plain", action="store_true", help="skip the plain torch measurement")
+    p.add_argument("--quick", action="store_true",
+                   help="no noise-floor job, a tenth of the micro-measurements' calls (for tests)")
     args = p.parse_args(argv)
     steps = args.steps or (200 if args.smoke else 40)
     result = {"benchmark": "watchdog_cost", "when": bu.now_iso(), "machine": bu.machine(),
               "git": bu.git_rev(), "command": "benchmarks/bench_watchdog_cost.py "
               + " ".join(argv if argv is not None else sys.argv[1:]),
-              **measure(args.repeats, steps, args.smoke, plain=not args.no_plain)}
+              **measure(args.repeats, steps, args.smoke, plain=not args.no_plain,
+                         quick=args.quick)}
     t, rc = result["train"], result["record"]
     bu.log(f"record: {rc['collective_us']} us per collective (enter+leave), {rc['step_us']} us per step")
     bu.log(f"{result['collectives_per_step']} collectives per step: the record writes take "
@@ -199,12 +208,13 @@ def main(argv=None) -> int:
     false_alarms = t["false_alarms"]
     if "plain" in result:
         pl = result["plain"]
+        floor = (f" (off in both kinds of block: {pl['noise_floor']['slowdown'] * 100:+.2f}%)"
+                 if "noise_floor" in pl else "")
         bu.log(f"plain torch: {pl['call']['call_us']} us added per dist.all_reduce "
                f"({pl['call']['all_reduce_us_off']} us without); {pl['collectives_per_step']} "
                f"collectives per step: {pl['record_share_of_step'] * 100:.3f}% of a step; train "
                f"{pl['train']['steps_per_s_on']} steps/s on, {pl['train']['steps_per_s_off']} "
-               f"off: {pl['train']['slowdown'] * 100:+.2f}% slower (off in both kinds of block: "
-               f"{pl['noise_floor']['slowdown'] * 100:+.2f}%); false alarms "
+               f"off: {pl['train']['slowdown'] * 100:+.2f}% slower{floor}; false alarms "
                f"{pl['train']['false_alarms']}")
         false_alarms += pl["train"]["false_alarms"]
     print(json.dumps(result, indent=1))
