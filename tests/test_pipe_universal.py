@@ -10,10 +10,14 @@ pipe_universal_plain.py). Each is converted to universal here; the resumes run i
 launch at other layouts: steps 3 and 4 within 1e-5 relative of the saving job's (fp32; the
 reductions are ordered differently), bit-identical at the saving layout. A model whose
 parameters are not the checkpoint's is refused naming the first one missing, or the shape.
+DeepSpeed 0.19.8's own pipeline universal checkpoint (tests/fixtures/pipe_universal, made by its
+make_fixture.py with DeepSpeed's PipelineEngine on CPU and ds_to_universal.py) loads too and
+continues with DeepSpeed's losses.
 """
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,6 +58,14 @@ RESUMES = {  # name: (source, pipe_train.py flags, config); the last one must fa
 }
 
 
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "pipe_universal"
+DS_FIX = json.loads((FIXTURE / "fixture.json").read_text())
+DS_RESUMES = {  # DeepSpeed's pipeline universal checkpoint into dslaunch: name -> flags
+    "pu_ds_pp2": ("--pp", 2),
+    "pu_ds_tp2": ("--tp", 2),
+}
+
+
 def _source(job_cache, name):
     job_cache.run_many("pipe_universal_src", "pipe_train.py", SOURCES, nproc=2, timeout=240)
     args, cfg, *other = SOURCES[name]
@@ -71,12 +83,15 @@ def _universal(job_cache, name):
 
 
 def _resume(job_cache, name):
-    runs = {n: (_train("--load-dir", _universal(job_cache, src), *flags), cfg)
-            for n, (src, flags, cfg) in RESUMES.items()}
+    runs = {n: (("--fixture", FIXTURE, "--out", "{dir}/o", *flags),
+                _cfg(DS_FIX["micro"], DS_FIX["gas"], stage=1, universal=True),
+                "pipe_universal_ds.py") for n, flags in DS_RESUMES.items()}
+    runs.update({n: (_train("--load-dir", _universal(job_cache, src), *flags), cfg)
+                 for n, (src, flags, cfg) in RESUMES.items()})  # the failing one last
     job_cache.run_many("pipe_universal_resume", "pipe_train.py", runs, nproc=2, timeout=240)
-    args, cfg = runs[name]
-    return job_cache.run(name, "pipe_train.py", *args, config=cfg, nproc=2, timeout=240,
-                         check=name != "pu_untied_from_tied")
+    args, cfg, *other = runs[name]
+    return job_cache.run(name, other[0] if other else "pipe_train.py", *args, config=cfg,
+                         nproc=2, timeout=240, check=name != "pu_untied_from_tied")
 
 
 def _losses(job):
@@ -182,7 +197,6 @@ def test_shape_mismatch_is_refused(job_cache):
     """A stage whose parameter is another size: a CheckpointError naming the file and both
     shapes (the stage reader, on a plain module holding the same names)."""
     import sys
-    from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
     from pipe_model import layer_list, reference_model
@@ -200,3 +214,18 @@ def test_shape_mismatch_is_refused(job_cache):
                                               r"'0\.tok_emb\.weight' has shape \[256, 32\] in the "
                                               r"checkpoint but \[256, 48\]"):
         StageView(uc, module, {})
+
+
+@pytest.mark.parametrize("name", sorted(DS_RESUMES))
+def test_deepspeed_pipeline_universal_checkpoint_loads(job_cache, name):
+    """DeepSpeed 0.19.8's own: its PipelineModule (2 stages, ZeRO 1) checkpoint through its
+    ds_to_universal.py (tests/fixtures/pipe_universal) loads into dslaunch at 2 stages and at
+    1 stage x TP 2, and continues with DeepSpeed's losses (both its uninterrupted run's and its
+    own universal resume's) within 1e-5 relative."""
+    job = _resume(job_cache, name)
+    for r in job.results(sub="o"):
+        assert r["start"] == DS_FIX["steps_before_save"]
+        for want in (DS_FIX["continued_losses"], DS_FIX["universal_losses"]):
+            assert len(r["losses"]) == len(want)
+            for g, w in zip(r["losses"], want):
+                assert abs(g - w) <= REL * abs(w), (name, r["losses"], want)
