@@ -107,11 +107,17 @@ def test_concurrent_first_use_builds_once(tmp_path):
     assert len(_builds(cache, "cpu_lion")) == 1
 
 
-def test_stale_lock_of_dead_process_is_taken_over(tmp_path, monkeypatch):
+def test_stale_lock_of_dead_process_is_taken_over(built_all, tmp_path, monkeypatch):
+    """The dead holder's build directory is a copy of cpu_lion's by ``--build-all`` without its
+    manifest (a build killed before it finished): after the take-over this process finishes the
+    build (ninja finds the object and the library up to date, so this test spends no ~15 s
+    compile; test_concurrent_first_use_builds_once compiles cpu_lion from nothing)."""
     monkeypatch.setenv("DSLAUNCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("DSLAUNCH_SIMD", raising=False)
     plan = builder.make_plan("cpu_lion")
-    plan.directory.mkdir(parents=True)
+    shutil.copytree(built_all[0] / plan.directory.name, plan.directory)
+    (plan.directory / builder.MANIFEST).unlink()
+    assert builder.read_manifest(plan) is None  # not built, as far as the cache knows
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     lock = plan.directory / "dslaunch.lock"
