@@ -229,3 +229,26 @@ def test_deepspeed_pipeline_universal_checkpoint_loads(job_cache, name):
             assert len(r["losses"]) == len(want)
             for g, w in zip(r["losses"], want):
                 assert abs(g - w) <= REL * abs(w), (name, r["losses"], want)
+
+
+def test_tied_layer_found_under_a_plain_models_name(job_cache):
+    """A tied layer's tensor missing as 'tied_modules.<key>.<param>' is read from
+    '<first index of key>.<param>', where a plain model of the same layer list holds it (here
+    the untied TP 2 run's universal folder read by a one-stage tied PipelineModule)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+    from pipe_model import layer_list, loss_fn, pipe_specs
+
+    from dslaunch.engine.checkpoint.autotp_states import whole_shapes
+    from dslaunch.engine.checkpoint.pipe_universal import StageView
+    from dslaunch.pipe import PipelineModule
+
+    out = _universal(job_cache, "pu_tp2_vocab")
+    uc = UniversalCheckpoint(str(out / (out / "latest_universal").read_text()))
+    module = PipelineModule(pipe_specs(layer_list(tied=True)), num_stages=1, loss_fn=loss_fn)
+    view = StageView(uc, module, whole_shapes(module))
+    assert view.name_of["tied_modules.embed.tok_emb.weight"] == "0.tok_emb.weight"
+    sd = view.module_state_dict()
+    assert torch.equal(sd["tied_modules.embed.tok_emb.weight"], uc.full("0.tok_emb.weight"))
+    assert torch.equal(sd["1.block.ln1.weight"], uc.full("1.block.ln1.weight"))
