@@ -15,17 +15,27 @@
     first step (-> its first step). The launcher's own incident record (incidents.jsonl, when it
     writes one) is kept beside it. Peer, same hosts, same script: one `torchrun --nnodes 1:N
     --max-restarts 3 --rdzv-backend c10d` per host over ssh; a side that does not train again
-    within --cap seconds is reported as ">= cap".
+    within --cap seconds is reported as ">= cap". --a-recover restart,in-process measures dslaunch
+    both ways ("dslaunch" restarts every rank, "dslaunch-in-process" runs `--recover in-process`:
+    rank 0 keeps its process, so training again is its first step after the fault, and re-plan
+    is up to the launcher's "recovering" line).
 (b) goodput (this host, no root): the same job for --minutes with a fault every --fault-every
     seconds (kill, and hang when the launcher has --hang-timeout; each fault on its own attempt,
     `--max-restarts`), against the same job without faults: useful steps/s (the final global
     step, redone steps not counted twice) and their ratio.
-(e) in-process vs restart (this host, no root): the same fixed number of steps three times: without
-    faults, then with rank 1 killed every --fault-every seconds of its life (`kill:...,attempt=all`:
-    each new process of rank 1 dies as long after its own start) under `--recover restart` and
-    under `--recover in-process`; goodput = the fault-free wall time over the faulty one (same
-    steps), and the launcher's own per-fault records. Checkpoints every --save-every steps in all
-    three (a restart resumes from the last one; an in-process recovery needs none).
+(e) in-process vs restart (this host, no root): the same fixed number of steps three times (per
+    --repeats, each repeat in a rotated order): without faults, then with one fault every
+    --fault-every seconds of the job's wall time under `--recover in-process` and under
+    `--recover restart`. The schedule is the job's, not each process's: `--inject KIND:rank=R,at=T`
+    (T = --fault-every, 2x, 3x ...; launcher/inject.py: on the job's clock, fired once per job by
+    whichever process of the rank runs then, restarted or replacement), --e-kinds taken in turn
+    (kill: rank 1 SIGKILLs itself; hang: rank 0 blocks outside any collective, --hang-timeout).
+    Goodput = the fault-free wall time over the faulty one (same steps); per run the faults due
+    within its wall and those that fired, and per fault the launcher's incident record: path
+    (in-process or restart, and why), seconds to training, its split (detect, abort, re-plan,
+    rebuild, state transfer) and steps redone. Checkpoints every --save-every steps in all three
+    (a restart resumes from the last one; an in-process recovery needs none). --keep-logs DIR keeps
+    each run's launcher output and log dir.
 (c) async checkpoint stall, (d) watchdog cost: benchmarks/bench_async_checkpoint.py and
     benchmarks/bench_watchdog_cost.py, run as they are when present (their JSON kept here),
     else "not run".
@@ -35,6 +45,8 @@
     .venv/bin/python benchmarks/bench_resilience.py --parts b --minutes 10 --fault-every 120
     .venv/bin/python benchmarks/bench_resilience.py --smoke         # b only, ~30 s
     .venv/bin/python benchmarks/bench_resilience.py --parts e --e-steps 1500 --fault-every 40
+    .venv/bin/python benchmarks/bench_resilience.py --parts e --e-zero 2 --e-kinds kill,hang \
+        --hang-timeout 4 --e-steps 4500 --fault-every 120 --save-every 50   # ~10 min a run
 
 JSON to stdout and benchmarks/results/resilience-<timestamp>.json.
 """
@@ -85,6 +97,9 @@ def parse_args(argv=None):
     ap.add_argument("--scenarios", default="host-loss,hang", help="(a) host-loss,hang")
     ap.add_argument("--peers", default="torchrun", help="(a) torchrun, or '' for none")
     ap.add_argument("--cap", type=float, default=180.0, help="(a) give up on training again after this")
+    ap.add_argument("--a-recover", default="restart",
+                    help="(a) dslaunch's recovery paths to measure: restart, in-process or both "
+                         "(restart,in-process; in-process where the launcher has --recover)")
     ap.add_argument("--hang-timeout", type=float, default=15.0)
     ap.add_argument("--fresh-hosts", action="store_true",
                     help="(a) take down fake hosts already there and bring up max(--hosts) healthy ones")
@@ -102,8 +117,14 @@ def parse_args(argv=None):
     ap.add_argument("--e-zero", type=int, default=0, choices=(0, 1, 2),
                     help="(e) ZeRO stage of the job (1-2: in-process recovery keeps shard copies)")
     ap.add_argument("--e-kinds", default="kill",
-                    help="(e) fault kinds: kill, or kill,hang (rank 1 killed and rank 0 hung, each "
-                         "every 2 x --fault-every of its life: mixed, one fault every --fault-every)")
+                    help="(e) fault kinds, taken in turn: kill (rank 1 killed), or kill,hang (then "
+                         "rank 0 hung): one fault every --fault-every s of the job's wall time")
+    ap.add_argument("--keep-logs", type=Path, default=None,
+                    help="(e) copy each run's launcher output, --log-dir (incidents, rank logs) and "
+                         "run.json (path, schedule, exit code, wall time) here, one directory a run")
+    ap.add_argument("--e-from-logs", type=Path, default=None,
+                    help="(e) run nothing: the figures again from the directories --keep-logs left "
+                         "(same --fault-every and --step-sleep as the runs)")
     ap.add_argument("--results-dir", type=Path, default=bu.RESULTS)
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
@@ -111,10 +132,12 @@ def parse_args(argv=None):
     args.host_list = [int(h) for h in args.hosts.split(",") if h]
     args.scenario_list = [s for s in args.scenarios.split(",") if s]
     args.peer_list = [p for p in args.peers.split(",") if p]
+    args.a_recover_list = [p for p in args.a_recover.split(",") if p]
     args.fault_step = max(3, args.save_every * 3 // 2)  # a checkpoint exists, half an interval redone
     for bad, ok, what in ((args.part_list, "abcde", "--parts"),
                           (args.scenario_list, ("host-loss", "hang"), "--scenarios"),
-                          (args.peer_list, ("torchrun",), "--peers")):
+                          (args.peer_list, ("torchrun",), "--peers"),
+                          (args.a_recover_list, ("restart", "in-process"), "--a-recover")):
         if any(x not in ok for x in bad):
             ap.error(f"{what}: one of {', '.join(ok)}")
     if any(h < 2 for h in args.host_list):
@@ -257,7 +280,7 @@ def train_args(ckpt: Path, step_sleep: float, save_every: int) -> list:
             "--step-sleep", str(step_sleep)]
 
 
-def start_dslaunch(work, hosts, spares, slots, scenario, features, args):
+def start_dslaunch(work, hosts, spares, slots, scenario, features, args, recover="restart"):
     hf = work / "hostfile"
     hf.write_text("".join(f"{h} slots={slots}\n" for h in hosts)
                   + "".join(f"{h} slots={slots} spare\n" for h in spares if "--nnodes" in features))
@@ -267,6 +290,8 @@ def start_dslaunch(work, hosts, spares, slots, scenario, features, args):
             "--master-port", str(random.randint(20000, 40000))]
     if "--nnodes" in features:
         argv += ["--nnodes", f"1:{len(hosts)}"]
+    if recover != "restart":
+        argv += ["--recover", recover]
     if scenario == "hang":
         if "--hang-timeout" in features:
             argv += ["--hang-timeout", f"{args.hang_timeout:g}"]
@@ -308,16 +333,20 @@ def first_after(job, t0, pred):
 
 
 def phases(job, t_fault, launcher: str) -> dict:
-    """The split, from the stamped lines (None where a phase left no trace)."""
+    """The split, from the stamped lines (None where a phase left no trace). In process, rank 0
+    keeps its process (no INIT, no checkpoint load): re-plan is up to the launcher's "recovering"
+    line, and training again its first step after the fault."""
     out = {}
+    ours = launcher.startswith("dslaunch")
+    first_attempt = 0 if launcher == "dslaunch-in-process" else 1
     t_detect, what = first_after(job, t_fault, lambda t, s, x: s == "stderr" and x.startswith("dslaunch:")
-                                 and REPORT.search(x) is not None) if launcher == "dslaunch" else (None, None)
+                                 and REPORT.search(x) is not None) if ours else (None, None)
     t_plan, _ = first_after(job, t_fault, lambda t, s, x: s == "stderr" and x.startswith("dslaunch:")
-                            and "restart" in x.lower()) if launcher == "dslaunch" else (None, None)
+                            and re.search(r"restart|recover", x, re.I)) if ours else (None, None)
     marks = {}
     for _t, _s, x in job.lines:
         r = rank_line(x)
-        if r and r[1] == 0 and r[4] >= 1 and r[3] >= t_fault and r[0] not in marks:
+        if r and r[1] == 0 and r[4] >= first_attempt and r[3] >= t_fault and r[0] not in marks:
             marks[r[0]] = r[3]
     t_init, t_resumed, t_step = marks.get("INIT"), marks.get("RESUMED"), marks.get("STEP")
 
@@ -331,14 +360,17 @@ def phases(job, t_fault, launcher: str) -> dict:
     out["load_s"] = d(t_init, t_resumed)
     out["first_step_s"] = d(t_resumed or t_init, t_step)
     out["training_again_s"] = d(t_fault, t_step)
+    if launcher == "dslaunch-in-process":  # no new rank 0: the re-plan line to its next step
+        out["recover_s"] = d(t_plan or t_detect, t_step)
     return out
 
 
 def recover_once(launcher, work, hosts, spares, slots, scenario, features, args) -> dict:
     shutil.rmtree(work / "ckpt", ignore_errors=True)
     shutil.rmtree(work / "logs", ignore_errors=True)
-    job = (start_dslaunch(work, hosts, spares, slots, scenario, features, args) if launcher == "dslaunch"
-           else start_torchrun(work, hosts, slots, scenario, args))
+    job = (start_dslaunch(work, hosts, spares, slots, scenario, features, args,
+                          "in-process" if launcher == "dslaunch-in-process" else "restart")
+           if launcher.startswith("dslaunch") else start_torchrun(work, hosts, slots, scenario, args))
     res = {"launcher": launcher, "hosts": len(hosts), "spares": len(spares), "ranks": len(hosts) * slots,
            "scenario": scenario}
     lost = hosts[-1]
@@ -363,7 +395,11 @@ def recover_once(launcher, work, hosts, spares, slots, scenario, features, args)
                 res["error"] = "the hang never fired: " + " | ".join(x for _, _, x in job.lines[-8:])
                 return res
             t_fault = hit[0]
-        again = job.wait(rank0("STEP", 1), args.cap)
+        if launcher == "dslaunch-in-process":  # rank 0 goes on in its process: its next step
+            again = job.wait(lambda t, s, x: (r := rank_line(x)) is not None and r[0] == "STEP"
+                             and r[1] == 0 and r[3] >= t_fault, args.cap)
+        else:
+            again = job.wait(rank0("STEP", 1), args.cap)
         res.update(phases(job, t_fault, launcher))
         if again is None:
             ended = [p.returncode for p in job.procs if p.poll() is not None]
@@ -414,7 +450,9 @@ def part_a(args, features) -> dict:
                 continue
             for scenario in args.scenario_list:
                 for i in range(args.repeats):
-                    for launcher in ["dslaunch", *args.peer_list]:
+                    for launcher in [*(("dslaunch" if r == "restart" else "dslaunch-in-process")
+                                       for r in args.a_recover_list
+                                       if r == "restart" or "--recover" in features), *args.peer_list]:
                         bu.log(f"(a) {launcher} {scenario} {n} hosts #{i + 1}")
                         row = recover_once(launcher, work, hosts[:n], hosts[n:n + args.spares], args.slots,
                                            scenario, features, args)
@@ -433,16 +471,19 @@ def summarize_a(rows, cap: float) -> list:
     keys = sorted({(r["scenario"], r["hosts"]) for r in rows if "scenario" in r})
     for scenario, n in keys:
         row = {"scenario": scenario, "hosts": n}
-        for launcher in ("dslaunch", "torchrun"):
+        for launcher in ("dslaunch", "dslaunch-in-process", "torchrun"):
             rs = [r for r in rows if r.get("launcher") == launcher and r.get("scenario") == scenario
                   and r.get("hosts") == n]
             if not rs:
                 continue
             row[launcher] = {k: bu.median([r.get(k) for r in rs]) for k in
-                             ("detect_s", "replan_s", "restart_s", "load_s", "first_step_s", "training_again_s")}
+                             ("detect_s", "replan_s", "restart_s", "load_s", "first_step_s", "recover_s",
+                              "training_again_s")}
             row[launcher]["training_again"] = [r.get("training_again", r.get("error")) for r in rs]
         ds, tr = row.get("dslaunch", {}), row.get("torchrun", {})
         row["torchrun_over_dslaunch"] = bu.ratio(tr.get("training_again_s"), ds.get("training_again_s"))
+        row["torchrun_over_in_process"] = bu.ratio(tr.get("training_again_s"),
+                                                   row.get("dslaunch-in-process", {}).get("training_again_s"))
         if tr and tr.get("training_again_s") is None and ds.get("training_again_s"):
             row["torchrun_over_dslaunch_at_least"] = bu.ratio(cap, ds["training_again_s"])  # it hit the cap
         out.append(row)
@@ -512,14 +553,80 @@ def part_b(args, features) -> dict:
 
 
 # ---- (e) in-process recovery against restarting every rank --------------------------------------
-def recover_run(work, args, recover: str | None) -> dict:
+def e_schedule(kinds: list, every: float, horizon: float) -> list:
+    """The job's faults, one every ``every`` s of its wall time (``at=``: on the job's clock, once
+    per job, shared by restarted and replacement processes: launcher/inject.py), kinds in turn
+    (kill: rank 1, hang: rank 0), up to ``horizon`` s."""
+    n = max(1, int(horizon // every))
+    return [f"{kinds[i % len(kinds)]}:rank={1 if kinds[i % len(kinds)] == 'kill' else 0},"
+            f"at={(i + 1) * every:g}s" for i in range(n)]
+
+
+PHASE_KEYS = (("detect", "detect_seconds"), ("abort", "stop_seconds"), ("re-plan", "replan_seconds"),
+              ("rebuild", "restart_seconds"), ("state", "load_seconds"))
+
+
+def incident_row(rec: dict) -> dict:
+    """One fault as the launcher recorded it (incidents.jsonl): the path, the phases, the cost."""
+    return {"kind": rec.get("kind"), "action": rec.get("action"), "culprit_rank": rec.get("culprit_rank"),
+            "last_step": rec.get("last_step"), "seconds_to_training": rec.get("seconds_to_training"),
+            "steps_redone": rec.get("steps_redone"),
+            "split": {label: rec.get(key) for label, key in PHASE_KEYS},
+            "reason": str(rec.get("reason", ""))[:240]}
+
+
+PREFIX = re.compile(r"^\[(?:rank (\d+)|[^\]:]*:(\d+))\] ")
+FIRED = re.compile(r"dslaunch inject: (\S+): rank (\d+) \(pid \d+\) (kills|hangs)[^\n]*? at step (\d+)")
+
+
+def fired_faults(stdout: str, step_sleep: float) -> list:
+    """The faults that fired, in order: (spec, rank, step, estimated time). A rank fault fires
+    inside ``engine.step()`` of its step, so at about the rank's previous STEP line (its own
+    clock) + the script's --step-sleep (to within the step's forward and backward)."""
+    last: dict = {}
+    out = []
+    for line in stdout.splitlines():
+        # the launcher's prefix names the rank a line came from (a promoted standby's script may
+        # have read its RANK before it had one)
+        p = PREFIX.match(line)
+        who = int(p.group(1) or p.group(2)) if p else None
+        r = rank_line(line)
+        if r is not None and r[0] == "STEP":
+            last[r[1] if who is None else who] = r[3]
+            continue
+        m = FIRED.search(line)
+        if m:
+            rank = int(m.group(2))
+            t = last.get(rank)
+            out.append({"spec": m.group(1), "rank": rank, "step": int(m.group(4)),
+                        "time": None if t is None else round(t + step_sleep, 3)})
+    return out
+
+
+def attach_faults(rows: list, recs: list, fired: list) -> None:
+    """Each incident's fault (the latest fired on its culprit rank before the launcher saw it) and
+    the time from that fault to training again: for a hang the detection (the hang timeout) is in
+    the incident's time, for a kill it is not far from the fault."""
+    for row, rec in zip(rows, recs):
+        cands = [f for f in fired if f["rank"] == rec.get("culprit_rank") and f["time"] is not None
+                 and f["time"] <= rec.get("time", 0) + 0.5]
+        if not cands:
+            continue
+        f = cands[-1]
+        row["fault"] = f["spec"]
+        if rec.get("seconds_to_training") is not None:
+            row["fault_to_training_s"] = round(rec["time"] + rec["seconds_to_training"] - f["time"], 3)
+            row["fault_to_detect_s"] = round(rec["time"] - f["time"], 3)
+
+
+def recover_run(work, args, recover: str | None, tag: str = "") -> dict:
     """One run of --e-steps steps; ``recover``: None (no fault), "restart" or "in-process"."""
-    name = recover or "clean"
+    name = (recover or "clean") + tag
     ckpt, logs = work / f"ckpt-{name}", work / f"logs-{name}"
     shutil.rmtree(ckpt, ignore_errors=True)
     argv = [*DSLAUNCH, "run", "--nproc-per-node", str(args.ranks), "--omp-threads", "1",
             "--grace-period", "1", "--log-dir", str(logs)]
-    spec = None
+    specs: list = []
     if args.e_zero:  # the script's own config with the stage (dslaunch run --config)
         config = work / "zero.json"
         config.write_text(json.dumps({
@@ -527,37 +634,103 @@ def recover_run(work, args, recover: str | None) -> dict:
             "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "steps_per_print": 10 ** 9,
             "zero_optimization": {"stage": args.e_zero}}))
         argv += ["--config", str(config)]
+    timeout = args.e_steps * args.step_sleep * 6 + 600
     if recover:
         kinds = args.e_kinds.split(",")
-        every = args.fault_every * len(kinds)  # per kind: mixed faults come every --fault-every
-        specs = [f"{kind}:rank={1 if kind == 'kill' else 0},after={every:g}s,attempt=all"
-                 for kind in kinds]
-        spec = " ".join(specs)
+        specs = e_schedule(kinds, args.fault_every, timeout)
         argv += ["--recover", recover, "--max-restarts", "1000"]
         argv += [w for s in specs for w in ("--inject", s)]
         if "hang" in kinds:
-            argv += ["--hang-timeout", str(args.hang_timeout)]
+            argv += ["--hang-timeout", f"{args.hang_timeout:g}"]
     argv += [str(SCRIPT), "--save-dir", str(ckpt), "--save-every", str(args.save_every),
              "--step-sleep", str(args.step_sleep), "--steps", str(args.e_steps)]
     t0 = time.time()
+    load0 = bu.loadavg()
     proc = subprocess.run(argv, cwd=work, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)},
-                          timeout=args.e_steps * args.step_sleep * 6 + 600)
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=timeout)
     wall = time.time() - t0
-    res = {"recover": recover, "inject": spec, "rc": proc.returncode, "wall_s": round(wall, 3),
-           "faults": len(re.findall(r"dslaunch inject: ", proc.stdout)),
-           "in_process_recoveries": len(re.findall(r"^dslaunch: recovered in process", proc.stderr, re.M)),
-           "restarts": len(re.findall(r"^dslaunch: restarting", proc.stderr, re.M))}
-    if proc.returncode != 0:
-        res["launcher_tail"] = proc.stderr.splitlines()[-6:]
-    incidents = logs / "incidents.jsonl"
-    if incidents.exists():
-        recs = [json.loads(x) for x in incidents.read_text().splitlines() if x.strip()]
-        res["seconds_to_training"] = [r.get("seconds_to_training") for r in recs]
-        res["steps_redone"] = [r.get("steps_redone") for r in recs]
-        res["paths"] = [r.get("action") for r in recs]  # in-process, or restart (and why)
-        res["reasons"] = [str(r.get("reason", ""))[:200] for r in recs]
+    meta = {"recover": recover, "specs": specs, "rc": proc.returncode, "wall_s": round(wall, 3),
+            "load_before": load0, "load_after": bu.loadavg()}
+    recs = incidents_of(logs)
+    res = run_result(meta, proc.stdout, proc.stderr, recs, args)
+    if args.keep_logs:
+        keep = args.keep_logs / f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(t0))}-{name}"
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / "stdout.txt").write_text(proc.stdout)
+        (keep / "stderr.txt").write_text(proc.stderr)
+        (keep / "run.json").write_text(json.dumps(meta))
+        if logs.exists():
+            shutil.copytree(logs, keep / "logs", dirs_exist_ok=True)
+        res["logs_kept"] = keep.name
     return res
+
+
+def incidents_of(logs: Path) -> list:
+    path = logs / "incidents.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def run_result(meta: dict, stdout: str, stderr: str, recs: list, args) -> dict:
+    """One run's figures from what it left: its launcher's output and incident records."""
+    specs, wall = meta["specs"], meta["wall_s"]
+    fired = fired_faults(stdout, args.step_sleep)
+    res = {"recover": meta["recover"], "schedule": specs[:3] + (["..."] if len(specs) > 3 else []),
+           "rc": meta["rc"], "wall_s": wall, "load_before": meta.get("load_before"),
+           "load_after": meta.get("load_after"),
+           "faults_due": sum(1 for i in range(len(specs)) if (i + 1) * args.fault_every < wall),
+           "faults": len(fired), "fired": [f"{f['spec']} at step {f['step']}" for f in fired],
+           "in_process_recoveries": len(re.findall(r"^dslaunch: recovered in process", stderr, re.M)),
+           "restarts": len(re.findall(r"^dslaunch: restarting", stderr, re.M)),
+           "fallbacks": re.findall(r"^dslaunch: in-process recovery failed \((.*?)\): restarting", stderr, re.M),
+           "final_step": max((int(m) for m in re.findall(r"\] DONE 0 (\d+)", stdout)), default=None),
+           # the launcher's own figure (productive step time / wall time, startup included)
+           "launcher_goodput": next(iter(re.findall(r"^dslaunch: goodput ([\d.]+):", stderr, re.M)), None)}
+    if meta["rc"] != 0:
+        res["launcher_tail"] = stderr.splitlines()[-6:]
+    res["incidents"] = [incident_row(r) for r in recs]
+    attach_faults(res["incidents"], recs, fired)
+    res["paths"] = [r.get("action") for r in recs]  # in-process, or restart (and why)
+    res["steps_redone_total"] = sum(r.get("steps_redone") or 0 for r in recs)
+    return res
+
+
+def runs_from_logs(root: Path, args) -> list:
+    """--e-from-logs: the runs of an earlier part e, from the directories --keep-logs left (each
+    with run.json: recover, specs, rc, wall_s), oldest first."""
+    runs = []
+    for keep in sorted(p for p in root.iterdir() if (p / "run.json").exists()):
+        meta = json.loads((keep / "run.json").read_text())
+        res = run_result(meta, (keep / "stdout.txt").read_text(), (keep / "stderr.txt").read_text(),
+                         incidents_of(keep / "logs"), args)
+        res["logs_kept"] = keep.name
+        if meta.get("note"):
+            res["note"] = meta["note"]
+        runs.append(res)
+    return runs
+
+
+def e_summary(runs: list) -> dict:
+    """Per path: the median wall, goodput against the median fault-free wall (same steps), and
+    every fault's seconds to training with its split, over the runs."""
+    clean_wall = bu.median([r["wall_s"] for r in runs if r["recover"] is None])
+    out = {}
+    for path in ("in-process", "restart"):
+        rs = [r for r in runs if r["recover"] == path]
+        if not rs:
+            continue
+        incs = [i for r in rs for i in r["incidents"]]
+        out[path] = {"wall_s": bu.median([r["wall_s"] for r in rs]),
+                     "goodput": bu.ratio(clean_wall, bu.median([r["wall_s"] for r in rs])),
+                     "faults_fired": [r["faults"] for r in rs], "faults_due": [r["faults_due"] for r in rs],
+                     "in_process_recoveries": [r["in_process_recoveries"] for r in rs],
+                     "restarts": [r["restarts"] for r in rs],
+                     "steps_redone": [r["steps_redone_total"] for r in rs],
+                     "seconds_to_training_median": bu.median([i["seconds_to_training"] for i in incs]),
+                     "seconds_to_training_max": max((i["seconds_to_training"] or 0 for i in incs), default=None),
+                     "fault_to_training_s": [i.get("fault_to_training_s") for i in incs],
+                     "split_median": {label: bu.median([i["split"][label] for i in incs])
+                                      for label, _ in PHASE_KEYS}}
+    return {"clean_wall_s": clean_wall, **out}
 
 
 def part_e(args, features) -> dict:
@@ -565,18 +738,24 @@ def part_e(args, features) -> dict:
         return {"status": "not run: this dslaunch has no --recover"}
     work = Path(tempfile.mkdtemp(prefix="bench-inprocess-"))
     try:
-        runs = {}
-        for recover in (None, "in-process", "restart"):
-            bu.log(f"(e) {args.e_steps} steps, {recover or 'no faults'}")
-            runs[recover or "clean"] = recover_run(work, args, recover)
-        clean_wall = runs["clean"]["wall_s"]
+        runs = runs_from_logs(args.e_from_logs, args) if args.e_from_logs else []
+        order = [None, "in-process", "restart"]
+        for i in range(0 if args.e_from_logs else args.repeats):
+            for recover in order[i % 3:] + order[:i % 3]:  # each repeat starts one further on
+                bu.log(f"(e) {args.e_steps} steps, {recover or 'no faults'} #{i + 1}")
+                runs.append(recover_run(work, args, recover, tag=f"-{i}"))
+                r = runs[-1]
+                bu.log(f"    wall {r['wall_s']:.0f} s, {r['faults']} faults, {r['in_process_recoveries']} "
+                       f"in process, {r['restarts']} restarts")
+        summary = e_summary(runs)
         return {"status": "ok", "steps": args.e_steps, "ranks": args.ranks,
-                "zero_stage": args.e_zero, "fault_kinds": args.e_kinds,
+                "zero_stage": args.e_zero, "fault_kinds": args.e_kinds, "hang_timeout_s": args.hang_timeout,
                 "fault_every_s": args.fault_every, "step_sleep_s": args.step_sleep,
-                "goodput_in_process": bu.ratio(clean_wall, runs["in-process"]["wall_s"]),
-                "goodput_restart": bu.ratio(clean_wall, runs["restart"]["wall_s"]),
+                "schedule": "at= (job wall time, once per job): one fault every --fault-every s, kinds in turn",
+                "goodput_in_process": summary.get("in-process", {}).get("goodput"),
+                "goodput_restart": summary.get("restart", {}).get("goodput"),
                 "target": "in-process >= 0.95 at a fault every 120 s, >= 0.85 every 40 s",
-                "runs": clean(runs, {str(work): "<work>"})}
+                "summary": summary, "runs": clean(runs, {str(work): "<work>"})}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -605,7 +784,9 @@ def command(argv: list) -> str:
         if skip or word.startswith("--results-dir"):
             skip = word == "--results-dir"
             continue
-        shown.append(word)
+        if word.startswith(("--keep-logs=", "--e-from-logs=")):
+            word = word.split("=")[0] + "=<dir>"
+        shown.append("<dir>" if shown and shown[-1] in ("--keep-logs", "--e-from-logs") else word)
     return shlex.join(["benchmarks/bench_resilience.py", *shown])
 
 
@@ -617,6 +798,8 @@ def main(argv=None):
               "load_before": bu.loadavg(), "launcher_features": sorted(features),
               "settings": {k: v for k, v in vars(args).items() if k != "results_dir"}}
     result["settings"]["results_dir"] = None
+    for key in ("keep_logs", "e_from_logs"):  # paths of this machine
+        result["settings"][key] = None if getattr(args, key) is None else "<kept>"
     steps = {"a": ("recovery", lambda: part_a(args, features)), "b": ("goodput", lambda: part_b(args, features)),
              "e": ("in_process", lambda: part_e(args, features)),
              "c": ("async_checkpoint", lambda: other_bench("bench_async_checkpoint", args)),

@@ -277,7 +277,8 @@ def _print_summary(plan: WorldPlan) -> None:
               help="Inject a fault to rehearse recovery (repeatable; off by default): "
                    "kill:rank=R,step=N | hang:rank=R,step=N | slow:rank=R,step=N,seconds=S | "
                    "host-down:host=H,after=30s | link-down:host=H,after=30s; add attempt=N|all "
-                   "(default 0). docs/launcher.md, \"Rehearsing faults\".")
+                   "(default 0). Rank faults also take at=SECONDS since the job started, once per "
+                   "job (a schedule across restarts). docs/launcher.md, \"Rehearsing faults\".")
 @click.option("--monitor", is_flag=True,
               help="Show a live table of the ranks (host, step, step time, compute and time in "
                    "collectives, tokens/s, memory, last heartbeat; redrawn in place on a terminal, "
@@ -396,9 +397,16 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
             runner.preflight()
     except RunnerError as exc:
         raise click.ClickException(str(exc)) from None
-    sys.exit(runner.run(heartbeat_timeout=heartbeat_timeout,
+    try:
+        rc = runner.run(heartbeat_timeout=heartbeat_timeout,
                         hang_timeout=_hang_timeout(hang_timeout, config_json), elastic=elastic,
-                        monitor=monitor, straggler_threshold=straggler_threshold))
+                        monitor=monitor, straggler_threshold=straggler_threshold)
+    finally:
+        if faults:  # the at= faults' once-per-job markers on this host (launcher/inject.py)
+            from dslaunch.launcher import inject
+
+            inject.forget(env[inject.ENV])
+    sys.exit(rc)
 
 
 __all__ = ["run", "LOCAL_HOSTS"]

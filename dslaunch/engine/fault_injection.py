@@ -6,6 +6,11 @@ optimizer step; a plain torch script calls ``dslaunch.inject.tick(step)``. Witho
 ``from_env`` is None and the engine's check is one attribute test per step.
 
 Each fault says what it does on stdout first (flushed), so the job's log shows the cause.
+
+``at=`` faults are on the job's clock (``t0``, the launcher's start, + ``at``) and fire once per
+job: before firing, the process claims the fault's marker file (``once``, in this host's temporary
+directory, created exclusively); a later process of the rank (a restart, an in-process
+replacement) finds it taken and drops the fault.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 
 from dslaunch import progress_record
@@ -75,10 +81,13 @@ class RankFaults:
     def at_step(self, step: int) -> None:
         """The global step counter reached ``step``: fire what is due."""
         if self.pending:
-            elapsed = time.monotonic() - _T0
+            elapsed, now = time.monotonic() - _T0, time.time()
             for fault in [f for f in self.pending if f.get("step", -1) <= step and "step" in f
-                          or "after" in f and elapsed >= f["after"]]:
+                          or "after" in f and elapsed >= f["after"]
+                          or "at" in f and now >= f.get("t0", 0.0) + f["at"]]:
                 self.pending.remove(fault)
+                if "at" in fault and not claim_once(fault):
+                    continue  # an earlier process of this job fired it
                 self._fire(fault, step)
         if self.slow:
             self.slept_steps += 1
@@ -94,6 +103,21 @@ class RankFaults:
         else:
             self.slow = float(fault["seconds"])
             _say(f"{spec}: rank {self.rank} sleeps {self.slow:g} s at every step from step {step}")
+
+
+def claim_once(fault: dict) -> bool:
+    """True for the first process of the job to claim ``fault`` (its marker file did not exist),
+    False for any later one. A fault without a usable marker name is claimed (it fires)."""
+    name = fault.get("once")
+    if not isinstance(name, str) or not name or "/" in name:
+        return True
+    try:
+        os.close(os.open(os.path.join(tempfile.gettempdir(), name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 _FAULTS: RankFaults | None = None

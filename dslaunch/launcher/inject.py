@@ -16,6 +16,14 @@ script reports it with ``dslaunch.inject.tick(step)``) or ``after=SECONDS`` (``3
 ``2m``: since the rank or the agent started), and ``attempt=N|all`` (default 0: a restarted job
 must not meet the same fault forever). Host faults with ``step=`` read the ranks' progress records.
 
+Rank faults also take ``at=SECONDS``: seconds since the job started (the launcher stamps its start,
+``t0``, into the fault), once per job: the first process of the rank that makes a step at or after
+that time fires it, whichever attempt or replacement it is, and no later process of the rank meets
+it again (the firing process claims a marker file named by ``once`` in the host's temporary
+directory first; the launcher removes its host's markers at the end). A schedule of ``at=`` faults
+is one fault at a time across the whole job, the way a job meets faults in production, where
+``after=`` counts from each process's own start. Hosts' clocks are assumed to agree (NTP).
+
 The launcher validates the specs here and ships them to every rank and agent as JSON in
 ``DSLAUNCH_INJECT``; the rank side is ``engine/fault_injection.py`` (the engine may not import the
 launcher), the agent side is ``HostFaults`` below.
@@ -26,8 +34,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import threading
 import time
+import uuid
 
 from dslaunch import progress_record
 
@@ -37,6 +47,7 @@ HOST_KINDS = ("host-down", "link-down")
 KINDS = RANK_KINDS + HOST_KINDS
 SILENT_CAP = 900.0  # a silenced agent whose connection never closes still ends after this long
 POLL = 0.1
+ONCE_PREFIX = "dslaunch-inject-"  # + job token + index: the marker engine/fault_injection.py claims
 
 
 class InjectError(ValueError):
@@ -76,7 +87,8 @@ def parse_spec(spec: str) -> dict:
     if kind not in KINDS:
         raise InjectError(f"--inject {spec!r}: unknown fault {kind!r} (one of {', '.join(KINDS)})")
     target = "rank" if kind in RANK_KINDS else "host"
-    allowed = {target, "step", "after", "attempt"} | ({"seconds"} if kind == "slow" else set())
+    allowed = {target, "step", "after", "attempt"} | ({"seconds"} if kind == "slow" else set()) \
+        | ({"at"} if target == "rank" else set())
     fault: dict = {"kind": kind, "spec": spec.strip(), "attempt": 0}
     seen: set = set()
     for part in filter(None, (p.strip() for p in rest.split(","))) if colon else ():
@@ -93,15 +105,21 @@ def parse_spec(spec: str) -> dict:
             fault["host"] = value
         elif key in ("rank", "step"):
             fault[key] = _int(spec, key, value)
-        elif key in ("after", "seconds"):
+        elif key in ("after", "seconds", "at"):
             fault[key] = _seconds(spec, key, value)
         else:  # attempt
             fault["attempt"] = "all" if value == "all" else _int(spec, key, value)
     if target not in fault:
         raise InjectError(f"--inject {spec!r}: {kind} needs {target}= (e.g. "
                           f"{kind}:{target}={'1' if target == 'rank' else 'host2'},step=10)")
-    if ("step" in fault) == ("after" in fault):
-        raise InjectError(f"--inject {spec!r}: give exactly one trigger, step=N or after=SECONDS")
+    if sum(key in fault for key in ("step", "after", "at")) != 1:
+        raise InjectError(f"--inject {spec!r}: give exactly one trigger, step=N or after=SECONDS"
+                          + (" or at=SECONDS" if target == "rank" else ""))
+    if "at" in fault:
+        if "attempt" in seen:
+            raise InjectError(f"--inject {spec!r}: at= fires once per job, in whichever attempt "
+                              "runs then: it takes no attempt=")
+        fault["attempt"] = "all"
     if kind == "slow" and not fault.get("seconds"):
         raise InjectError(f"--inject {spec!r}: slow needs seconds=S > 0 (the sleep per step)")
     return fault
@@ -122,8 +140,30 @@ def parse_specs(specs, hosts: list, world_size: int) -> list:
     return faults
 
 
-def encode(faults: list) -> str:
-    return json.dumps(faults, separators=(",", ":"))
+def encode(faults: list, job_start: float | None = None) -> str:
+    """The faults as the ranks and agents get them; ``at=`` faults stamped with the job's start
+    (``job_start``, default now) and their once-per-job marker's name."""
+    token = uuid.uuid4().hex[:12]
+    t0 = time.time() if job_start is None else job_start
+    out = [{**f, "t0": t0, "once": f"{ONCE_PREFIX}{token}-{i}"} if "at" in f else f
+           for i, f in enumerate(faults)]
+    return json.dumps(out, separators=(",", ":"))
+
+
+def forget(encoded: str) -> int:
+    """Remove this host's once-per-job markers of ``encoded``'s ``at=`` faults (the job is over).
+    Returns how many were there."""
+    n = 0
+    for fault in decode(encoded):
+        name = fault.get("once")
+        if not isinstance(name, str) or not name.startswith(ONCE_PREFIX) or "/" in name:
+            continue
+        try:
+            os.unlink(os.path.join(tempfile.gettempdir(), name))
+            n += 1
+        except OSError:
+            pass
+    return n
 
 
 def decode(text: str | None) -> list:
@@ -232,5 +272,5 @@ class HostFaults:
         subprocess.run(["ip", "link", "set", dev, "down"], capture_output=True, timeout=10)
 
 
-__all__ = ["ENV", "InjectError", "parse_spec", "parse_specs", "encode", "decode", "applies",
-           "HostFaults"]
+__all__ = ["ENV", "InjectError", "parse_spec", "parse_specs", "encode", "decode", "forget",
+           "applies", "HostFaults"]

@@ -81,6 +81,9 @@ else:
               "optimizer": {"type": "SGD", "params": {"lr": 0.01}}, "steps_per_print": 10 ** 9}
     engine, *_ = dslaunch.initialize(model=model, model_parameters=model.parameters(),
                                      config=None if os.environ.get("DSLAUNCH_CONFIG") else config)
+    # a standby process promoted to a lost rank (--recover in-process) learns its rank here
+    RANK = os.environ.get("RANK", RANK)
+    ATTEMPT = os.environ.get("DSLAUNCH_RESTART_COUNT", ATTEMPT)
     say("INIT")
     if args.save_dir:
         engine.load_checkpoint(args.save_dir)
