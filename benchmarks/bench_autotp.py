@@ -6,8 +6,9 @@ both sides, gloo on CPU).
         [--vocab-parallel] [--out benchmarks/results/autotp-<time>.json]
 
 ``--vocab-parallel``: both engines with ``tensor_parallel.vocab_parallel_lm_head: true`` (the
-untied LM head split by vocabulary, the loss over the split logits); without it the head stays
-whole on every rank, DeepSpeed's default.
+untied LM head split by vocabulary, the loss over the split logits); without it (the default
+configuration) both split the untied head by vocabulary and all-gather its logits (DeepSpeed
+0.19.8's training default; dslaunch's since issue 33's fix, whole on every rank before).
 
 * ``tiny`` (hidden 64, 2 layers, 4 heads / 2 key-value heads, 5 steps): the losses of the two,
   side by side, and their largest relative difference.
@@ -15,7 +16,9 @@ whole on every rank, DeepSpeed's default.
   accumulation 2): median seconds per step after one warm-up step, tokens/s of the job (a TP
   group's tokens counted once) and the largest peak RSS of a rank; the engines alternate per
   round. Ratios: dslaunch tokens/s / DeepSpeed's (above 1: dslaunch faster), peak RSS dslaunch /
-  DeepSpeed (below 1: dslaunch leaner).
+  DeepSpeed (below 1: dslaunch leaner), each round's and their medians. The machine's load
+  average is recorded before each round (CPU time is shared: the per-round ratios show the
+  noise).
 
 Prints one JSON document and writes it to --out.
 """
@@ -71,7 +74,9 @@ def main() -> None:
     rel = max(abs(a - b) / abs(b) for a, b in zip(tiny["dslaunch"]["losses"],
                                                   tiny["deepspeed"]["losses"], strict=True))
     rounds = {"dslaunch": [], "deepspeed": []}
+    load_each_round = []
     for r in range(args.rounds):
+        load_each_round.append(os.getloadavg()[0])
         for e in (("dslaunch", "deepspeed") if r % 2 == 0 else ("deepspeed", "dslaunch")):
             rounds[e].append(_run(e, "small", args))
     small = {e: {"median_step_s": statistics.median(x["median_step_s"] for x in runs),
@@ -79,12 +84,15 @@ def main() -> None:
                  "peak_rss_bytes_each_round": [x["peak_rss_bytes_max_rank"] for x in runs],
                  "tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs),
                  "peak_rss_bytes_max_rank": max(x["peak_rss_bytes_max_rank"] for x in runs),
+                 "peak_rss_bytes_each_rank_each_round": [x["peak_rss_bytes_each_rank"]
+                                                         for x in runs],
                  "q_proj_local_shape": runs[0]["q_proj_local_shape"],
+                 "lm_head_local_shape": runs[0]["lm_head_local_shape"],
                  "losses": runs[0]["losses"]} for e, runs in rounds.items()}
     doc = {"bench": "autotp", "tp": args.tp, "stage": args.stage, "rounds": args.rounds,
            "vocab_parallel_lm_head": args.vocab_parallel,
            "cpu_count": os.cpu_count(), "load_avg_before": load_before,
-           "load_avg_after": os.getloadavg(),
+           "load_avg_after": os.getloadavg(), "load_avg_1min_each_round": load_each_round,
            "tiny_losses": {e: v["losses"] for e, v in tiny.items()},
            "tiny_max_rel_loss_diff": rel, "small": small,
            "ratio_tokens_per_s": small["dslaunch"]["tokens_per_s"]
@@ -92,8 +100,17 @@ def main() -> None:
            "ratio_tokens_per_s_each_round": [
                a["tokens_per_s"] / b["tokens_per_s"]
                for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)],
+           "ratio_tokens_per_s_median_of_rounds": statistics.median(
+               a["tokens_per_s"] / b["tokens_per_s"]
+               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)),
            "ratio_peak_rss": small["dslaunch"]["peak_rss_bytes_max_rank"]
-           / small["deepspeed"]["peak_rss_bytes_max_rank"]}
+           / small["deepspeed"]["peak_rss_bytes_max_rank"],
+           "ratio_peak_rss_each_round": [
+               a["peak_rss_bytes_max_rank"] / b["peak_rss_bytes_max_rank"]
+               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)],
+           "ratio_peak_rss_median_of_rounds": statistics.median(
+               a["peak_rss_bytes_max_rank"] / b["peak_rss_bytes_max_rank"]
+               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True))}
     text = json.dumps(doc, indent=1)
     print(text)
     out = Path(args.out or HERE / "results" / f"autotp-{time.strftime('%Y%m%d-%H%M%S')}.json")

@@ -3,7 +3,9 @@ and Qwen2 models (hidden 64, 2 layers, 4 heads, 2 key/value heads; Qwen2 with ti
 trained 10 steps by ``dslaunch.initialize`` with only the config key, TP 2 (2 ranks) and TP 2 x
 DP 2 (4 ranks) at ZeRO 0, 1 and 2 (micro-batches x accumulation 2, AdamW, clipping), against the
 same model trained unsplit in one process: losses within 1e-5 relative. Each rank holds exactly
-1/2 of every split weight (elements and bytes); embeddings, norms and the LM head stay whole;
+1/2 of every split weight (elements and bytes); embeddings, norms and the tied LM head (Qwen2)
+stay whole, the untied one (Llama) is split by vocabulary with its logits gathered (DeepSpeed
+0.19.8's training default);
 ``save_16bit_model`` writes the whole model under its own names and shapes. The other families'
 (Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split forward and backward match the whole
 model; Hugging Face's activation checkpointing (same losses) and bf16 (within 1e-2) compose. A TP 2
@@ -41,11 +43,14 @@ def _check_runs(ranks, dp):
                 assert abs(got - want) <= 1e-5 * abs(want), (name, r["rank"], run["losses"],
                                                               run["ref"])
             split = run["split"]
-            # q k v o gate up down per layer (+ q/k/v biases for Qwen2), 2 layers
-            assert split["split"] == (14 if name.startswith("llama") else 20), name
+            # q k v o gate up down per layer (+ q/k/v biases for Qwen2), 2 layers; the Llama's
+            # untied LM head too (Qwen2's, tied to the embedding, stays whole)
+            assert split["split"] == (15 if name.startswith("llama") else 20), name
             assert split["wrong"] == [], name
             assert "model.embed_tokens.weight" in split["kept"]
             assert "model.norm.weight" in split["kept"]
+            if name.startswith("llama"):
+                assert "lm_head.weight" not in split["kept"], name
             assert not any("proj" in n for n in split["kept"]), split["kept"]
             assert split["param_bytes"] < split["full_bytes"]
 
@@ -105,14 +110,15 @@ def _equal_losses(run, name):
 
 def test_one_all_reduce_per_column_group_and_vocab_parallel_head(job_cache):
     """q / k / v share one copy into the tensor-parallel region, as gate / up do: one forward
-    and backward of the 2-layer Llama all-reduces 8 times (per layer: the 2 row-parallel
+    and backward of the 2-layer Llama all-reduces 9 times (per layer: the 2 row-parallel
     outputs forward, the 2 shared copies' input gradients backward; one copy per column layer
-    made it 14), and DeepSpeed's vocab_parallel_lm_head: true splits the untied LM head by
-    vocabulary (its weight and state 1/2 per rank) with the loss over the split logits (3
-    all-reduces forward, 1 backward more) and trains with the unsplit model's losses."""
+    made it 14; plus the gathered LM head's input gradient), and DeepSpeed's
+    vocab_parallel_lm_head: true keeps the head's logits split (its weight and state 1/2 per
+    rank) with the loss over them (3 all-reduces forward more) and trains with the unsplit
+    model's losses."""
     for r in _job(job_cache, 2, *TP2_JOB):
         conf = r["configurable"]
-        assert conf["all_reduces"] == {"plain": 8, "vocab_head": 12}
+        assert conf["all_reduces"] == {"plain": 9, "vocab_head": 12}
         head = conf["llama_vocab_z1"]
         _equal_losses(head, "vocab head")
         assert head["split"]["split"] == 15 and head["split"]["wrong"] == []

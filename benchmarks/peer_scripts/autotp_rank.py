@@ -3,7 +3,8 @@ run``) or DeepSpeed (the peer venv's torchrun), the same model, data and config.
 dslaunch|deepspeed``; ``--size tiny`` (hidden 64, 2 layers, 4 heads / 2 key-value heads: the loss
 check) or ``small`` (hidden 512, 4 layers, 8 / 4 heads, seq 256: the timing). Rank 0 prints one
 ``RESULT {json}`` line: the step losses, seconds per timed step, tokens/s of the job (each TP
-group's tokens counted once), this rank's peak RSS and the shape of one split weight."""
+group's tokens counted once), every rank's peak RSS and the local shapes of q_proj and the LM
+head."""
 
 import argparse
 import json
@@ -80,7 +81,8 @@ for step in range(args.warmup + args.steps):
     dist.all_reduce(t)
     losses.append(t.item() / world)
 rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64)
-dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+every = [torch.zeros_like(rss) for _ in range(world)]
+dist.all_gather(every, rss)
 if rank == 0:
     step_s = sorted(times)[len(times) // 2]
     q = engine.module.model.layers[0].self_attn.q_proj.weight
@@ -88,7 +90,10 @@ if rank == 0:
         "engine": args.engine, "size": args.size, "tp": args.tp, "dp": dp, "stage": args.stage,
         "losses": losses, "median_step_s": step_s,
         "tokens_per_s": micro * gas * dp * seq / step_s,
-        "peak_rss_bytes_max_rank": int(rss.item()), "q_proj_local_shape": list(q.shape)}),
+        "peak_rss_bytes_max_rank": int(max(t.item() for t in every)),
+        "peak_rss_bytes_each_rank": [int(t.item()) for t in every],
+        "q_proj_local_shape": list(q.shape),
+        "lm_head_local_shape": list(engine.module.lm_head.weight.shape)}),
         flush=True)
 dist.barrier()
 sys.stdout.flush()

@@ -13,9 +13,11 @@ found instead of written:
 - row (input features split, partial products all-reduced, bias added once): the attention's
   output projection (``o_proj``, ``dense``, ``c_proj``) and the MLP's down projection
   (``down_proj``, ``fc2``, ``dense_4h_to_h``, ``c_proj``);
-- everything else whole on every rank: embeddings, norms, the LM head (so a tied LM head stays
-  tied; an untied one is split by vocabulary with ``vocab_parallel_lm_head: true``,
-  ``autotp_head.py``), and any linear layer the rules do not know (correct, only not split).
+- the untied LM head: split by vocabulary with its logits all-gathered (DeepSpeed 0.19.8's
+  training default), or with ``vocab_parallel_lm_head: true`` its logits left split and the loss
+  computed on them (``autotp_head.py``); a tied one stays whole (and tied);
+- everything else whole on every rank: embeddings, norms, and any linear layer the rules do not
+  know (correct, only not split).
 
 Attention heads are split in whole heads: the query heads and, with grouped-query attention, the
 key/value heads must both divide by N (a clear error otherwise). The attention modules of these
@@ -112,7 +114,8 @@ def _linear_like(m) -> bool:
 
 def autotp_plan(model: nn.Module) -> dict:
     """``{module name: style}`` for every linear layer of ``model`` the rules above know (the
-    LM head and layers outside the decoder blocks' attention / MLP are left whole)."""
+    LM head, split afterwards by ``autotp_head.py``, and layers outside the decoder blocks'
+    attention / MLP are left out)."""
     plan = {}
     for name, m in model.named_modules():
         if not name or not _linear_like(m):
@@ -189,6 +192,10 @@ def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
         from .autotp_head import split_lm_head
 
         split_lm_head(model, group)
+    elif tp > 1 and not given:
+        from .autotp_head import gather_lm_head
+
+        gather_lm_head(model, group)
     if tp > 1:
         _fix_attention_sizes(model, tp)
         model.ds_autotp_parsed = True

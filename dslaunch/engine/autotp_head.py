@@ -1,6 +1,9 @@
-"""AutoTP's vocabulary-parallel LM head (DeepSpeed's ``tensor_parallel.vocab_parallel_lm_head:
-true``): the untied ``lm_head`` of a Hugging Face causal LM split over the tensor-parallel group
-by vocabulary rows, and the model's loss computed on the split logits.
+"""AutoTP's LM head. By default (``tensor_parallel.vocab_parallel_lm_head: false``, DeepSpeed
+0.19.8's training default) the untied ``lm_head`` of a Hugging Face causal LM is split by
+vocabulary rows and its logits all-gathered (``gather_lm_head``): each rank computes half the
+head's matmuls (forward and backward) and holds half its weight, gradient and optimizer state,
+and the model's own loss runs on the whole logits. With ``vocab_parallel_lm_head: true``
+(``split_lm_head``) the logits stay split and the loss is computed on them.
 
 Each rank computes the logits of its vocabulary range only (1/N of the head's matmul and of the
 softmax work, and of the logits' memory) and ``vocab_parallel_cross_entropy`` combines the ranks'
@@ -64,6 +67,21 @@ class VocabParallelCausalLMLoss:
                 num_items_in_batch = num_items_in_batch.to(total.device)
             return total / num_items_in_batch
         return total / keep.sum()
+
+
+def gather_lm_head(model: nn.Module, group) -> bool:
+    """Split ``model``'s untied LM head by vocabulary, its output gathered (the logits whole on
+    every rank, equal to the unsplit head's); True when done. A head that is tied, missing or
+    whose vocabulary does not divide by the group's size stays whole (False)."""
+    name, head = _head(model)
+    if head is None or _tied(model, head) or head.out_features % _world(group):
+        return False
+    from .autotp import _keep_params
+
+    setattr(model, name, _keep_params(ColumnParallelLinear.from_linear(head, group,
+                                                                       gather_output=True),
+                                      head, head))
+    return True
 
 
 def split_lm_head(model: nn.Module, group) -> bool:

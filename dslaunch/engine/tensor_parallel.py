@@ -55,10 +55,12 @@ def _split_last(x: torch.Tensor, group) -> torch.Tensor:
 
 
 def _gather_last(x: torch.Tensor, group) -> torch.Tensor:
-    w = _world(group)
-    parts = [torch.empty_like(x) for _ in range(w)]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=-1)
+    # one flat all-gather (rank-major) and one copy into place; a list all-gather then cat
+    # copies the gathered bytes twice more (gloo stages a list output in a flat buffer)
+    w, x = _world(group), x.contiguous()
+    flat = x.new_empty((w * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(flat, x, group=group)
+    return flat.view(w, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], w * x.shape[-1])
 
 
 class _CopyToTP(torch.autograd.Function):

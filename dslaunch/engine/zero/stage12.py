@@ -407,6 +407,11 @@ class ZeroStage12Strategy(OptimizerStrategy):
             for bi, (b, bview) in enumerate(zip(g.layout.buckets,
                                                 P.bucket_views(g.grad_flat, g.layout))):
                 send, cd = self._comm_input((gi, bi), bview)
+                if g.world == 1 and cd == self.dtype:
+                    # one data-parallel rank (AutoTP at DP 1): the reduction is the bucket
+                    # itself; no copy of the gradients (zeroed after the step anyway)
+                    outs.append(bview)
+                    continue
                 out = torch.empty(b.chunk(g.world), dtype=cd, device=self.device)
                 # the flat gradient buffer is reduced in place where the collective runs as an
                 # all_reduce (gloo): it is zeroed before the next accumulation anyway
@@ -417,7 +422,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
                     self.host.gradient(gi, bi, out, self._grad_post())
                 self.host.drain()
                 outs = P.shard_chunks(g.grad_shard, g.layout)
-            else:
+            elif self._grad_post() != 1.0:
                 for out in outs:
                     out.mul_(self._grad_post())
             self._stage1_grad_chunks.append(outs)
@@ -531,6 +536,10 @@ class ZeroStage12Strategy(OptimizerStrategy):
             g = self.groups[gi]
             bview = g.buckets[bi]
             inp = src.to(device=self.device, dtype=self.dtype)
+            if g.world == 1:  # the chunk is the bucket: nothing to gather, at most a copy
+                if inp.data_ptr() != bview.data_ptr():
+                    bview.copy_(inp.reshape(bview.shape))
+                continue
             lo = bview.data_ptr()
             if lo <= inp.data_ptr() < lo + bview.numel() * bview.element_size() and \
                     _aliasing_refused(g.comm, inp):
