@@ -109,6 +109,17 @@ class ProgressWriter:
         self._flush(now)
         return seq
 
+    def new_groups(self) -> None:
+        """The process groups were made anew (in-process recovery: ``inprocess_recovery``'s
+        ``_join_group``, on survivors and replacements alike): every group's sequence numbers
+        start again at 1, as on every other member. Kept across it, a survivor's numbers ran ahead
+        of a replacement's by all the collectives before the fault, and the hang watchdog took
+        their different collectives under one number for a desync."""
+        self._group_seq.clear()
+        self.v.update(coll_seq=0, coll_since=0.0, coll_bytes=0, coll_op="", coll_group="",
+                      last_seq=0, last_op="", last_group="")
+        self._flush()
+
     def resume(self, op: str, group: str, seq: int, nbytes: int = 0) -> None:
         """The rank waits for collective ``seq`` of ``group``, entered earlier (an async call's
         ``wait()``): shown as in it again, the sequence unchanged."""

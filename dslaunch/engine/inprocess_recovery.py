@@ -325,6 +325,11 @@ def _join_group(word: dict) -> None:
     os.environ.update(MASTER_ADDR=str(word["master_addr"]), MASTER_PORT=str(word["master_port"]),
                       RANK=str(word["rank"]), WORLD_SIZE=str(word["world_size"]))
     dist.init_process_group(backend, rank=int(word["rank"]), world_size=int(word["world_size"]))
+    from dslaunch import progress_record
+
+    record = progress_record.writer()
+    if record is not None:  # every member numbers the new group's collectives from 1
+        record.new_groups()
 
 
 def engine_state(engine) -> dict:
