@@ -44,7 +44,6 @@ STACK_WAIT = 1.5  # how long a "dump stacks" waits for a rank's faulthandler fil
 PYSPY_TIMEOUT = 1.5
 PREVIOUS_ATTEMPT_WAIT = 60.0  # beyond the grace period: how long a restarted agent waits for the
 # previous attempt's agent on its node to have stopped its ranks (see node_lock)
-FIRST_STANDBY_WAIT = 120.0  # the longest the first standby waits for the ranks' first step
 READER_JOIN = 2.0  # how long an exit waits for the rank's last output to be streamed
 
 
@@ -149,7 +148,6 @@ class Agent:
         self.started_acks: dict = {}  # local rank -> the epoch whose "recovering" went out
         self.standby: Rank | None = None  # a warm process that becomes a lost rank at once
         self.standbys = 0  # how many were started (their file names)
-        self.standby_wanted: float | None = None  # the first standby waits for the ranks' first step
 
     # ---- output ----------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -526,7 +524,7 @@ class Agent:
             self.stop(dump=False, kill=True)
             self._reap_all()
             return 2
-        self.standby_wanted = time.monotonic()  # started once the ranks are training
+        self._start_standby()
         faults = inject.HostFaults.from_env(self, {**os.environ, **self.plan.env})
         if faults is not None:
             faults.start()
@@ -539,7 +537,6 @@ class Agent:
                 self.stop(dump=False)
             self._fence()
             self._forward_acks()
-            self._first_standby()
             try:
                 kind, item = self.queue.get(timeout=0.1)
             except queue.Empty:
@@ -634,24 +631,6 @@ class Agent:
             self.standby = self._start_rank(-1, 0, standby=True)
         except (OSError, RuntimeError) as exc:
             self.say(f"no standby process for in-process recovery: {exc}")
-
-    def _first_standby(self) -> None:
-        """Start the first standby once this node's ranks have all made a step (or after
-        FIRST_STANDBY_WAIT s): started beside them, its imports competed with theirs for the
-        cores and delayed the job's first step (by up to 19 s on this project's loaded 2-core
-        host), and a fault before it is ready is recovered with a cold replacement anyway."""
-        since = self.standby_wanted
-        if since is None:
-            return
-        if time.monotonic() - since < FIRST_STANDBY_WAIT:
-            for r in self.ranks:
-                if r.proc.poll() is None:
-                    rec = progress_record.read(r.progress_file)
-                    if rec is None or rec["step"] < 1:
-                        return
-        self.standby_wanted = None
-        if self.standby is None:
-            self._start_standby()
 
     def _promote(self, rank: int, local_rank: int, extra: dict) -> Rank | None:
         """The standby becomes ``rank`` (None: there is none alive)."""
