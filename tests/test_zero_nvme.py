@@ -51,11 +51,12 @@ def _config(stage, device, nvme_path=None, buffer_count=4, sub_group=3000, bucke
     return c
 
 
-def _launch(workdir: Path, name: str, config: dict, *args, check=True, env=None):
-    """A one-off 2-rank job of tests/scripts/nvme_train.py (not cached): its results, or with
-    check=False the CompletedProcess. The launcher's default grace period, as a user gets it."""
+def _launch(workdir: Path, name: str, config: dict, *args, check=True, env=None, nproc=2):
+    """A one-off job of tests/scripts/nvme_train.py (not cached; 2 ranks unless told): its
+    results, or with check=False the CompletedProcess. The launcher's default grace period, as a
+    user gets it."""
     out = workdir / f"{name}.out.json"
-    p = launch(workdir, config, SCRIPT, ["--out", out, *args], env=env, check=check,
+    p = launch(workdir, config, SCRIPT, ["--out", out, *args], nproc=nproc, env=env, check=check,
                timeout=300, grace_period=None)
     if not check:
         return p
@@ -306,7 +307,9 @@ def test_a_killed_rank_leaves_files_the_next_job_removes(work):
 
 def test_bad_nvme_path_is_a_clear_error(work):
     missing = work / "no_such_dir"
-    p = _launch(work, "bad_missing", _config(2, "nvme", missing), "--steps", "1", check=False)
+    # one rank: each rank checks its own nvme_path before any collective, a second adds nothing
+    p = _launch(work, "bad_missing", _config(2, "nvme", missing), "--steps", "1", check=False,
+                nproc=1)
     assert p.returncode != 0
     assert f"{KEY}: {missing} does not exist" in p.stdout + p.stderr
     from dslaunch.engine.zero.nvme.swap_dir import make_swap_dir
