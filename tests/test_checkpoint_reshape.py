@@ -11,6 +11,9 @@ examples/gpt.py, global batch 16 whatever the world size):
 - b: stage 3, bf16, offload_optimizer + offload_param cpu, 2 ranks, saves at step 6;
   rb: a 1-rank stage 2 bf16 job (no offload) resumes it.
 
+Launches: a and b in one (JobCache.run_many), r4 its own, r1 and rb (1 rank each) in one, r1
+first; rb runs alone when its test runs without the first.
+
 Tolerances. fp32: 1e-5 relative per step (the issue's bound). Another world size splits the
 global batch into other micro-batches and sums the gradients in another order, so gradients differ
 by fp32 rounding (~1e-7 relative); Adam carries that forward (observed ~2e-7). bf16: 2e-3 relative,
@@ -87,6 +90,16 @@ def _source(job_cache, name):
     return _job(job_cache, name, 2, SOURCES[name], "--save", "{dir}/ck", "--save-at", SAVE_AT)
 
 
+def _one_rank_resumes(job_cache, work):
+    """r1 (loads ``work/ck_r1``, made by the first test) and rb (loads b's checkpoint) in one
+    1-rank launch, r1 first (a failed run ends the launch: rb's failure cannot hide r1's)."""
+    def args(ck):
+        return ("--steps", STEPS, "--out", "{dir}/out.json", "--load", ck)
+    job_cache.run_many("reshape_1rank", SCRIPT, {
+        "r1": (args(work / "ck_r1"), _config(3)),
+        "rb": (args(ck_b(job_cache)), _config(2, "bf16"))}, nproc=1, timeout=240)
+
+
 def _job_a(job_cache):
     return _source(job_cache, "a")
 
@@ -130,6 +143,7 @@ def test_stage3_2_to_4_to_1_ranks_continues_with_the_same_losses(job_cache, work
     assert _meta(ck_r4)["world_size"] == 4
     _ckpt("reshape", ck_r4, work / "ck_r1", "--world-size", 1)
     assert _meta(work / "ck_r1")["world_size"] == 1
+    _one_rank_resumes(job_cache, work)
     r1 = _launch(job_cache, "r1", 1, _config(3), "--load", work / "ck_r1")
     assert sorted(r4) == list(range(SAVE_AT, STEPS)) and sorted(r1) == list(range(RESAVE_AT, STEPS))
     assert _max_rel(full, r4) <= 1e-5
