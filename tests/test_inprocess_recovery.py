@@ -7,7 +7,10 @@ fall back to restarting every rank."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from test_launch import assert_no_leftovers, marker_env
@@ -97,18 +100,27 @@ def _rank_digests(out: str) -> dict:
     return {int(r): d for r, d in re.findall(r"rank (\d+) pid \d+ done (\w+)", out)}
 
 
-@pytest.mark.parametrize("stage,bf16", [(1, False), (2, True)], ids=["zero1-fp32", "zero2-bf16"])
+def _zero_config(stage: int, bf16: bool) -> str:
+    zero = {"stage": stage}
+    if stage == 3:  # every parameter partitioned (none kept whole): forward gathers them all
+        zero["stage3_param_persistence_threshold"] = 0
+    return json.dumps({"zero_optimization": zero, "gradient_accumulation_steps": 2,
+                       "bf16": {"enabled": bf16}})
+
+
+@pytest.mark.parametrize("stage,bf16", [(1, False), (2, True), (3, False), (3, True)],
+                         ids=["zero1-fp32", "zero2-bf16", "zero3-fp32", "zero3-bf16"])
 def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16):
-    """ZeRO 1-2: the lost rank's optimizer shard exists only in its buddy's copy
+    """ZeRO 1-3: the lost rank's shard exists only in its buddy's copy
     (engine/zero/shard_copies.py); the replacement takes it from there, and every rank ends with
     the digest of its fault-free twin (its shard of fp32 state and Adam moments, bit for bit).
     The kill lands between steps; with gradient accumulation 2 the survivors then fail inside
-    the next step's first micro-batch (stage 2 reduces there) and start that step again. In fp32
-    the copy holds the Adam moments (the weights are in every rank's model); in bf16 the fp32
-    masters too."""
+    the next step's first micro-batch (stage 2 reduces there, stage 3 gathers in its forward:
+    the abandoned step's forwards then run dry) and start that step again. In fp32 the copy
+    holds the Adam moments (at stages 1-2 the weights are in every rank's model; at stage 3 the
+    copy holds the parameter shard too); in bf16 the fp32 masters too."""
     marker, env = marker_env()
-    config = json.dumps({"zero_optimization": {"stage": stage}, "gradient_accumulation_steps": 2,
-                         "bf16": {"enabled": bf16}})
+    config = _zero_config(stage, bf16)
     r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
                  "--log-dir", tmp_path / "logs", "--inject", "kill:rank=2,step=4", SCRIPT, STEPS,
                  config, env=env, timeout=240)
@@ -124,6 +136,33 @@ def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16
     [inc] = _incidents(tmp_path)
     assert inc["action"] == "in-process" and inc["steps_redone"] == 0
     assert_no_leftovers(marker)
+
+
+def test_zero3_world_shrinks_and_the_shards_are_repartitioned(tmp_path):
+    """ZeRO 3, the ranks' side of a world that shrinks (a lost host: the launcher's side needs
+    namespace hosts, tests/multihost/test_inprocess_hosts.py): after step 4 rank 2 leaves and
+    ranks 0-1 recover in process as a world of 2 (recover_train.py RECOVER_SHRINK_AT). Rank 2's
+    parameter and optimizer shard exists only in its buddy's copy (rank 0); the survivors
+    re-partition the model over 2 from their shards and that copy. Their losses are those of
+    one process trained on the whole global batch with world 3, then 2 (within 1e-6 relative:
+    the reductions add in another order)."""
+    steps, config = 8, _zero_config(3, False)
+    env = dict(os.environ, RECOVER_SHRINK_AT="4")
+    r = dslaunch("run", "--nproc-per-node", 3, SCRIPT, steps, config, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rank 0 goes on in a world of 2" in r.stdout and "rank 1 goes on in a world of 2" \
+        in r.stdout, r.stdout[-3000:]
+    ref_env = dict(os.environ, RECOVER_REFERENCE="3@0,2@4")
+    ref_env.pop("DSLAUNCH_CONFIG", None)
+    ref = subprocess.run([sys.executable, str(SCRIPT), str(steps), config], env=ref_env,
+                         capture_output=True, text=True, timeout=240)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    losses = _losses(r.stdout)
+    expected = {int(s): float(v) for s, v in re.findall(r"step (\d+) loss ([\d.]+)", ref.stdout)}
+    assert sorted(losses) == sorted(expected) == list(range(1, steps + 1))
+    for step, loss in losses.items():
+        assert abs(loss - expected[step]) <= 1e-6 * abs(expected[step]), \
+            (step, loss, expected[step])
 
 
 def test_fault_in_the_scripts_own_allreduce_is_recovered_in_process(tmp_path):
@@ -171,15 +210,20 @@ def test_survivor_hung_at_the_same_step_gives_up_at_once(tmp_path):
     assert_no_leftovers(marker)
 
 
-def test_zero3_refuses_and_the_job_restarts_instead(tmp_path):
+def test_zero3_offloaded_parameters_refuse_and_the_job_restarts_instead(tmp_path):
+    """ZeRO 3 with offload_param keeps its parameter shard in its own (host) store, which the
+    shard copies do not cover: the ranks refuse, say why, and the job restarts every rank."""
     marker, env = marker_env()
-    config = json.dumps({"zero_optimization": {"stage": 3}})
+    config = json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
     r = dslaunch("run", "--nproc-per-node", 2, "--recover", "in-process", "--max-restarts", 1,
                  "--log-dir", tmp_path / "logs", "--inject", "kill:rank=1,step=3", SCRIPT, 5,
                  config, env=env, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert ("in-process recovery refused: ZeRO stage 3 keeps a shard of the parameters on each "
-            "rank" in r.stdout + r.stderr)
+    assert ("in-process recovery refused: ZeRO stage 3 here keeps no copy of each rank's "
+            "parameter and optimizer shard (offload_param keeps the parameter shard on the cpu "
+            "in its own store)" in r.stdout + r.stderr), r.stderr[-3000:]
+    [inc] = _incidents(tmp_path)  # the record says why the job restarted
+    assert inc["action"] == "restart" and "offload_param keeps the parameter shard" in inc["reason"]
     assert "restarting every rank instead" in r.stderr
     assert "restarting the whole job (restart 1 of 1)" in r.stderr
     assert "rank 0 pid" in r.stdout and r.stdout.count("done") == 2

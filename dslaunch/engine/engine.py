@@ -231,7 +231,10 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
             sched.step(step_zero_check=True)
         with self.autocast.region(), (self._eigenvalues.forward_region() if self._eigenvalues
                                       else contextlib.nullcontext()):
-            out = self.module(*args, **kwargs)
+            if self._recovery is not None:  # ZeRO 3 gathers in forward: a lost peer fails it
+                out = inprocess_recovery.guarded_forward(self, lambda: self.module(*args, **kwargs))
+            else:
+                out = self.module(*args, **kwargs)
         self._flops.forward_end()
         if self._trains and torch.is_grad_enabled():
             self._direct_backward.attach(out)

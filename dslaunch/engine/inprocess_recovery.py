@@ -26,10 +26,14 @@ the survivors would have to mirror), with the config resolved for the real world
 the new group as the survivors do and loads the state the first survivor sends.
 
 Supported: the data-parallel engine at ZeRO stage 0 (every rank holds the whole model and
-optimizer) and at stages 1-2, where each rank also keeps a copy of one other rank's optimizer
-shard (``zero/shard_copies.py``) and the state moves through ``recover_shards``. Other layouts
-refuse (ZeRO 3 and offloaded optimizers keep no copies; pipeline, tensor and expert parallel
-groups are not rebuilt): the rank exits ``REFUSED_EXIT`` and the job restarts.
+optimizer) and at stages 1-3, where each rank also keeps a copy of one other rank's shard
+(``zero/shard_copies.py``: its optimizer shard, and at stage 3 its parameter shard too) and the
+state moves through ``recover_shards``. At stage 3 forward gathers parameters too, so a fault
+can surface there (``guarded_forward``), and the forwards of an abandoned step run dry (no
+collective: a replacement makes the new group's first ones). Other layouts refuse (offloaded
+optimizers and parameters keep no copies; ZeRO++'s hpZ, MiCS and quantized groups, pipeline,
+tensor and expert parallel groups are not rebuilt): the rank exits ``REFUSED_EXIT`` and the job
+restarts.
 """
 
 from __future__ import annotations
@@ -185,6 +189,31 @@ def guarded(engine, name: str, fn, *args, **kwargs):
     return None if name == "step" else (args[0] if args else None)
 
 
+def guarded_forward(engine, fn):
+    """Run the module's forward (``fn``) as ``guarded`` runs ``backward``/``step``: at ZeRO 3 it
+    gathers parameters, so a lost peer can fail it. After the recovery, and in every forward of
+    the abandoned step (its remaining ``backward``/``step`` calls are skipped), the forward runs
+    dry (``strategy.dry_forward``: no collective, zero weights at stage 3): its output only
+    carries the script to the end of that step."""
+    watch = engine._recovery
+    if watch.abandoning:
+        with engine.strategy.dry_forward():
+            return fn()
+    micro = engine.micro_steps % engine._gas  # (before the recovery resets the count)
+    with engine_call(engine):
+        try:
+            return fn()
+        except RuntimeError as exc:
+            if not comm_fault(exc) or not watch.wait_for_word():
+                raise
+            recover(engine, watch)
+    # this micro-batch's step() call and the later ones'; its backward is skipped with them
+    watch.abandoning = engine._gas - micro if engine._managed_accumulation else 1
+    watch.script_skip = True
+    with engine.strategy.dry_forward():
+        return fn()
+
+
 class engine_call:
     """``with engine_call(engine):`` the collectives inside are the engine's own (a checkpoint's
     save or load), not the script's: the engine call itself decides what a lost peer there
@@ -265,12 +294,10 @@ def watch_script_collectives(engine) -> None:
 
 def unsupported(engine) -> str | None:
     """Why this engine cannot recover in process (None: it can)."""
-    if engine.zero_stage not in (0, 1, 2):
-        return (f"ZeRO stage {engine.zero_stage} keeps a shard of the parameters on each rank "
-                "and keeps no copy of it")
     why = _layout_refused(engine)
-    if why is None and engine.zero_stage in (1, 2) and not _sharded(engine):
-        why = (f"ZeRO stage {engine.zero_stage} here keeps no copy of each rank's optimizer "
+    if why is None and engine.zero_stage in (1, 2, 3) and not _sharded(engine):
+        what = "parameter and optimizer" if engine.zero_stage == 3 else "optimizer"
+        why = (f"ZeRO stage {engine.zero_stage} here keeps no copy of each rank's {what} "
                f"shard ({shard_copies_refused(engine)})")
     return why
 
@@ -286,21 +313,33 @@ def _layout_refused(engine) -> str | None:
 
 
 def shard_copies_refused(engine) -> str | None:
-    """Why a ZeRO 1-2 engine keeps no copies of its shards (None: it can keep them)."""
+    """Why a ZeRO 1-3 engine keeps no copies of its shards (None: it can keep them)."""
     strategy = engine.strategy
     if strategy.offload_optimizer:
         return "offload_optimizer steps on the CPU in its own buffers"
     if getattr(strategy.optimizer, "prepare_zero_step", None) is not None:
         return "the Muon optimizer's shards are not copied"
-    if strategy.experts:
+    if getattr(strategy, "experts", None):
         return "expert parallel groups are not rebuilt in process"
+    return _stage3_refused(strategy.zero) if strategy.stage == 3 else None
+
+
+def _stage3_refused(zero) -> str | None:
+    device = getattr(zero.offload_param.device, "value", zero.offload_param.device)
+    if device != "none":
+        return f"offload_param keeps the parameter shard on the {device} in its own store"
+    if zero.zero_hpz_partition_size > 1 or zero.mics_shard_size > 0:
+        return "ZeRO++'s hpZ and MiCS groups are not rebuilt in process"
+    if zero.zero_quantized_weights or zero.zero_quantized_gradients:
+        return "ZeRO++'s quantized collectives are not rebuilt in process"
     return None
 
 
 def keep_shard_copies(engine) -> None:
-    """ZeRO 1-2 under in-process recovery: each rank keeps a copy of a neighbour's shard
+    """ZeRO 1-3 under in-process recovery: each rank keeps a copy of a neighbour's shard
     (zero/shard_copies.py), taken now and after every optimizer update."""
-    if engine.zero_stage not in (1, 2) or _layout_refused(engine) or shard_copies_refused(engine):
+    if engine.zero_stage not in (1, 2, 3) or _layout_refused(engine) \
+            or shard_copies_refused(engine):
         return
     from .zero.shard_copies import ShardCopies
 
@@ -332,11 +371,22 @@ def _join_group(word: dict) -> None:
         record.new_groups()
 
 
+def _module_state(engine) -> dict:
+    """The module's state for a newcomer: all of it, or with shard copies what the optimizer
+    does not train (buffers, frozen parameters): the trained parameters come from the shards
+    (at ZeRO 3 no rank holds them whole)."""
+    sd = engine.module.state_dict(keep_vars=True)
+    if _sharded(engine):
+        trained = {id(p) for g in engine.strategy.groups for p in g.params.values()}
+        sd = {k: v for k, v in sd.items() if id(v) not in trained}
+    return {k: v.detach() for k, v in sd.items()}
+
+
 def engine_state(engine) -> dict:
     sched = engine.lr_scheduler
-    # a ZeRO 1-2 shard is the sender's own: each rank's comes from the shards (recover_shards)
+    # a ZeRO 1-3 shard is the sender's own: each rank's comes from the shards (recover_shards)
     strategy = None if _sharded(engine) else engine.strategy.state_dict()
-    return {"module": engine.module.state_dict(), "strategy": strategy,
+    return {"module": _module_state(engine), "strategy": strategy,
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "loss_scaler": engine.precision.scaler.state_dict(),
             "counters": {k: getattr(engine, k) for k in ("global_steps", "global_samples",
@@ -344,7 +394,7 @@ def engine_state(engine) -> dict:
 
 
 def load_engine_state(engine, state: dict) -> None:
-    engine.module.load_state_dict(state["module"])
+    engine.module.load_state_dict(state["module"], strict=not _sharded(engine))
     if state["strategy"] is not None:
         engine.strategy.load_state_dict(state["strategy"])
     if state["lr_scheduler"] is not None and engine.lr_scheduler is not None:
@@ -415,10 +465,19 @@ def _rendezvous(engine, joining: bool) -> tuple:
     return None, members, state
 
 
+def _relayout(strategy, joining: bool) -> bool:
+    """Whether a member lays its parameters out again: a replacement, every member when the world
+    shrank, and at ZeRO 3 every member (its store's gathered units and gathers in flight belong to
+    the old group, and the layout looks the hosts up again: a collective)."""
+    comm = strategy.comm
+    return joining or strategy.stage == 3 or (strategy.world, strategy.rank) != \
+        (comm.world_size, comm.rank)
+
+
 def recover_shards(engine, joining: bool) -> str | None:
-    """ZeRO 1-2: every member hands in the shards it holds (its own and its copy of its ward's,
-    zero/shard_copies.py); a member whose layout changed (a replacement, or every member when the
-    world shrank) lays its parameters out again and takes its new shard from them; then the
+    """ZeRO 1-3: every member hands in the shards it holds (its own and its copy of its ward's,
+    zero/shard_copies.py); a member whose layout changed (``_relayout``) lays its parameters out
+    again and takes its new shard from them; then the
     updated chunks are all-gathered and the copies exchanged in the new world. Returns why the
     shards cannot rebuild the state (None: done). Each member decides from the same gathered
     shards, so all refuse or none."""
@@ -443,8 +502,7 @@ def recover_shards(engine, joining: bool) -> str | None:
     why = consistent(shards, old_world)
     if why:
         return why
-    comm = strategy.comm
-    if joining or (strategy.world, strategy.rank) != (comm.world_size, comm.rank):
+    if _relayout(strategy, joining):
         strategy.repartition()
         load_resharded_from(strategy, HeldShards(shards), old_world, gather=False)
         strategy.version = next(iter(shards.values()))["version"]

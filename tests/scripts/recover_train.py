@@ -12,7 +12,12 @@ and every rank prints ``rank R pid P start`` once and ``rank R pid P done`` at t
 - ``RECOVER_REFERENCE=4@0,2@7``: no launcher, one process trains on the whole global batch of
   each step, with the world size that step had (4 from step 0, 2 from step 7): the reference a
   job whose world shrank at step 7 must match (the mean loss over the ranks' equal shares is the
-  mean over the global batch), printing the loss of rank 0's share.
+  mean over the global batch), printing the loss of rank 0's share;
+- ``RECOVER_SHRINK_AT=S`` (ZeRO 1-3, under a plain ``dslaunch run``): the ranks' side of a world
+  that shrinks, driven here without a lost host (the launcher's side needs namespace hosts:
+  tests/multihost/test_inprocess_hosts.py): every rank keeps shard copies; after step S the last
+  rank exits and the others recover in process (``inprocess_recovery.recover``, with the word
+  the launcher would send: one rank fewer, a new store port) and go on as a world one smaller.
 """
 
 import json
@@ -34,6 +39,7 @@ config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
 reference = [tuple(map(int, part.split("@"))) for part in
              os.environ.get("RECOVER_REFERENCE", "").split(",") if part]
 sleep = float(os.environ.get("RECOVER_SLEEP", "0"))
+shrink_at = int(os.environ.get("RECOVER_SHRINK_AT", "-1"))
 log_allreduce = os.environ.get("RECOVER_LOG_ALLREDUCE") == "1"
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
@@ -41,6 +47,26 @@ engine, *_ = dslaunch.initialize(model=model, config=config)
 print(f"rank {engine.global_rank} pid {os.getpid()} start at step {engine.global_steps}",
       flush=True)
 micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+if shrink_at >= 0:
+    from dslaunch.engine import inprocess_recovery
+
+    inprocess_recovery.keep_shard_copies(engine)
+
+
+def shrink() -> None:
+    """The last rank leaves; the others rebuild the group one smaller and re-partition."""
+    import tempfile
+
+    if engine.global_rank == engine.world_size - 1:
+        sys.stdout.flush()
+        os._exit(0)
+    word = {"epoch": 1, "rank": engine.global_rank, "world_size": engine.world_size - 1,
+            "master_addr": os.environ["MASTER_ADDR"],
+            "master_port": int(os.environ["MASTER_PORT"]) + 1}
+    watch = inprocess_recovery.Watch(os.path.join(tempfile.mkdtemp(), "word"))
+    watch.word = word
+    inprocess_recovery.recover(engine, watch)
+    print(f"rank {engine.global_rank} goes on in a world of {engine.world_size}", flush=True)
 
 
 def world_at(step: int) -> int:
@@ -78,13 +104,18 @@ while engine.global_steps < steps:
             print(f"step {engine.global_steps} loss {torch.stack(losses).mean().item():.8f}",
                   flush=True)
         time.sleep(sleep)
+        if engine.global_steps == shrink_at:
+            shrink()
 
 
 def state_digest() -> str:
     import hashlib
 
     h = hashlib.sha1()
-    tensors = [p.detach() for p in engine.module.parameters()]
+    # the model's parameters where this rank holds them (ZeRO 3 frees those not gathered), then
+    # what the optimizer steps (ZeRO 1-3: this rank's shard of the weights or fp32 masters)
+    tensors = [p.detach() for p in engine.module.parameters() if p.untyped_storage().nbytes()]
+    tensors += [p.detach() for g in engine.optimizer.param_groups for p in g["params"]]
     for state in engine.optimizer.state.values():
         tensors += [v for _, v in sorted(state.items()) if torch.is_tensor(v)]
     for t in tensors:

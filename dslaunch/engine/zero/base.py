@@ -10,6 +10,8 @@ micro-step an accumulation boundary); at a boundary then ``step(clip, scaler)`` 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..memory import breakdown, limit_allocator_retention, optimizer_state_tensors
@@ -37,7 +39,13 @@ class OptimizerStrategy:
 
     def rebind_world(self) -> None:
         """The group changed size under the strategy (in-process recovery): set up what depends
-        on it. Only stage 0 recovers in process (engine/inprocess_recovery.py)."""
+        on it (engine/inprocess_recovery.py; ZeRO 1-3 lay out again in ``repartition``)."""
+
+    def dry_forward(self):
+        """A context for the forward of a step in-process recovery abandoned, which must make no
+        collective (a replacement makes the new group's first ones): only stage 3 gathers in
+        forward."""
+        return contextlib.nullcontext()
 
     # -- per micro-step ------------------------------------------------------------------------
     def prepare_backward(self, is_boundary: bool) -> None:

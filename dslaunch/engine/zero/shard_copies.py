@@ -1,16 +1,18 @@
-"""Copies of a neighbour's ZeRO 1-2 shard, so that a lost rank's optimizer state survives it
+"""Copies of a neighbour's ZeRO 1-3 shard, so that a lost rank's optimizer state survives it
 (in-process recovery, ``engine/inprocess_recovery.py``).
 
 At ZeRO 1-2 every rank holds the whole model but only its own shard of the fp32 masters and the
-optimizer states: when a rank dies, its shard exists nowhere else, and no survivor can hand it to
-a replacement. With ``dslaunch run --recover in-process`` each rank therefore keeps a copy of one
-other rank's shard (its *ward*), refreshed by a point-to-point exchange after every optimizer
-update: rank ``r`` sends its shard to its *buddy* and receives its ward's. The buddy is the same
-local rank on the next host when the job spans several hosts (a lost host takes its ranks' copies
-with it otherwise), else the next rank.
+optimizer states; at ZeRO 3 it holds only its shard of the parameters too: when a rank dies, its
+shard exists nowhere else, and no survivor can hand it to a replacement. With ``dslaunch run
+--recover in-process`` each rank therefore keeps a copy of one other rank's shard (its *ward*),
+refreshed by a point-to-point exchange after every optimizer update: rank ``r`` sends its shard
+to its *buddy* and receives its ward's. The buddy is the same local rank on the next host when
+the job spans several hosts (a lost host takes its ranks' copies with it otherwise), else the
+next rank.
 
 Cost, per rank and per optimizer step: one shard of state sent and one received (for Adam in fp32:
-2 x 4 bytes x parameters / world: the moments; with fp32 masters beside bf16 weights, 3 x), and
+2 x 4 bytes x parameters / world: the moments; with fp32 masters beside bf16 weights, or at
+stage 3, whose weights the buddy does not hold, 3 x), and
 that much more host memory for the copy. The exchange waits for its transfers before the step
 returns: ``benchmarks/bench_shard_copies.py`` measures what that adds to a step.
 
@@ -44,16 +46,24 @@ def _ranks_per_host() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
 
 
+def _weights_copied(strategy, g) -> bool:
+    """Whether a copy carries the group's shard weights: the fp32 masters when kept apart from
+    the weights, and at stage 3 the parameter shard itself; at stages 1-2 in fp32 the buddy reads
+    them from its own all-gathered copy of the model."""
+    return g.master is not None or strategy.stage == 3
+
+
 def _live_state(strategy) -> list:
     """This rank's shard as the tensors that change with each update, in an order every rank
-    agrees on: per optimizer group, the fp32 masters (when kept apart from the weights: in fp32
-    the buddy reads the weights from its own all-gathered copy of the model), then per chunk
-    each optimizer state of the chunk's size. (Scalar states such as Adam's step count are the
-    same on every rank: a copy takes the holder's own.)"""
+    agrees on: per optimizer group, the shard weights (``_weights_copied``), then per chunk each
+    optimizer state of the chunk's size. (Scalar states such as Adam's step count are the same on
+    every rank: a copy takes the holder's own.)"""
     out = []
-    for g in strategy.groups:
+    for gi, g in enumerate(strategy.groups):
         if g.master is not None:
             out.append(g.master)
+        elif _weights_copied(strategy, g):
+            out.append(strategy.local_param_shards()[gi])
         for sp in g.shard_params:
             state = strategy.optimizer.state.get(sp, {})
             out += [state[k] for k in sorted(state)
@@ -123,8 +133,8 @@ class ShardCopies:
         copy = iter(self._buffers)
         groups = []
         for g, mine in zip(strategy.groups, own["zero"]["groups"]):
-            if g.master is not None:
-                master = next(copy).clone()
+            if _weights_copied(strategy, g):
+                master = next(copy).to(mine["master"].dtype, copy=True)
             else:  # fp32: the ward's weights are its chunks of this rank's flat buffer
                 master = torch.cat([c.float() for c in P.chunk_views(g.flat, g.layout, self.ward)])
             state: dict = {k: [] for k in mine["state"]}

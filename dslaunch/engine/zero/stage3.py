@@ -33,6 +33,8 @@ each rank holds, so ``dslaunch ckpt to-fp32|reshape`` read them unchanged.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
@@ -93,11 +95,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         if zero.offload_param.device == "nvme":  # the optimizer steps an fp32 master: the
             self.need_master = True  # shard itself is in a file
         self._partition_params(model, named, comm, aio)
-        for gi, g in enumerate(self.groups):
-            g.chunks = self.store.chunk_views(gi)
-            self._make_shard(g)
-        shard_groups = [g.shard_params for g in self.groups]
-        self._install_optimizer(optimizer, shard_groups)
+        self._shards_for(optimizer)
         # offload_optimizer: gradient chunks go to the host on a side stream as backward reduces
         # them, and the compiled CPU optimizer writes the 16-bit weights in its pass: straight
         # into the host shard with offload_param (offload_pipeline.py, as stages 1-2)
@@ -108,9 +106,19 @@ class Stage3Strategy(ZeroStage12Strategy):
         self._install_hooks(model)
 
     # -- set-up ------------------------------------------------------------------------------
-    def _partition_params(self, model, named, comm, aio):
+    def _shards_for(self, optimizer):
+        """The optimizer's shard parameters (masters, or the store's chunks) and gradient
+        shards, and the optimizer pointed at them."""
+        for gi, g in enumerate(self.groups):
+            g.chunks = self.store.chunk_views(gi)
+            self._make_shard(g)
+        self._install_optimizer(optimizer, [g.shard_params for g in self.groups])
+
+    def _partition_params(self, model, named, comm, aio, fill: bool = True):
         """Plan the units of ``named`` ([[(name, param)] per group]), store this rank's shards,
-        partition, get ready to gather: the set-up that needs no optimizer."""
+        partition, get ready to gather: the set-up that needs no optimizer. ``fill=False``
+        (in-process recovery): the shards stay zero and no collective runs but the host
+        look-up; the values are loaded after."""
         zero = self.zero
         self.overlap_comm = False  # stage 3 reduces from its own hooks, unit by unit
         # the partition group (all data-parallel ranks, or a MiCS shard group) and the hpZ /
@@ -135,8 +143,9 @@ class Stage3Strategy(ZeroStage12Strategy):
             self.store = ParamStore(self.plan, self.dtype, self.device, shard_device, self.comms)
         self.zeropp = ZeroPPComm(zero, comm)  # qwZ / qgZ (quantized_comm.py), or neither
         self.store.quantized_gather = self.zeropp.weights
-        self._prepare_rest(model, named)
-        self._partition()
+        if fill:
+            self._prepare_rest(model, named)
+        self._partition(fill)
         attach_ds_attributes(self)
         self.fetcher = FetchCoordinator(self.store, self.plan, zero)
         self._staging_pool = BufferPool()
@@ -161,10 +170,9 @@ class Stage3Strategy(ZeroStage12Strategy):
                 for t in rest + list(model.buffers()):
                     self.comm.broadcast(t.data, 0)
 
-    def _partition(self):
-        """Bucket by bucket: assemble the bucket whole in fp32 (from the whole parameters, with
-        rank 0's values broadcast, or from zero.Init's per-parameter shards), keep this rank's
-        chunk (and its fp32 master), point the parameters at the bucket's full buffer, free it."""
+    def _partition(self, fill: bool = True):
+        """Bucket by bucket: assemble the bucket whole in fp32 (``_fill_bucket``; not with
+        ``fill=False``), point the parameters at the bucket's full buffer, free it."""
         pin = self._pin_host()
         for gi, g in enumerate(self.groups):
             lay = g.layout
@@ -176,38 +184,79 @@ class Stage3Strategy(ZeroStage12Strategy):
             offsets = lay.shard_offsets()
             for bi, b in enumerate(lay.buckets):
                 key = (gi, bi)
-                tmp = torch.zeros(b.numel, dtype=torch.float32, device=self.device)
-                whole = False
-                for s in b.slots:
-                    p = g.params[s.name]
-                    view = tmp[s.start: s.start + s.numel]
-                    shard = shard_of(p)
-                    if shard is None:
-                        view.copy_(p.detach().reshape(-1))
-                        whole = True
-                    else:  # zero.Init: ranks hold equal chunks of the padded parameter
-                        padded = torch.empty(shard.numel() * self.dp_world, dtype=shard.dtype,
-                                             device=self.device)
-                        self.comm.all_gather_into_tensor(padded, shard.to(self.device))
-                        view.copy_(padded[:s.numel])
-                        del padded
-                if whole and self.dp_world > 1:
-                    self.comm.broadcast(tmp, 0)
-                c = b.chunk(self.world)
-                mine = tmp[self.rank * c: (self.rank + 1) * c]
-                if g.master is not None:
-                    g.master[offsets[bi]: offsets[bi] + c].copy_(mine)
-                self.store.write_chunk(key, mine)
-                if key in self.plan.persistent:
-                    self.store.full[key].copy_(tmp)
+                if fill:
+                    self._fill_bucket(g, key, offsets[bi])
                 for s in b.slots:
                     p = g.params[s.name]
                     p.data = self.store.param_view(key, s)
                     if shard_of(p) is not None:
                         del p._dsl_shard
-                del tmp
                 self.store.release(key)  # persistent buckets stay
         self.store.live = 0
+
+    def _fill_bucket(self, g, key, offset):
+        """Assemble bucket ``key`` whole in fp32 (from the whole parameters, with rank 0's
+        values broadcast, or from zero.Init's per-parameter shards) and keep this rank's chunk
+        (and its fp32 master at ``offset``)."""
+        b = g.layout.buckets[key[1]]
+        tmp = torch.zeros(b.numel, dtype=torch.float32, device=self.device)
+        whole = False
+        for s in b.slots:
+            p = g.params[s.name]
+            view = tmp[s.start: s.start + s.numel]
+            shard = shard_of(p)
+            if shard is None:
+                view.copy_(p.detach().reshape(-1))
+                whole = True
+            else:  # zero.Init: ranks hold equal chunks of the padded parameter
+                padded = torch.empty(shard.numel() * self.dp_world, dtype=shard.dtype,
+                                     device=self.device)
+                self.comm.all_gather_into_tensor(padded, shard.to(self.device))
+                view.copy_(padded[:s.numel])
+                del padded
+        if whole and self.dp_world > 1:
+            self.comm.broadcast(tmp, 0)
+        c = b.chunk(self.world)
+        mine = tmp[self.rank * c: (self.rank + 1) * c]
+        if g.master is not None:
+            g.master[offset: offset + c].copy_(mine)
+        self.store.write_chunk(key, mine)
+        if key in self.plan.persistent:
+            self.store.full[key].copy_(tmp)
+
+    # -- in-process recovery (engine/inprocess_recovery.py) -----------------------------------
+    def repartition(self) -> None:
+        """Lay the parameters out over the new group (every member, as the stage-1-2 layout of
+        a member whose group changed): a new plan, store and fetch state (gathers the old group
+        left in flight die with it), shards, the optimizer re-pointed, the hooks again. The
+        shard values are loaded from the survivors' shards after
+        (``checkpoint/zero_shards.load_resharded_from``)."""
+        self.remove_hooks()
+        named = [list(g.params.items()) for g in self.groups]
+        for group in named:
+            for _, p in group:
+                p.grad = None
+        self._partition_params(self.model, named, self.comm, None, fill=False)
+        self._shards_for(self.optimizer)
+        register_strategy(self)
+        self._install_hooks(self.model)
+
+    @contextlib.contextmanager
+    def dry_forward(self):
+        """An abandoned step's forward (in-process recovery): the units are gathered as zeros,
+        with no collective, while a replacement makes the new group's first ones. It leaves no
+        trace: a throwaway fetcher records its order and the plan's units are put back (the
+        next real forward must fetch as the replacement's first does, collective for
+        collective)."""
+        fetcher, fetch = self.fetcher, {m: list(keys) for m, keys in self.plan.fetch.items()}
+        self.fetcher = FetchCoordinator(self.store, self.plan, self.zero)
+        self.store.dry = True
+        try:
+            yield
+        finally:
+            self.store.dry = False
+            self.fetcher.end_backward()  # releases what it gathered
+            self.fetcher, self.plan.fetch = fetcher, fetch
 
     def _install_hooks(self, model):
         self._install_module_hooks(model)

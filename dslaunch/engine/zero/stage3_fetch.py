@@ -44,6 +44,9 @@ class ParamStore:
     # qwZ: ``quantized_gather(full, src, async_op)`` (zero/quantized_comm.py) replaces the
     # all-gather of forward/backward fetches; None: every gather is exact
     quantized_gather = None
+    # in-process recovery: an abandoned step's forward gathers zeros, with no collective
+    # (Stage3Strategy.dry_forward)
+    dry = False
 
     def __init__(self, plan, dtype, device, shard_device, comm):
         """``comm``: a ``stage3_groups.Stage3Comms`` (the groups each gather runs in), or a
@@ -150,6 +153,10 @@ class ParamStore:
         full.untyped_storage().resize_(self.nbytes[key])
         self.live += full.numel()
         self.max_live = max(self.max_live, self.live)
+        if self.dry:
+            full.zero_()
+            self.state[key] = GATHERED
+            return
         work = self._all_gather(key, full, async_op, exact)
         if async_op and work is not None:
             self.work[key] = work
