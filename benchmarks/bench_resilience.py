@@ -122,6 +122,8 @@ def parse_args(argv=None):
     ap.add_argument("--keep-logs", type=Path, default=None,
                     help="(e) copy each run's launcher output, --log-dir (incidents, rank logs) and "
                          "run.json (path, schedule, exit code, wall time) here, one directory a run")
+    ap.add_argument("--e-runs", default="clean,in-process,restart",
+                    help="(e) which runs to make (goodput needs a clean one, here or in --e-from-logs)")
     ap.add_argument("--e-from-logs", type=Path, default=None,
                     help="(e) run nothing: the figures again from the directories --keep-logs left "
                          "(same --fault-every and --step-sleep as the runs)")
@@ -740,8 +742,11 @@ def part_e(args, features) -> dict:
     try:
         runs = runs_from_logs(args.e_from_logs, args) if args.e_from_logs else []
         order = [None, "in-process", "restart"]
+        wanted = [None if r == "clean" else r for r in args.e_runs.split(",") if r]
         for i in range(0 if args.e_from_logs else args.repeats):
             for recover in order[i % 3:] + order[:i % 3]:  # each repeat starts one further on
+                if recover not in wanted:
+                    continue
                 bu.log(f"(e) {args.e_steps} steps, {recover or 'no faults'} #{i + 1}")
                 runs.append(recover_run(work, args, recover, tag=f"-{i}"))
                 r = runs[-1]
