@@ -16,7 +16,9 @@ configuration) both split the untied head by vocabulary and all-gather its logit
   accumulation 2): median seconds per step after one warm-up step, tokens/s of the job (a TP
   group's tokens counted once) and the largest peak RSS of a rank; the engines alternate per
   round. Ratios: dslaunch tokens/s / DeepSpeed's (above 1: dslaunch faster), peak RSS dslaunch /
-  DeepSpeed (below 1: dslaunch leaner), each round's and their medians. The machine's load
+  DeepSpeed (below 1: dslaunch leaner), each round's and their medians; rank 0's CPU seconds
+  per step (process time, all threads: the work done, less sensitive to the host's load than
+  the wall clock), dslaunch / DeepSpeed per round. The machine's load
   average is recorded before each round (CPU time is shared: the per-round ratios show the
   noise).
 
@@ -80,6 +82,7 @@ def main() -> None:
         for e in (("dslaunch", "deepspeed") if r % 2 == 0 else ("deepspeed", "dslaunch")):
             rounds[e].append(_run(e, "small", args))
     small = {e: {"median_step_s": statistics.median(x["median_step_s"] for x in runs),
+                 "cpu_s_per_step_rank0_each_round": [x["cpu_s_per_step_rank0"] for x in runs],
                  "tokens_per_s_each_round": [x["tokens_per_s"] for x in runs],
                  "peak_rss_bytes_each_round": [x["peak_rss_bytes_max_rank"] for x in runs],
                  "tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs),
@@ -103,6 +106,9 @@ def main() -> None:
            "ratio_tokens_per_s_median_of_rounds": statistics.median(
                a["tokens_per_s"] / b["tokens_per_s"]
                for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)),
+           "ratio_cpu_s_per_step_each_round": [
+               a["cpu_s_per_step_rank0"] / b["cpu_s_per_step_rank0"]
+               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)],
            "ratio_peak_rss": small["dslaunch"]["peak_rss_bytes_max_rank"]
            / small["deepspeed"]["peak_rss_bytes_max_rank"],
            "ratio_peak_rss_each_round": [

@@ -61,12 +61,12 @@ config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps"
           "steps_per_print": 100000}
 engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(), config=config)
 vocab = shape["vocab_size"]
-losses, times = [], []
+losses, times, cpu = [], [], []
 for step in range(args.warmup + args.steps):
     ids = torch.randint(0, vocab, (micro * gas * dp, seq),
                         generator=torch.Generator().manual_seed(1000 + step))
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     total = 0.0
     for m in range(gas):
         lo = (dp_rank * gas + m) * micro
@@ -77,6 +77,7 @@ for step in range(args.warmup + args.steps):
     dist.barrier()
     if step >= args.warmup:
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)  # this process's CPU seconds, all its threads
     t = torch.tensor([total], dtype=torch.float64)
     dist.all_reduce(t)
     losses.append(t.item() / world)
@@ -89,6 +90,7 @@ if rank == 0:
     print("RESULT " + json.dumps({
         "engine": args.engine, "size": args.size, "tp": args.tp, "dp": dp, "stage": args.stage,
         "losses": losses, "median_step_s": step_s,
+        "cpu_s_per_step_rank0": sorted(cpu)[len(cpu) // 2],
         "tokens_per_s": micro * gas * dp * seq / step_s,
         "peak_rss_bytes_max_rank": int(max(t.item() for t in every)),
         "peak_rss_bytes_each_rank": [int(t.item()) for t in every],
