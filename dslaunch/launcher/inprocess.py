@@ -3,18 +3,21 @@
 A failed rank no longer stops the job: its node's agent waits for our word, and we send every agent
 ``recover {json}`` (``events.py``): the survivors abort their collectives and join a new group on
 a fresh store with the same ranks, the lost rank starts again on its node as a replacement that
-takes the state from rank 0 over the new group (the ranks' side: ``engine/inprocess_recovery.py``).
-The world keeps its size and ranks; every rank answers (``recover_ack``), and the recovery counts
-against ``--max-restarts`` like a restart.
+takes its state from the survivors over the new group (the ranks' side:
+``engine/inprocess_recovery.py``; ZeRO 0-3 shards from their copies). A lost host is not replaced:
+the other hosts' ranks go on as a smaller world when at least MIN hosts remain
+(``take_lost_host``). Every rank answers (``recover_ack``), and the recovery counts against
+``--max-restarts`` like a restart.
 
 A hung rank (the watchdog's verdict naming one rank stuck outside any collective) is killed first
 (``kill ranks R``), then recovered the same way.
 
 Falls back to restarting every rank (the controller's ordinary failure path) when in-process
-recovery cannot run: the host is lost (no node to start the replacement on), a second fault comes
-during a recovery, no restart is left, a rank refuses (its engine cannot: ZeRO shards, pipeline or
-tensor groups, no dslaunch engine; the survivors disagree on the last completed step) or the
-ranks do not all answer within ``RECOVER_TIMEOUT``. The failure's text says which.
+recovery cannot run: a lost host would leave fewer than MIN hosts, a second fault comes during a
+recovery, no restart is left, a rank refuses (its engine cannot: offloaded optimizer or
+parameters, Muon, experts, ZeRO++ or hpZ, pipeline or tensor groups, no dslaunch engine; the
+survivors disagree on the last completed step) or the ranks do not all answer within
+``RECOVER_TIMEOUT``. The failure's text says which.
 
 A survivor says ``recovering`` as soon as its main thread takes the word (its next collective
 raises on the shut connections), and the recovery itself follows. With the hang watchdog on, a
