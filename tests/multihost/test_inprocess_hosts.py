@@ -49,14 +49,16 @@ def test_rank_on_host2_replaced_in_process(cluster, jobdir):
     cluster.assert_clean(jobdir, hosts=["host1", "host2"])
 
 
-@pytest.mark.parametrize("config", ["{}", '{"zero_optimization": {"stage": 2}}'],
-                         ids=["zero0", "zero2"])
+@pytest.mark.parametrize("config", ["{}", '{"zero_optimization": {"stage": 2}}',
+                                    '{"zero_optimization": {"stage": 3}}'],
+                         ids=["zero0", "zero2", "zero3"])
 def test_powered_off_host_the_others_go_on_in_process(cluster, jobdir, config):
     """host2 powered off mid-job (link down, every process killed): the two ranks of host1 keep
     their processes and go on as a world of 2 from the interrupted step, their losses those of a
     single process trained with world 4 then 2 (within 1e-6 relative: the all-reduce adds in
     another order). At ZeRO 2 the optimizer shards of host2's ranks come from their copies on
-    host1 (each rank's buddy is the same local rank on the next host), re-partitioned over 2."""
+    host1 (each rank's buddy is the same local rank on the next host), re-partitioned over 2; at
+    ZeRO 3 the parameters' shards too."""
     hf = jobdir / "hostfile"
     hf.write_text("host1 slots=2\nhost2 slots=2\n")
     steps = 24
