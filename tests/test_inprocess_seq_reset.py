@@ -41,8 +41,12 @@ def test_joining_the_new_group_restarts_the_numbers(tmp_path, monkeypatch):
     from dslaunch.engine import inprocess_recovery
 
     monkeypatch.setenv(progress_record.ENV, str(tmp_path / "progress.bin"))
+    # _join_group sets these four in os.environ: setenv first, so that monkeypatch puts the
+    # environment back as it found it (a bare delenv of an absent key records nothing, and
+    # the test's MASTER_ADDR/PORT leaked into later tests' subprocesses: EADDRINUSE there)
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     w = progress_record.writer()
     for _ in range(5):
         w.enter("reduce_scatter", "world")
