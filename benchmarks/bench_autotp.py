@@ -92,6 +92,11 @@ def main() -> None:
                  "q_proj_local_shape": runs[0]["q_proj_local_shape"],
                  "lm_head_local_shape": runs[0]["lm_head_local_shape"],
                  "losses": runs[0]["losses"]} for e, runs in rounds.items()}
+    def per_round(key):  # dslaunch / DeepSpeed of one figure, round by round
+        return [a[key] / b[key] for a, b in zip(rounds["dslaunch"], rounds["deepspeed"],
+                                                 strict=True)]
+
+    tokens, rss = per_round("tokens_per_s"), per_round("peak_rss_bytes_max_rank")
     doc = {"bench": "autotp", "tp": args.tp, "stage": args.stage, "rounds": args.rounds,
            "vocab_parallel_lm_head": args.vocab_parallel,
            "cpu_count": os.cpu_count(), "load_avg_before": load_before,
@@ -100,23 +105,13 @@ def main() -> None:
            "tiny_max_rel_loss_diff": rel, "small": small,
            "ratio_tokens_per_s": small["dslaunch"]["tokens_per_s"]
            / small["deepspeed"]["tokens_per_s"],
-           "ratio_tokens_per_s_each_round": [
-               a["tokens_per_s"] / b["tokens_per_s"]
-               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)],
-           "ratio_tokens_per_s_median_of_rounds": statistics.median(
-               a["tokens_per_s"] / b["tokens_per_s"]
-               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)),
-           "ratio_cpu_s_per_step_each_round": [
-               a["cpu_s_per_step_rank0"] / b["cpu_s_per_step_rank0"]
-               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)],
+           "ratio_tokens_per_s_each_round": tokens,
+           "ratio_tokens_per_s_median_of_rounds": statistics.median(tokens),
+           "ratio_cpu_s_per_step_each_round": per_round("cpu_s_per_step_rank0"),
            "ratio_peak_rss": small["dslaunch"]["peak_rss_bytes_max_rank"]
            / small["deepspeed"]["peak_rss_bytes_max_rank"],
-           "ratio_peak_rss_each_round": [
-               a["peak_rss_bytes_max_rank"] / b["peak_rss_bytes_max_rank"]
-               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True)],
-           "ratio_peak_rss_median_of_rounds": statistics.median(
-               a["peak_rss_bytes_max_rank"] / b["peak_rss_bytes_max_rank"]
-               for a, b in zip(rounds["dslaunch"], rounds["deepspeed"], strict=True))}
+           "ratio_peak_rss_each_round": rss,
+           "ratio_peak_rss_median_of_rounds": statistics.median(rss)}
     text = json.dumps(doc, indent=1)
     print(text)
     out = Path(args.out or HERE / "results" / f"autotp-{time.strftime('%Y%m%d-%H%M%S')}.json")
