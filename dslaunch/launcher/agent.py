@@ -155,7 +155,7 @@ class Agent:
             if self.out_broken or self.silent:
                 return
             try:
-                self.out.write(data)
+                self.out.write(events.frame(data))
                 self.out.flush()
             except (OSError, ValueError):
                 # The launcher (or the ssh connection) is gone: nobody to report to, stop the ranks.

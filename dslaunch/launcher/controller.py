@@ -54,6 +54,7 @@ class AgentProcess:
     node_ranks: list
     label: str
     popen_kwargs: dict = field(default_factory=dict)
+    output_demux: object = None  # see _whole_lines
     proc: subprocess.Popen | None = None
     stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     finished: bool = False
@@ -62,6 +63,18 @@ class AgentProcess:
     last_line: float = 0.0  # when it last read a line (any line: the agent is alive)
     writing_since: float | None = None  # it is writing a rank's line to our stdout since then
     resumed_at: float = 0.0  # when a write blocked for STALL s or more ended
+
+
+def _whole_lines(stream, demux, name: str):
+    """The lines of an agent process's ``stream`` as its nodes wrote them: through ``demux``
+    (runners/mpi.py ``TaggedStream``) where the runtime mixes several nodes' chunks."""
+    if demux is None:
+        yield from stream
+        return
+    lines = demux(name)
+    for raw in stream:
+        yield from lines.feed(raw)
+    yield from lines.rest()
 
 
 def _all_answer(hosts) -> set:
@@ -452,19 +465,24 @@ class JobController:
 
     # ---- streams -------------------------------------------------------------------------------
     def _read_stdout(self, a: AgentProcess) -> None:
-        for raw in a.proc.stdout:
+        lines = events.Unframer()
+        for raw in _whole_lines(a.proc.stdout, a.output_demux, "stdout"):
             a.last_line = time.monotonic()
-            line = raw.decode("utf-8", "replace")
-            ev = events.parse_event(line)
-            if ev is not None:
-                self.q.put(("event", a, ev))
-            else:
-                a.writing_since = time.monotonic()
-                self._show(line if line.endswith("\n") else line + "\n")
-                if time.monotonic() - a.writing_since >= STALL:
-                    a.resumed_at = time.monotonic()
-                a.writing_since = None
+            raw = lines.feed(raw)
+            if raw is not None:
+                self._take_line(a, raw.decode("utf-8", "replace"))
         self.q.put(("eof", a, None))
+
+    def _take_line(self, a: AgentProcess, line: str) -> None:
+        ev = events.parse_event(line)
+        if ev is not None:
+            self.q.put(("event", a, ev))
+            return
+        a.writing_since = time.monotonic()
+        self._show(line if line.endswith("\n") else line + "\n")
+        if time.monotonic() - a.writing_since >= STALL:
+            a.resumed_at = time.monotonic()
+        a.writing_since = None
 
     @staticmethod
     def _silent(a: AgentProcess, seen: float, now: float) -> float:
@@ -478,7 +496,7 @@ class JobController:
         return now - max(seen, alive, a.resumed_at)
 
     def _read_stderr(self, a: AgentProcess) -> None:
-        for raw in a.proc.stderr:
+        for raw in _whole_lines(a.proc.stderr, a.output_demux, "stderr"):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             a.stderr_tail.append(line)
             with self.out_lock:

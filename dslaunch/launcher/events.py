@@ -17,11 +17,19 @@ Agent stdout carries rank output lines (already prefixed for display) and event 
 - EOF                the launcher or the connection is gone: same as ``stop``.
 
 Plain text on purpose: it crosses ssh, pdsh and srun unchanged, and a human can read it.
+
+Every line an agent writes is at most ``MAX_LINE`` bytes on the wire: srun (and mpirun) carry all
+the agents' output on one stream, and slurmstepd forwards a line whole only while it fits its
+1024-byte message; a longer one is cut, and another node's line can land between the pieces (an
+exit event was lost that way). A longer line goes out as part lines (``frame``), which the
+launcher puts back together per key before it reads the line (``Unframer``).
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import secrets
 import signal
 
 EVENT_PREFIX = "@@dslaunch-event "
@@ -55,6 +63,52 @@ def format_event(event: str, **fields) -> bytes:
     """One event line (bytes, newline-terminated); JSON keeps it on one line whatever the values."""
     fields["event"] = event
     return EVENT_PREFIX_B + json.dumps(fields, separators=(",", ":")).encode() + b"\n"
+
+
+MAX_LINE = 1000  # bytes with the newline: under slurmstepd's 1024-byte message
+PART_PREFIX = b"@@dslaunch-part "
+_PART_HEAD = 40  # room for the prefix, key and "i/n " within MAX_LINE
+MAX_PENDING = 256  # part-lines put together at once; beyond, the oldest (its agent died) is dropped
+
+
+def frame(line: bytes) -> bytes:
+    """``line`` (newline-terminated) as it goes on the wire: itself when it fits in ``MAX_LINE``,
+    else part lines ``@@dslaunch-part KEY I/N <bytes>``, KEY random so that the parts of lines
+    from several agents on one stream never mix."""
+    if len(line) <= MAX_LINE:
+        return line
+    body = line[:-1] if line.endswith(b"\n") else line
+    size = MAX_LINE - _PART_HEAD
+    chunks = [body[i:i + size] for i in range(0, len(body), size)]
+    key = secrets.token_hex(6).encode()
+    n = str(len(chunks)).encode()
+    return b"".join(PART_PREFIX + key + b" " + str(i).encode() + b"/" + n + b" " + c + b"\n"
+                    for i, c in enumerate(chunks, 1))
+
+
+class Unframer:
+    """The lines of one stream as the agents wrote them: ``feed(raw)`` gives back a whole line, or
+    None while a framed line still waits for parts (they come in order per key)."""
+
+    def __init__(self) -> None:
+        self.pending: collections.OrderedDict = collections.OrderedDict()  # key -> [chunks]
+
+    def feed(self, raw: bytes) -> bytes | None:
+        if not raw.startswith(PART_PREFIX):
+            return raw
+        head, _, rest = raw[len(PART_PREFIX):].partition(b" ")
+        count, _, chunk = rest.partition(b" ")
+        i, _, n = count.partition(b"/")
+        if not (i.isdigit() and n.isdigit()):
+            return raw  # not ours after all: show it as it is
+        chunks = self.pending.setdefault(head, [])
+        chunks.append(chunk[:-1] if chunk.endswith(b"\n") else chunk)
+        if int(i) < int(n):
+            while len(self.pending) > MAX_PENDING:
+                self.pending.popitem(last=False)
+            return None
+        del self.pending[head]
+        return b"".join(chunks) + b"\n"
 
 
 def parse_event(line: str) -> dict | None:

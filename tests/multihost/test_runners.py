@@ -113,3 +113,39 @@ def test_dry_run_shows_quoted_commands_and_starts_nothing(cluster, jobdir):
     # the remote command holds only our words; the user's values are inside the base64 plan
     assert "it's" not in plan["commands"][1] and "touch" not in plan["commands"][1]
     cluster.assert_clean(jobdir, wait=0)
+
+
+def _check_long_lines(res):
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    body = ("é" * 700 + "x" * 1300) * 2
+    seen = set()
+    for line in res.stdout.splitlines():
+        if "LONG " in line:
+            prefix, _, text = line.partition("LONG ")
+            rank, i, rest = text.split(" ", 2)
+            assert rest == body + " END", f"rank {rank} line {i} arrived cut or mixed: {line[:200]}"
+            assert prefix.strip() == f"[host{int(rank) // 2 + 1}:{rank}]"
+            seen.add((int(rank), int(i)))
+    assert seen == {(r, i) for r in range(4) for i in range(150)}
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "openmpi", "mpich"])
+def test_long_lines_arrive_whole(cluster, jobdir, launcher):
+    """Open MPI forwards chunks that end anywhere, mixing the nodes' lines (runners/mpi.py)."""
+    hf = cluster.hostfile(jobdir / "hostfile")
+    res = cluster.dslaunch("run", "-H", str(hf), "--launcher", launcher,
+                           *RUNNER_ARGS.get(launcher, []), "long_lines.py",
+                           cwd=jobdir, env=RUNNER_ENV.get(launcher))
+    _check_long_lines(res)
+    cluster.assert_clean(jobdir)
+
+
+def test_long_lines_arrive_whole_through_srun(slurm, jobdir):
+    """srun forwards lines of up to 1024 bytes whole and cuts longer ones, which then mix with the
+    other node's output: the agents frame long lines (events.frame) so that nothing is lost."""
+    hf = slurm.hostfile(jobdir / "hostfile")
+    res = slurm.dslaunch("run", "-H", str(hf), "--launcher", "slurm", "long_lines.py", cwd=jobdir,
+                         timeout=180,
+                         prefix=["salloc", "--quiet", "-N2", "-w", "host1,host2", "--ntasks-per-node=2"])
+    _check_long_lines(res)
+    slurm.assert_clean(jobdir)

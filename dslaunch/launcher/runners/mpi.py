@@ -12,6 +12,12 @@ hydra forwards stdin to its rank 0 only, so a stop is also sent as SIGINT to mpi
 passes to every process (the agent stops its ranks on SIGINT), and the job's environment goes to
 the agents in a variable of mpiexec's environment (hydra forwards it whole), not on stdin.
 
+Output: Open MPI forwards each agent's output in chunks that end anywhere, not at line ends, and
+writes them to one stream as they come, so two nodes' lines mix even when every line is short.
+So it runs with ``--tag-output``, which marks each chunk's start with its source
+(``[1,N]<stdout>:``), and ``TaggedStream`` puts each node's lines back together. Hydra keeps
+lines whole.
+
 Options: ``--launcher-args`` go to mpirun/mpiexec (e.g. ``--mca btl_tcp_if_include eth0`` or
 ``-iface eth0``); MCA settings can also come from ``OMPI_MCA_*`` variables and hydra's from
 ``HYDRA_*`` ones in the launcher's environment. ``--ssh-port/--ssh-args`` reach the runtime's ssh
@@ -21,12 +27,44 @@ launcher (Open MPI: ``plm_rsh_args``; hydra: HYDRA_LAUNCHER_EXTRA_ARGS).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 
 from dslaunch.launcher.plan import ENV_VAR, encode_env
 from dslaunch.launcher.runners import remote
 from dslaunch.launcher.runners.base import Runner, RunnerError
+
+
+class TaggedStream:
+    """The lines of an ``mpirun --tag-output`` stream (``stdout`` or ``stderr``) as each node
+    wrote them: ``feed(raw)`` takes one line of the stream and gives back the whole lines it
+    completes, tags removed; a chunk that ends inside a line waits for its node's next one."""
+
+    def __init__(self, stream: str = "stdout") -> None:
+        self.tag = re.compile(rb"\[\d+,(\d+)\]<" + stream.encode() + rb">:")
+        self.partial: dict = {}  # source (None: untagged text, mpirun's own) -> bytes so far
+
+    def feed(self, raw: bytes) -> list:
+        pieces, start, source = [], 0, None
+        for m in self.tag.finditer(raw):
+            if m.start() > start:
+                pieces.append((source, raw[start:m.start()]))
+            start, source = m.end(), int(m.group(1))
+        pieces.append((source, raw[start:]))
+        done = []
+        for source, chunk in pieces:
+            text = self.partial.pop(source, b"") + chunk
+            if text.endswith(b"\n"):
+                done.append(text)
+            elif text:
+                self.partial[source] = text
+        return done
+
+    def rest(self) -> list:
+        """What the stream ended in the middle of (a node that died mid-line)."""
+        done, self.partial = [t + b"\n" for t in self.partial.values()], {}
+        return done
 
 
 class MPIRunner(Runner):
@@ -72,7 +110,10 @@ class MPIRunner(Runner):
                 + remote.user_words(self.options.get("launcher_args"), "--launcher-args")
                 + self.shim_argv(restart_count))
         return [{"argv": argv, "node_ranks": [n["node_rank"] for n in self.plan.nodes],
-                 "label": self.name, "popen_kwargs": {"env": self.fanout_env()}}]
+                 "label": self.name, "popen_kwargs": {"env": self.fanout_env()},
+                 "output_demux": self.output_demux}]
+
+    output_demux = None  # a TaggedStream factory where the runtime mixes the nodes' chunks
 
     def kill(self, agent) -> None:
         remote.terminate_then_kill(agent)
@@ -87,6 +128,7 @@ class OpenMPIRunner(MPIRunner):
     name = "openmpi"
     binaries = ("mpirun.openmpi", "mpirun")
     rank_from = "openmpi"
+    output_demux = TaggedStream
 
     def fanout_argv(self, hosts: list) -> list:
         argv = [self.binary()]
@@ -94,7 +136,7 @@ class OpenMPIRunner(MPIRunner):
             argv.append("--allow-run-as-root")
         argv += ["-np", str(len(hosts)), "--host", ",".join(f"{h}:1" for h in hosts),
                  "--map-by", "ppr:1:node", "--bind-to", "none",  # the agent's ranks use every core
-                 "--stdin", "all"]
+                 "--stdin", "all", "--tag-output"]
         words = self.ssh_words()
         if words:
             argv += ["--mca", "plm_rsh_args", " ".join(words)]
