@@ -9,8 +9,9 @@ stay whole, the untied one (Llama) is split by vocabulary with its logits gather
 ``save_16bit_model`` writes the whole model under its own names and shapes. The other families'
 (Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split forward and backward match the whole
 model; Hugging Face's activation checkpointing (same losses) and bf16 (within 1e-2) compose. A TP 2
-checkpoint resumes at TP 1. Plus the refusals: heads that do not divide, ZeRO 3, a tp_model_init
-size the config contradicts."""
+checkpoint resumes at TP 1. Plus the refusals: heads that do not divide under layer specs (the
+built-in rules cut them unevenly: test_autotp_uneven.py), ZeRO 3, a tp_model_init size the
+config contradicts."""
 
 import pytest
 import torch
@@ -130,9 +131,11 @@ def test_partition_config_preset_and_grain_size(job_cache):
     Llama's layers (use_default_specs false), preset_model "llama" with tp_grain_size 64 (the
     MLP's 128 features still split evenly), and Phi-3, whose fused gate_up_proj the built-in
     rules miss, split by a spec's shape [2, -1] (each rank holds its half of gate and of up)
-    with the attention skipped: each trains with the unsplit model's losses. Refused, naming the
-    key: a grain size that would split unevenly (also as DeepSpeed's nested tp.tp_grain_size),
-    a DeepSpeed preset not supported here, a 3-D shape, an unknown partition type."""
+    with the attention skipped, and the built-in rules with tp_grain_size 48 (the MLP's 128
+    features cut 48 + 80, as DeepSpeed cuts them): each trains with the unsplit model's losses.
+    Refused, naming the key: under the preset's specs (even splits), a grain size that would
+    split unevenly (also as DeepSpeed's nested tp.tp_grain_size), a DeepSpeed preset not
+    supported here, a 3-D shape, an unknown partition type."""
     for r in _job(job_cache, 2, *TP2_JOB):
         conf = r["configurable"]
         for name, splits in (("llama_specs_z0", 14), ("llama_preset_z2", 14),
@@ -140,6 +143,10 @@ def test_partition_config_preset_and_grain_size(job_cache):
             _equal_losses(conf[name], name)
             assert conf[name]["split"]["split"] == splits, name
             assert conf[name]["split"]["wrong"] == [], name
+        grain = conf["llama_grain48_z1"]
+        _equal_losses(grain, "tp_grain_size 48")
+        assert grain["split"]["sizes"]["model.layers.0.mlp.gate_proj.weight"][:2] == \
+            [(48, 80)[r["tp_rank"]] * 64, 128 * 64]
         phi3_kept = conf["phi3_specs_z1"]["split"]["kept"]
         assert "model.layers.0.self_attn.qkv_proj.weight" in phi3_kept
         assert "model.layers.0.mlp.gate_up_proj.weight" not in phi3_kept
@@ -206,10 +213,10 @@ def test_tp2_zero12_checkpoint_resumes_at_tp1(job_cache, nproc, stage):
 
 # -- pure logic: plan, refusals ------------------------------------------------------------------
 
-def _tiny_llama(kv=2, heads=4):
+def _tiny_llama(kv=2, heads=4, hidden=32):
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=hidden, intermediate_size=64,
                                    num_hidden_layers=1, num_attention_heads=heads,
                                    num_key_value_heads=kv)
     return transformers.LlamaForCausalLM(cfg)
@@ -228,15 +235,20 @@ def test_plan_names_columns_and_rows():
         autotp_plan(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
-def test_heads_that_do_not_divide_are_refused():
+def test_heads_that_do_not_divide_are_refused_under_specs_and_none_left_is_refused_always():
     from dslaunch.engine.autotp import check_heads
 
-    check_heads(_tiny_llama(kv=2, heads=4), 2)
-    with pytest.raises(ValueError, match=r"autotp_size: 4 does not divide the model's 2 "
-                                         r"key/value heads \(config.num_key_value_heads\)"):
-        check_heads(_tiny_llama(kv=2, heads=4), 4)
+    check_heads(_tiny_llama(kv=2, heads=4), 2, even=True)
+    check_heads(_tiny_llama(kv=4, heads=4), 3, even=False)  # the built-in rules cut 2+1+1
+    with pytest.raises(ValueError, match=r"autotp_size: 2 does not divide the model's 3 "
+                                         r"key/value heads \(config.num_key_value_heads\), which "
+                                         r"layer specs"):
+        check_heads(_tiny_llama(kv=3, heads=6, hidden=48), 2, even=True)
     with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
-        check_heads(_tiny_llama(kv=4, heads=4), 3)
+        check_heads(_tiny_llama(kv=4, heads=4), 3, even=True)
+    with pytest.raises(ValueError, match=r"autotp_size: 4 ranks but the model has 2 key/value "
+                                         r"heads: some rank would hold no head"):
+        check_heads(_tiny_llama(kv=2, heads=4), 4, even=False)
 
 
 def test_tp_model_init_records_and_must_agree_with_the_config():

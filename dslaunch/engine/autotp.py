@@ -19,10 +19,11 @@ found instead of written:
 - everything else whole on every rank: embeddings, norms, and any linear layer the rules do not
   know (correct, only not split).
 
-Attention heads are split in whole heads: the query heads and, with grouped-query attention, the
-key/value heads must both divide by N (a clear error otherwise). The attention modules of these
-families reshape with ``-1`` heads, so they run on their local heads unchanged; GPT-2's, which
-splits its fused output by ``split_size``, gets its sizes divided. GPT-2's ``Conv1D`` layers
+Attention heads are split in whole heads, MLP layers near-evenly, by DeepSpeed's rule
+(``autotp_shards.py``): when N does not divide the key/value heads (or the MLP width), the first
+ranks hold one more, as under DeepSpeed; every rank needs one key/value head at least. The
+attention modules of these families reshape with ``-1`` heads, so they run on their local heads
+unchanged; GPT-2's, which splits its fused output by ``split_size``, gets its local sizes. GPT-2's ``Conv1D`` layers
 (weight stored ``[in, out]``) become linear ones; their parameters carry ``tp_conv1d`` so the
 gathered state dict (``gather_tp_state``) is written back in the model's own layout.
 
@@ -30,15 +31,19 @@ DeepSpeed's ``partition_config`` layer specs and ``preset_model`` replace the ru
 given, and ``tp_grain_size`` is checked (``autotp_specs.py``).
 
 Not here: ZeRO stage 3 with AutoTP (refused by the config check, as DeepSpeed 0.18 refused it),
-and uneven splits (of heads, or by ``tp_grain_size``: DeepSpeed allows them; we refuse).
+and uneven splits under ``partition_config`` / ``preset_model`` specs (even splits there; the
+built-in rules above cut unevenly as DeepSpeed does).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .autotp_shards import ShardRule, kv_heads
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, _world
 from .tp_plan import _fused3_rows, apply_tp_plan
 
@@ -92,20 +97,39 @@ def _keep_params(new, lin, orig):
     return new
 
 
-def _column(m, group):
+def _span(rule, name, total, group):
+    return rule.span(name, total, _world(group), dist.get_rank(group))
+
+
+def _column(m, group, rule=None, name=""):
     lin = _as_linear(m)
-    return _keep_params(ColumnParallelLinear.from_linear(lin, group), lin, m)
+    rows = None
+    if rule is not None:
+        rows = torch.arange(*_span(rule, name, lin.out_features, group), device="cpu")
+    return _keep_params(ColumnParallelLinear.from_linear(lin, group, rows=rows), lin, m)
 
 
-def _fused3(m, group):
+def _fused3(m, group, rule=None, name=""):
+    """Three stacked equal parts (q | k | v), each cut alike."""
     lin = _as_linear(m)
-    return _keep_params(ColumnParallelLinear.from_linear(lin, group,
-                                                         rows=_fused3_rows(lin, group)), lin, m)
+    if rule is None:
+        rows = _fused3_rows(lin, group)
+    else:
+        part = lin.out_features // 3
+        rows = torch.cat([torch.arange(i * part + a, i * part + b, device="cpu")
+                          for i in range(3) for a, b in [_span(rule, name, part, group)]])
+    return _keep_params(ColumnParallelLinear.from_linear(lin, group, rows=rows), lin, m)
 
 
-def _row(m, group):
+def _row(m, group, rule=None, name=""):
     lin = _as_linear(m)
-    return _keep_params(RowParallelLinear.from_linear(lin, group), lin, m)
+    cols = _span(rule, name, lin.in_features, group) if rule is not None else None
+    return _keep_params(RowParallelLinear.from_linear(lin, group, cols=cols), lin, m)
+
+
+def _cut_by(plan: dict, rule: ShardRule) -> dict:
+    """The built-in styles of ``plan``, each told its layer's name and the shard rule."""
+    return {name: functools.partial(style, rule=rule, name=name) for name, style in plan.items()}
 
 
 def _linear_like(m) -> bool:
@@ -141,29 +165,39 @@ def _model_config(model):
     return getattr(cfg, "text_config", None) or cfg
 
 
-def check_heads(model: nn.Module, tp: int) -> None:
-    """The query heads and the key/value heads (grouped-query attention) must split evenly."""
+def check_heads(model: nn.Module, tp: int, even: bool) -> None:
+    """Every rank needs one key/value head at least; with ``even`` (layer specs, which split
+    evenly) the query and key/value heads must divide by ``tp``."""
     cfg = _model_config(model)
     if cfg is None:
         return
     heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    kv = kv_heads(cfg) or heads
+    if isinstance(kv, int) and kv < tp:
+        raise ValueError(f"tensor_parallel.autotp_size: {tp} ranks but the model has {kv} "
+                         "key/value heads: some rank would hold no head; use a size of at most "
+                         f"{kv}")
+    if not even:
+        return
     for count, what, key in ((heads, "attention heads", "num_attention_heads"),
                              (kv, "key/value heads", "num_key_value_heads")):
         if isinstance(count, int) and count % tp:
             raise ValueError(f"tensor_parallel.autotp_size: {tp} does not divide the model's "
-                             f"{count} {what} (config.{key}); use a size that divides it")
+                             f"{count} {what} (config.{key}), which layer specs "
+                             "(partition_config / preset_model) split evenly; use a size that "
+                             "divides it, or the built-in rules (no specs), which cut unevenly "
+                             "as DeepSpeed does")
 
 
-def _fix_attention_sizes(model: nn.Module, tp: int) -> None:
+def _fix_attention_sizes(model: nn.Module) -> None:
     """Attention modules that split a fused projection by a stored size (GPT-2's ``split_size``)
-    get their per-rank sizes."""
+    get this rank's sizes."""
     for m in model.modules():
         if hasattr(m, "c_attn") and isinstance(m.c_attn, ColumnParallelLinear) \
                 and hasattr(m, "split_size"):
-            m.split_size //= tp
-            m.embed_dim //= tp
-            m.num_heads //= tp
+            local = m.c_attn.out_per_rank // 3
+            m.num_heads = local // (m.embed_dim // m.num_heads)
+            m.split_size = m.embed_dim = local
 
 
 def _grain(section):
@@ -180,14 +214,19 @@ def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
     from .autotp_specs import check_grain, spec_plan, specs_from_config, sum_grads_over
 
     tp = _world(group)
-    check_heads(model, tp)
     given = specs_from_config(section) if section is not None else None
+    check_heads(model, tp, even=bool(given))
     # partition_config / preset_model: their specs alone decide (DeepSpeed's rule)
-    plan, summed = spec_plan(model, *given, _linear_like) if given else (autotp_plan(model), [])
+    if given:
+        plan, summed = spec_plan(model, *given, _linear_like)
+    else:
+        rule = ShardRule(kv_heads(_model_config(model)), _grain(section))
+        plan, summed = _cut_by(autotp_plan(model), rule), []
     apply_tp_plan(model, plan, group)
     if tp > 1:
         sum_grads_over(summed, group)
-        check_grain(model, _grain(section), tp)
+        if given:
+            check_grain(model, _grain(section), tp)
     if tp > 1 and getattr(section, "vocab_parallel_lm_head", False):
         from .autotp_head import split_lm_head
 
@@ -197,7 +236,7 @@ def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
 
         gather_lm_head(model, group)
     if tp > 1:
-        _fix_attention_sizes(model, tp)
+        _fix_attention_sizes(model)
         model.ds_autotp_parsed = True
         # every TP rank's rows of every split parameter: a checkpoint names them so that another
         # TP size can re-split the optimizer state (checkpoint/autotp_states.py)
@@ -306,10 +345,16 @@ def gather_tp_state(state: dict, module: nn.Module) -> dict:
         if name not in state:
             continue
         local = state[name].detach().contiguous()
-        parts = [torch.empty_like(local) for _ in range(w)]
-        dist.all_gather(parts, local, group=group)
         ranges = [None] * w
         dist.all_gather_object(ranges, p.tp_ranges, group=group)
+        # uneven splits (autotp_shards.py): every rank sends the longest slice, padded
+        longest = max(sum(b - a for a, b in rr) for rr in ranges)
+        pad = list(local.shape)
+        pad[p.partition_dim] = longest - local.shape[p.partition_dim]
+        sent = torch.cat([local, local.new_zeros(pad)], p.partition_dim) if pad[p.partition_dim] \
+            else local
+        parts = [torch.empty_like(sent) for _ in range(w)]
+        dist.all_gather(parts, sent, group=group)
         shape = list(local.shape)
         shape[p.partition_dim] = p.tp_full
         full = local.new_empty(shape)

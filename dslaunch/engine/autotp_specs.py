@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 import torch.nn as nn
 
+from .autotp_shards import grain_sizes
 from .tensor_parallel import ColumnParallelLinear
 from .tp_plan import stacked_rows
 
@@ -247,16 +248,6 @@ def sum_grads_over(params: list, group) -> None:
 
 MLP_NAMES = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "c_fc", "dense_h_to_4h",
              "dense_4h_to_h", "mlp", "lm_head", "embed_out")
-
-
-def grain_sizes(total: int, tp: int, grain: int) -> list:
-    """DeepSpeed's grain-aligned shard sizes of a dimension of ``total`` over ``tp`` ranks."""
-    if total < grain:
-        return [total // tp + (1 if r < total % tp else 0) for r in range(tp)]
-    grains, rest = divmod(total, grain)
-    sizes = [(grains // tp + (1 if r < grains % tp else 0)) * grain for r in range(tp)]
-    sizes[-1] += rest
-    return sizes
 
 
 def check_grain(model: nn.Module, grain: int, tp: int) -> None:

@@ -214,18 +214,23 @@ class ColumnParallelLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, gather_output=False, rows=None):
-        """Slice a full ``nn.Linear``: rank r keeps ``rows[r]`` (an index tensor; default the
-        r-th contiguous block of output features)."""
+        """Slice a full ``nn.Linear``: this rank keeps the output features ``rows`` (an index
+        tensor, as many on every rank or not: AutoTP's uneven head splits); default the rank's
+        contiguous block of an even split."""
         w = _world(group)
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.group, layer.gather_output = group, gather_output
         layer.in_features, layer.out_features = linear.in_features, linear.out_features
-        layer.out_per_rank = _divide(linear.out_features, w, "output features")
         if rows is None:
+            layer.out_per_rank = _divide(linear.out_features, w, "output features")
             r = _rank(group)
             rows = torch.arange(r * layer.out_per_rank, (r + 1) * layer.out_per_rank,
                                 device="cpu")
+        layer.out_per_rank = len(rows)
+        if gather_output and layer.out_per_rank * w != linear.out_features:
+            raise ValueError("tensor parallel: gather_output needs an even split of the "
+                             f"{linear.out_features} output features over {w} ranks")
         with torch.no_grad():
             layer.weight = nn.Parameter(linear.weight[rows].clone())
             layer.bias = (nn.Parameter(linear.bias[rows].clone()) if linear.bias is not None
@@ -262,25 +267,32 @@ class RowParallelLinear(nn.Module):
             nn.init.normal_(self.weight, std=0.02)
         self._mark()
 
-    def _mark(self):
+    def _mark(self, ranges=None):
         # the bias is replicated (added once after the all-reduce): not marked
         if _world(self.group) > 1:
-            mark_split(self.weight, 1, self.in_features, _block(self.in_per_rank,
-                                                                _rank(self.group)))
+            mark_split(self.weight, 1, self.in_features,
+                       ranges or _block(self.in_per_rank, _rank(self.group)))
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group, input_is_parallel=True):
+    def from_linear(cls, linear: nn.Linear, group, input_is_parallel=True, cols=None):
+        """Slice a full ``nn.Linear``: this rank keeps the input features ``cols`` (a range
+        ``[start, stop)``, as long on every rank or not: AutoTP's uneven head splits); default
+        the rank's block of an even split."""
         w, r = _world(group), _rank(group)
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.group, layer.input_is_parallel = group, input_is_parallel
         layer.in_features, layer.out_features = linear.in_features, linear.out_features
-        layer.in_per_rank = _divide(linear.in_features, w, "input features")
+        if cols is None:
+            per = _divide(linear.in_features, w, "input features")
+            cols = (r * per, (r + 1) * per)
+        elif not input_is_parallel:
+            raise ValueError("tensor parallel: an uneven row split needs input_is_parallel")
+        layer.in_per_rank = cols[1] - cols[0]
         with torch.no_grad():
-            cols = slice(r * layer.in_per_rank, (r + 1) * layer.in_per_rank)
-            layer.weight = nn.Parameter(linear.weight[:, cols].clone())
+            layer.weight = nn.Parameter(linear.weight[:, cols[0]:cols[1]].clone())
             layer.bias = nn.Parameter(linear.bias.clone()) if linear.bias is not None else None
-        layer._mark()
+        layer._mark([list(cols)])
         return layer
 
     def forward(self, x):

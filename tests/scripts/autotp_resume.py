@@ -22,13 +22,14 @@ p.add_argument("--start", type=int, default=10)
 p.add_argument("--more", type=int, default=4)
 p.add_argument("--stage", type=int, default=0)
 p.add_argument("--tag", default="tp")
+p.add_argument("--model", default="llama", help="a kind of autotp_train.build")
 args, _ = p.parse_known_args()
 dslaunch.init_distributed()
 rank, world = dist.get_rank(), dist.get_world_size()
 dp, dp_rank = world // args.tp, rank // args.tp
 micro = base.BATCH // (dp * base.MICRO_STEPS)
-ref = base.reference("llama", args.start + args.more)[0][args.start:]
-model = base.build("llama")
+ref = base.reference(args.model, args.start + args.more)[0][args.start:]
+model = base.build(args.model)
 config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": base.MICRO_STEPS,
           "optimizer": {"type": "AdamW", "params": {"lr": base.LR, "weight_decay": 0.01}},
           "gradient_clipping": base.CLIP, "zero_optimization": {"stage": args.stage},

@@ -41,6 +41,15 @@ def build(kind):
     if kind == "qwen2":  # q/k/v with biases, tied embeddings
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
             **common, tie_word_embeddings=True)).float()
+    # heads and MLP widths that 2 does not divide: cut unevenly, as DeepSpeed cuts them
+    if kind == "llama_uneven":  # 6 query heads on 3 key/value heads: 4+2 and 2+1; MLP 50+49
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**dict(
+            common, hidden_size=48, intermediate_size=99, num_attention_heads=6,
+            num_key_value_heads=3))).float()
+    if kind == "gpt2_uneven":  # fused c_attn of 3 heads (2+1 per part), MLP 50+49, tied head
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=3, n_inner=99, n_positions=64,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).float()
     if kind == "phi3":  # fused qkv_proj and gate_up_proj: layers the built-in rules miss
         return transformers.Phi3ForCausalLM(transformers.Phi3Config(
             **common, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0)).float()
@@ -70,11 +79,12 @@ def reference(kind, steps):
 def split_report(model, full):
     """Every split weight holds exactly 1/tp of the whole one (elements and bytes)."""
     whole = dict(full.named_parameters())
-    split, kept, wrong = 0, [], []
+    split, kept, wrong, sizes = 0, [], [], {}
     for n, prm in model.named_parameters():
         f = whole[n]
         if getattr(prm, "tensor_model_parallel", False):
             split += 1
+            sizes[n] = [prm.numel(), f.numel(), prm.element_size()]
             if prm.numel() * tp != f.numel() or \
                     prm.numel() * prm.element_size() * tp != f.numel() * f.element_size():
                 wrong.append(n)
@@ -82,7 +92,7 @@ def split_report(model, full):
             kept.append(n)
             if prm.shape != f.shape:
                 wrong.append(n)
-    return {"split": split, "kept": kept, "wrong": wrong,
+    return {"split": split, "kept": kept, "wrong": wrong, "sizes": sizes,
             "param_bytes": sum(q.numel() * q.element_size() for q in model.parameters()),
             "full_bytes": sum(q.numel() * q.element_size() for q in full.parameters())}
 
@@ -137,8 +147,9 @@ def train(kind, stage, ref, first, bf16=False, act_ckpt=False, tp_keys=None):
         if args.save:
             engine.save_checkpoint(args.save, tag="tp")
             out["saved_checkpoint"] = True
-    if args.save_each and kind == "llama" and not (bf16 or act_ckpt or tp_keys):
-        engine.save_checkpoint(args.save_each, tag=f"z{stage}")  # the ZeRO 1-2 resumes' source
+    if args.save_each and kind.startswith("llama") and not (bf16 or act_ckpt or tp_keys):
+        # the ZeRO 1-2 resumes' source
+        engine.save_checkpoint(args.save_each, tag=f"z{stage}" + kind[len("llama"):])
     return out
 
 
@@ -177,7 +188,11 @@ def configurable():
                                                                      "tp_grain_size": 64})
     out["phi3_specs_z1"] = train("phi3", 1, reference("phi3", args.steps), False,
                                  tp_keys={"partition_config": {"layer_specs": PHI3_SPECS}})
-    refusals = {"grain": {"tp_grain_size": 48}, "grain_nested": {"tp": {"tp_grain_size": 48}},
+    # the built-in rules cut the MLP's 128 features in grains of 48 as DeepSpeed does: 48 + 80
+    out["llama_grain48_z1"] = train("llama", 1, ref, False, tp_keys={"tp_grain_size": 48})
+    # layer specs split evenly: there the same grain is refused
+    refusals = {"grain": {"preset_model": "llama", "tp_grain_size": 48},
+                "grain_nested": {"preset_model": "llama", "tp": {"tp_grain_size": 48}},
                 "preset": {"preset_model": "bloom"},
                 "shape": {"partition_config": {"layer_specs": [
                     {"patterns": [".*"], "shape": [4, -1, 16], "partition_dim": 1}]}},

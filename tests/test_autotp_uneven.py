@@ -1,0 +1,89 @@
+"""AutoTP when the size does not divide the model (engine/autotp_shards.py: DeepSpeed 0.19.8's
+cut): a tiny Llama with 6 query heads on 3 key/value heads and an MLP 99 wide, and a GPT-2 with 3
+heads in its fused ``c_attn`` and a 99-wide MLP, trained 10 steps at TP 2 (2 ranks) at ZeRO 0, 1
+and 2 against the same model unsplit in one process: losses within 1e-5 relative. Rank 0 holds
+2 of the 3 key/value heads (4 of the 6 query heads) and 50 MLP features, rank 1 the rest (elements
+and bytes checked); ``save_16bit_model`` writes the whole model; the TP 2 checkpoints resume at
+TP 1 (ZeRO 1, 2) and TP 3 (ZeRO 1, an even cut) with the next losses equal to the reference's."""
+
+import pytest
+
+from helpers import results
+
+STEPS = 10
+HIDDEN = 48
+
+
+@pytest.fixture(scope="module")
+def uneven(job_cache):
+    run = job_cache.run("autotp_uneven", "autotp_train.py", "--out", "{dir}/o", "--tp", 2,
+                        "--steps", STEPS, "--models", "llama_uneven,gpt2_uneven",
+                        "--save-each", "{dir}/ckpts", nproc=2, timeout=240)
+    assert run.ok, run.log[-4000:]
+    return run
+
+
+# split weight -> elements rank 0, rank 1 hold (DeepSpeed's cut of 3 heads of 8 and 99 features)
+LLAMA = {"self_attn.q_proj.weight": (32 * HIDDEN, 16 * HIDDEN),
+         "self_attn.k_proj.weight": (16 * HIDDEN, 8 * HIDDEN),
+         "self_attn.o_proj.weight": (HIDDEN * 32, HIDDEN * 16),
+         "mlp.gate_proj.weight": (50 * HIDDEN, 49 * HIDDEN),
+         "mlp.down_proj.weight": (HIDDEN * 50, HIDDEN * 49)}
+GPT2 = {"attn.c_attn.weight": (3 * 32 * HIDDEN, 3 * 16 * HIDDEN), "attn.c_attn.bias": (96, 48),
+        "attn.c_proj.weight": (HIDDEN * 32, HIDDEN * 16), "mlp.c_fc.weight": (50 * HIDDEN, 49 * HIDDEN),
+        "mlp.c_proj.weight": (HIDDEN * 50, HIDDEN * 49)}
+
+
+@pytest.mark.parametrize("model", ["llama_uneven", "gpt2_uneven"])
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_uneven_cut_trains_like_the_whole_model(uneven, model, stage):
+    ranks = results(uneven.dir / "o", 2)
+    layer = "model.layers.1." if model.startswith("llama") else "transformer.h.1."
+    expected = LLAMA if model.startswith("llama") else GPT2
+    for r in ranks:
+        run = r[f"{model}_z{stage}"]
+        assert len(run["losses"]) == STEPS
+        for got, want in zip(run["losses"], run["ref"], strict=True):
+            assert abs(got - want) <= 1e-5 * abs(want), (model, stage, run["losses"], run["ref"])
+        sizes = run["split"]["sizes"]
+        for name, per_rank in expected.items():
+            local, full, elem = sizes[layer + name]
+            assert local == per_rank[r["tp_rank"]] and sum(per_rank) == full, (name, local)
+        assert run["split"]["param_bytes"] < run["split"]["full_bytes"]
+    for name in sizes:  # every split weight: the two ranks' slices make the whole
+        assert sum(r[f"{model}_z{stage}"]["split"]["sizes"][name][0] for r in ranks) == sizes[name][1]
+
+
+def test_save_16bit_model_gathers_the_uneven_slices(uneven):
+    saved = results(uneven.dir / "o", 2)[0]["llama_uneven_z0"]
+    assert saved["saved_keys_equal"] and saved["saved_shapes_equal"]
+    assert saved["saved_max_diff"] < 1e-3  # vs the reference's own trained weights
+    assert saved["saved_slices_equal_live"] and saved["consolidated_equal_saved"]
+
+
+@pytest.mark.parametrize("stage,tp", [(1, 1), (2, 1), (1, 3)])
+def test_uneven_checkpoint_resumes_at_another_size(job_cache, uneven, stage, tp):
+    args = ("autotp_resume.py", "--ckpt", uneven.dir / "ckpts", "--tag", f"z{stage}_uneven",
+            "--stage", stage, "--out", "{dir}/o", "--tp", tp, "--start", STEPS, "--more", 4,
+            "--model", "llama_uneven")
+    name = f"autotp_uneven_resume_z{stage}_tp{tp}"
+    job = job_cache.python(name, *args) if tp == 1 else job_cache.run(name, *args, nproc=tp,
+                                                                     timeout=240)
+    assert job.ok, job.log[-4000:]
+    for r in results(job.dir / "o", tp):
+        assert r["resumed_at"] == STEPS
+        for got, want in zip(r["losses"], r["ref"], strict=True):
+            assert abs(got - want) <= 1e-5 * abs(want), (stage, tp, r["losses"], r["ref"])
+
+
+def test_deepspeeds_cut():
+    from dslaunch.engine.autotp_shards import ShardRule
+
+    rule = ShardRule(kv=3)
+    assert rule.sizes("model.layers.0.self_attn.q_proj", 48, 2) == [32, 16]  # 6 heads of 8
+    assert rule.sizes("model.layers.0.self_attn.k_proj", 24, 2) == [16, 8]
+    assert rule.sizes("model.layers.0.mlp.gate_proj", 99, 2) == [50, 49]
+    assert rule.span("model.layers.0.self_attn.o_proj", 48, 2, 1) == (32, 48)
+    assert ShardRule(kv=8).sizes("x.self_attn.q_proj", 4096, 3) == [1536, 1536, 1024]
+    assert ShardRule(kv=None, grain=64).sizes("x.mlp.up_proj", 1344, 2) == [704, 640]
+    assert ShardRule(kv=4).sizes("x.self_attn.q_proj", 64, 2) == [32, 32]  # even: plain blocks
