@@ -10,20 +10,16 @@ from dslaunch.launcher import events
 from dslaunch.launcher.runners.mpi import TaggedStream
 
 
-def _lines(data: bytes) -> list:
-    return data.splitlines(keepends=True)
-
-
 def test_a_short_line_goes_as_it_is():
     line = events.format_event("exit", rank=0)
-    assert events.frame(line) == line
+    assert events.frame(line) == [line]
     assert events.Unframer().feed(line) == line
 
 
 def test_long_lines_from_two_agents_mixed_part_by_part_come_back_whole():
     long_event = events.format_event("exit", rank=3, output_tail=["é" * 900, "x" * 2000])
     long_text = ("[host1:0] " + "ü" * 1500 + "\n").encode()
-    a, b = _lines(events.frame(long_event)), _lines(events.frame(long_text))
+    a, b = events.frame(long_event), events.frame(long_text)
     assert len(a) > 1 and len(b) > 1
     assert all(len(p) <= events.MAX_LINE for p in a + b)
     mixed = [p for pair in zip(a, b) for p in pair] + a[len(b):] + b[len(a):]

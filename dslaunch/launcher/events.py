@@ -71,19 +71,19 @@ _PART_HEAD = 40  # room for the prefix, key and "i/n " within MAX_LINE
 MAX_PENDING = 256  # part-lines put together at once; beyond, the oldest (its agent died) is dropped
 
 
-def frame(line: bytes) -> bytes:
-    """``line`` (newline-terminated) as it goes on the wire: itself when it fits in ``MAX_LINE``,
-    else part lines ``@@dslaunch-part KEY I/N <bytes>``, KEY random so that the parts of lines
-    from several agents on one stream never mix."""
+def frame(line: bytes) -> list:
+    """``line`` (newline-terminated) as the lines that go on the wire: itself when it fits in
+    ``MAX_LINE``, else part lines ``@@dslaunch-part KEY I/N <bytes>``, KEY random so that the
+    parts of lines from several agents on one stream never mix."""
     if len(line) <= MAX_LINE:
-        return line
+        return [line]
     body = line[:-1] if line.endswith(b"\n") else line
     size = MAX_LINE - _PART_HEAD
     chunks = [body[i:i + size] for i in range(0, len(body), size)]
     key = secrets.token_hex(6).encode()
     n = str(len(chunks)).encode()
-    return b"".join(PART_PREFIX + key + b" " + str(i).encode() + b"/" + n + b" " + c + b"\n"
-                    for i, c in enumerate(chunks, 1))
+    return [PART_PREFIX + key + b" " + str(i).encode() + b"/" + n + b" " + c + b"\n"
+            for i, c in enumerate(chunks, 1)]
 
 
 class Unframer:
