@@ -1,7 +1,7 @@
 """The one training config given to DeepSpeed and to dslaunch in bench_train (no torch import).
 
 DeepSpeed's JSON schema, which dslaunch accepts as it is: micro-batch per rank, no gradient
-accumulation, Adam at a fixed lr, a ZeRO stage, optional CPU optimizer offload, bf16 on or off.
+accumulation, Adam at a fixed lr, no gradient clipping, a ZeRO stage, optional CPU optimizer offload, bf16 on or off.
 BENCH_ZERO_EXTRA (JSON, set by ``bench_train.py --zero-extra``) is merged into zero_optimization,
 then ``extra`` (a rank script's ``--zero-extra``: bench_zeropp.py passes each configuration's keys
 on the command line, which every launcher carries to remote hosts).
@@ -19,6 +19,9 @@ def train_config(stage: int, precision: str = "fp32", offload: bool = False,
         "optimizer": {"type": "Adam", "params": {"lr": lr}},
         "zero_optimization": {"stage": stage},
         "steps_per_print": 1_000_000,
+        # said, not left to the default: DeepSpeed 0.19.8 clips at 1.0 without the key, and the
+        # DDP / torch.optim peers do not clip
+        "gradient_clipping": 0.0,
     }
     if offload:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
