@@ -55,3 +55,18 @@ def test_mpiruns_own_untagged_text_passes_through():
     demux = TaggedStream("stderr")
     assert demux.feed(b"ORTE has lost communication\n") == [b"ORTE has lost communication\n"]
     assert demux.feed(b"[1,0]<stderr>:half") == [] and demux.rest() == [b"half\n"]
+
+
+def test_open_mpi_5_tags_carry_a_space_and_the_version_is_read(tmp_path):
+    from dslaunch.launcher.runners.mpi import open_mpi_major
+
+    demux = TaggedStream("stdout", after=b" ")
+    assert demux.feed(b"[1,1]<stdout>: half [1,0]<stdout>: zero\n") == [b"zero\n"]
+    assert demux.feed(b"[1,1]<stdout>: line\n") == [b"half line\n"]
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.3'\n")
+    fake.chmod(0o755)
+    assert open_mpi_major(str(fake)) == 5
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.4'\n")
+    assert open_mpi_major(str(fake)) == 4
+    assert open_mpi_major(str(tmp_path / "absent")) == 4

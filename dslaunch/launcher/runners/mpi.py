@@ -14,9 +14,11 @@ the agents in a variable of mpiexec's environment (hydra forwards it whole), not
 
 Output: Open MPI forwards each agent's output in chunks that end anywhere, not at line ends, and
 writes them to one stream as they come, so two nodes' lines mix even when every line is short.
-So it runs with ``--tag-output``, which marks each chunk's start with its source
-(``[1,N]<stdout>:``), and ``TaggedStream`` puts each node's lines back together. Hydra keeps
-lines whole.
+So it runs with ``--tag-output`` (5.x: ``--output tag``), which marks each chunk's start with its
+source (``[1,N]<stdout>:``, 5.x with a space after it), and ``TaggedStream`` puts each node's
+lines back together. Tested with 4.1 here; the 5.x form (a space after the tag) as other tools
+parse it, untested. Hydra's proxies read 64 KiB at a time: lines stay whole because the agent
+writes each line (at most 1000 bytes: launcher/events.py) with its own write.
 
 Options: ``--launcher-args`` go to mpirun/mpiexec (e.g. ``--mca btl_tcp_if_include eth0`` or
 ``-iface eth0``); MCA settings can also come from ``OMPI_MCA_*`` variables and hydra's from
@@ -26,10 +28,12 @@ launcher (Open MPI: ``plm_rsh_args``; hydra: HYDRA_LAUNCHER_EXTRA_ARGS).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import signal
+import subprocess
 
 from dslaunch.launcher.plan import ENV_VAR, encode_env
 from dslaunch.launcher.runners import remote
@@ -41,8 +45,9 @@ class TaggedStream:
     wrote them: ``feed(raw)`` takes one line of the stream and gives back the whole lines it
     completes, tags removed; a chunk that ends inside a line waits for its node's next one."""
 
-    def __init__(self, stream: str = "stdout") -> None:
-        self.tag = re.compile(rb"\[\d+,(\d+)\]<" + stream.encode() + rb">:")
+    def __init__(self, stream: str = "stdout", after: bytes = b"") -> None:
+        # Open MPI 4: ``[1,0]<stdout>:text``; 5 (``--output tag``) puts a space after the colon
+        self.tag = re.compile(rb"\[\d+,(\d+)\]<" + stream.encode() + rb">:" + re.escape(after))
         self.partial: dict = {}  # source (None: untagged text, mpirun's own) -> bytes so far
 
     def feed(self, raw: bytes) -> list:
@@ -124,11 +129,28 @@ class MPIRunner(Runner):
         run_preflight(self.plan, self.options)
 
 
+def open_mpi_major(binary: str) -> int:
+    """Open MPI's major version from ``mpirun --version`` (4 when it cannot be told)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return 4
+    m = re.search(r"Open MPI\)? (\d+)\.", out.stdout + out.stderr)
+    return int(m.group(1)) if m else 4
+
+
 class OpenMPIRunner(MPIRunner):
     name = "openmpi"
     binaries = ("mpirun.openmpi", "mpirun")
     rank_from = "openmpi"
-    output_demux = TaggedStream
+
+    @functools.cached_property
+    def major(self) -> int:
+        return open_mpi_major(self.binary())
+
+    @property
+    def output_demux(self):
+        return functools.partial(TaggedStream, after=b" " if self.major >= 5 else b"")
 
     def fanout_argv(self, hosts: list) -> list:
         argv = [self.binary()]
@@ -136,7 +158,7 @@ class OpenMPIRunner(MPIRunner):
             argv.append("--allow-run-as-root")
         argv += ["-np", str(len(hosts)), "--host", ",".join(f"{h}:1" for h in hosts),
                  "--map-by", "ppr:1:node", "--bind-to", "none",  # the agent's ranks use every core
-                 "--stdin", "all", "--tag-output"]
+                 "--stdin", "all", *(["--output", "tag"] if self.major >= 5 else ["--tag-output"])]
         words = self.ssh_words()
         if words:
             argv += ["--mca", "plm_rsh_args", " ".join(words)]
