@@ -230,11 +230,11 @@ def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
     if tp > 1 and getattr(section, "vocab_parallel_lm_head", False):
         from .autotp_head import split_lm_head
 
-        split_lm_head(model, group)
+        split_lm_head(model, group, _grain(section))
     elif tp > 1 and not given:
         from .autotp_head import gather_lm_head
 
-        gather_lm_head(model, group)
+        gather_lm_head(model, group, _grain(section))
     if tp > 1:
         _fix_attention_sizes(model)
         model.ds_autotp_parsed = True

@@ -12,6 +12,10 @@ max, sum of exponentials and target logit, so the loss equals the whole head's. 
 ``num_items_in_batch``) is replaced by one that shifts the labels as ``ForCausalLMLoss`` does.
 The logits a forward returns are this rank's vocabulary range.
 
+The vocabulary rows are cut as DeepSpeed cuts them (``autotp_shards.grain_sizes``): near even in
+``tp_grain_size`` grains, the first ranks one more when the size does not divide the vocabulary;
+the gathered logits are put back in order from the uneven slices.
+
 A tied head (its weight the input embedding's) stays whole: splitting it would split the
 embedding too.
 """
@@ -69,22 +73,35 @@ class VocabParallelCausalLMLoss:
         return total / keep.sum()
 
 
-def gather_lm_head(model: nn.Module, group) -> bool:
+def _vocab_rows(head: nn.Linear, group, grain: int):
+    """This rank's vocabulary rows and every rank's count: DeepSpeed's cut of an LM head, near
+    even in grains (``autotp_shards.py``), the first ranks one more when the size does not
+    divide the vocabulary."""
+    import torch.distributed as dist
+
+    from .autotp_shards import grain_sizes
+
+    sizes = grain_sizes(head.out_features, _world(group), grain or 1)
+    start = sum(sizes[:dist.get_rank(group)])
+    return torch.arange(start, start + sizes[dist.get_rank(group)], device="cpu"), sizes
+
+
+def gather_lm_head(model: nn.Module, group, grain: int = 1) -> bool:
     """Split ``model``'s untied LM head by vocabulary, its output gathered (the logits whole on
-    every rank, equal to the unsplit head's); True when done. A head that is tied, missing or
-    whose vocabulary does not divide by the group's size stays whole (False)."""
+    every rank, equal to the unsplit head's); True when done. A head that is tied or missing
+    stays whole (False)."""
     name, head = _head(model)
-    if head is None or _tied(model, head) or head.out_features % _world(group):
+    if head is None or _tied(model, head):
         return False
     from .autotp import _keep_params
 
-    setattr(model, name, _keep_params(ColumnParallelLinear.from_linear(head, group,
-                                                                       gather_output=True),
-                                      head, head))
+    rows, sizes = _vocab_rows(head, group, grain)
+    setattr(model, name, _keep_params(ColumnParallelLinear.from_linear(
+        head, group, gather_output=True, rows=rows, gather_sizes=sizes), head, head))
     return True
 
 
-def split_lm_head(model: nn.Module, group) -> bool:
+def split_lm_head(model: nn.Module, group, grain: int = 1) -> bool:
     """Split ``model``'s LM head by vocabulary and give it the matching loss; True when done.
     Refuses (naming the key) a model whose head cannot be split."""
     name, head = _head(model)
@@ -94,13 +111,10 @@ def split_lm_head(model: nn.Module, group) -> bool:
         _refuse("the LM head is tied to the input embedding (tie_word_embeddings)")
     if not hasattr(type(model), "loss_function"):
         _refuse(f"{type(model).__name__} computes no Hugging Face loss_function to replace")
-    w = _world(group)
-    if head.out_features % w:
-        _refuse(f"the vocabulary ({head.out_features}) does not divide by the tensor-parallel "
-                f"size {w}")
     from .autotp import _keep_params  # the head keeps its own Parameter objects
 
-    split = _keep_params(ColumnParallelLinear.from_linear(head, group), head, head)
+    rows, _ = _vocab_rows(head, group, grain)
+    split = _keep_params(ColumnParallelLinear.from_linear(head, group, rows=rows), head, head)
     setattr(model, name, split)
     start = split.weight.tp_ranges[0][0]
     model.loss_function = VocabParallelCausalLMLoss(group, start)

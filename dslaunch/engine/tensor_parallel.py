@@ -92,15 +92,27 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None, None
 
 
+def _gather_last_uneven(x: torch.Tensor, group, sizes: list) -> torch.Tensor:
+    """``_gather_last`` of slices of ``sizes[r]`` features per rank: each pads to the longest."""
+    longest = max(sizes)
+    padded = F.pad(x, (0, longest - x.shape[-1])) if x.shape[-1] < longest else x
+    whole = _gather_last(padded, group)
+    return torch.cat([whole[..., r * longest:r * longest + n] for r, n in enumerate(sizes)], -1)
+
+
 class _GatherFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_last(x, group)
+    def forward(ctx, x, group, sizes):
+        ctx.group, ctx.sizes = group, sizes
+        return _gather_last(x, group) if sizes is None else _gather_last_uneven(x, group, sizes)
 
     @staticmethod
     def backward(ctx, grad):
-        return _split_last(grad, ctx.group), None
+        if ctx.sizes is None:
+            return _split_last(grad, ctx.group), None, None
+        r = _rank(ctx.group)
+        start = sum(ctx.sizes[:r])
+        return grad[..., start:start + ctx.sizes[r]].contiguous(), None, None
 
 
 class _ScatterToTP(torch.autograd.Function):
@@ -146,8 +158,9 @@ def shared_copy_to_tp(x, group):
     return out
 
 
-def gather_from_tp(x, group):
-    return x if _world(group) == 1 else _GatherFromTP.apply(x, group)
+def gather_from_tp(x, group, sizes=None):
+    """All-gather the last dim; ``sizes``: every rank's share when they differ."""
+    return x if _world(group) == 1 else _GatherFromTP.apply(x, group, sizes)
 
 
 def scatter_to_tp(x, group):
@@ -196,6 +209,7 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.gather_output = group, gather_output
         self.in_features, self.out_features = in_features, out_features
         self.out_per_rank = _divide(out_features, _world(group), "output features")
+        self.gather_sizes = None  # even: every rank's share is out_per_rank
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features, dtype=dtype,
                                                device=device))
         self.bias = (nn.Parameter(torch.zeros(self.out_per_rank, dtype=dtype, device=device))
@@ -213,10 +227,12 @@ class ColumnParallelLinear(nn.Module):
                 mark_split(self.bias, 0, self.out_features, ranges)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group, gather_output=False, rows=None):
+    def from_linear(cls, linear: nn.Linear, group, gather_output=False, rows=None,
+                    gather_sizes=None):
         """Slice a full ``nn.Linear``: this rank keeps the output features ``rows`` (an index
-        tensor, as many on every rank or not: AutoTP's uneven head splits); default the rank's
-        contiguous block of an even split."""
+        tensor, as many on every rank or not: AutoTP's uneven splits); default the rank's
+        contiguous block of an even split. With ``gather_output`` and uneven rows,
+        ``gather_sizes`` lists every rank's count (contiguous blocks in rank order)."""
         w = _world(group)
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
@@ -228,9 +244,12 @@ class ColumnParallelLinear(nn.Module):
             rows = torch.arange(r * layer.out_per_rank, (r + 1) * layer.out_per_rank,
                                 device="cpu")
         layer.out_per_rank = len(rows)
-        if gather_output and layer.out_per_rank * w != linear.out_features:
-            raise ValueError("tensor parallel: gather_output needs an even split of the "
-                             f"{linear.out_features} output features over {w} ranks")
+        layer.gather_sizes = list(gather_sizes) if gather_sizes is not None else None
+        if gather_output and layer.gather_sizes is None \
+                and layer.out_per_rank * w != linear.out_features:
+            raise ValueError("tensor parallel: gather_output of an uneven split of the "
+                             f"{linear.out_features} output features over {w} ranks needs "
+                             "gather_sizes")
         with torch.no_grad():
             layer.weight = nn.Parameter(linear.weight[rows].clone())
             layer.bias = (nn.Parameter(linear.bias[rows].clone()) if linear.bias is not None
@@ -240,7 +259,9 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         y = F.linear(shared_copy_to_tp(x, self.group), self.weight, self.bias)
-        return gather_from_tp(y, self.group) if self.gather_output else y
+        if not self.gather_output:
+            return y
+        return gather_from_tp(y, self.group, getattr(self, "gather_sizes", None))  # (older pickles)
 
     def extra_repr(self):
         return (f"in={self.in_features}, out={self.out_features} ({self.out_per_rank} per rank), "

@@ -260,6 +260,42 @@ def families():
     return res
 
 
+def uneven_head():
+    """The uneven Llama with an untied LM head of 97 vocabulary rows (not divisible by 2), split
+    (logits gathered; and vocab_parallel_lm_head, logits left split) vs whole: the loss, the
+    logits and the head's and embedding's gradients, one forward and backward."""
+    from dslaunch.engine.topology import build_grid
+
+    group = build_grid(model=tp).get_model_parallel_group()
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB + 1, hidden_size=48, intermediate_size=99,
+                                   num_hidden_layers=2, num_attention_heads=6,
+                                   num_key_value_heads=3, max_position_embeddings=64)
+    ids = batch(0)[:2]
+    torch.manual_seed(0)
+    full = transformers.LlamaForCausalLM(cfg).float()
+    out_f = full(input_ids=ids, labels=ids)
+    out_f.loss.backward()
+    res = {}
+    for label, section in (("gathered", None), ("vocab_parallel", SimpleNamespace(
+            vocab_parallel_lm_head=True, partition_config=None, preset_model=None,
+            tp_grain_size=1, extra={}))):
+        torch.manual_seed(0)
+        part = transformers.LlamaForCausalLM(cfg).float()
+        apply_autotp(part, group, section)
+        out_p = part(input_ids=ids, labels=ids)
+        out_p.loss.backward()
+        head = part.lm_head.weight
+        rows = torch.cat([torch.arange(a, b) for a, b in head.tp_ranges])
+        logits_f = out_f.logits if label == "gathered" else out_f.logits[..., rows]
+        res[label] = {"loss": abs(out_f.loss.item() - out_p.loss.item()),
+                      "logits": (logits_f - out_p.logits).abs().max().item(),
+                      "head_rows": int(head.shape[0]),
+                      "head_grad": (full.lm_head.weight.grad[rows] - head.grad).abs().max().item(),
+                      "emb_grad": (full.model.embed_tokens.weight.grad
+                                   - part.model.embed_tokens.weight.grad).abs().max().item()}
+    return res
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -274,6 +310,8 @@ if __name__ == "__main__":
     p.add_argument("--save-each", default=None,
                    help="save a checkpoint of each plain Llama run here, tag z<stage>")
     p.add_argument("--save", default=None, help="save a checkpoint of the first run here")
+    p.add_argument("--uneven-head", action="store_true",
+                   help="an LM head of 97 rows split vs whole, forward and backward")
     args, _ = p.parse_known_args()
     dslaunch.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -294,6 +332,8 @@ if __name__ == "__main__":
         res["families"] = families()
     if args.configurable:
         res["configurable"] = configurable()
+    if args.uneven_head:
+        res["uneven_head"] = uneven_head()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, f"rank_{rank}.json").write_text(json.dumps(res))
     dist.barrier()
