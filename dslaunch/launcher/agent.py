@@ -44,7 +44,6 @@ STACK_WAIT = 1.5  # how long a "dump stacks" waits for a rank's faulthandler fil
 PYSPY_TIMEOUT = 1.5
 PREVIOUS_ATTEMPT_WAIT = 60.0  # beyond the grace period: how long a restarted agent waits for the
 # previous attempt's agent on its node to have stopped its ranks (see node_lock)
-STANDBY_WAIT = 60.0  # in-process recovery: the standby starts by then even without a first step
 READER_JOIN = 2.0  # how long an exit waits for the rank's last output to be streamed
 
 
@@ -149,9 +148,6 @@ class Agent:
         self.started_acks: dict = {}  # local rank -> the epoch whose "recovering" went out
         self.standby: Rank | None = None  # a warm process that becomes a lost rank at once
         self.standbys = 0  # how many were started (their file names)
-        # a standby to start once every rank of ours has stepped past these steps (_standby_due)
-        self.standby_wish: tuple | None = None  # (monotonic time of the wish, {rank: step})
-        self.standby_checked = 0.0  # when the progress records were last read for it
 
     # ---- output ----------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -533,7 +529,7 @@ class Agent:
             self.stop(dump=False, kill=True)
             self._reap_all()
             return 2
-        self._wish_standby()
+        self._start_standby()
         faults = inject.HostFaults.from_env(self, {**os.environ, **self.plan.env})
         if faults is not None:
             faults.start()
@@ -546,8 +542,6 @@ class Agent:
                 self.stop(dump=False)
             self._fence()
             self._forward_acks()
-            if self._standby_due():
-                self._start_standby()
             try:
                 kind, item = self.queue.get(timeout=0.1)
             except queue.Empty:
@@ -631,33 +625,6 @@ class Agent:
                 continue
             self.event(events.STARTED, pids={str(rank): r.proc.pid}, replacement=True)
 
-    def _wish_standby(self) -> None:
-        """Ask for a standby once this node's ranks train: started with them, its torch import
-        and engine warm-up took the CPU their own start-up needed (on a 2-core host the ranks
-        reached their first step 6-10 s later, measured with tests/scripts/inject_train.py)."""
-        if self.plan.recover == "in-process":
-            steps = {r.rank: (progress_record.read(r.progress_file) or {}).get("step", -1)
-                     for r in self._alive()}
-            self.standby_wish = (time.monotonic(), steps)
-
-    def _standby_due(self) -> bool:
-        """Every running rank of ours has made a step since the wish, or STANDBY_WAIT s passed
-        (a rank that writes no progress record: the script does not use the engine)."""
-        if self.standby_wish is None or self.standby is not None:
-            return False
-        since, steps = self.standby_wish
-        now = time.monotonic()
-        if now - since < STANDBY_WAIT:
-            if now - self.standby_checked < 0.5:
-                return False
-            self.standby_checked = now
-            for r in self._alive():
-                rec = progress_record.read(r.progress_file)
-                if rec is None or rec["step"] <= steps.get(r.rank, -1):
-                    return False
-        self.standby_wish = None
-        return True
-
     def _start_standby(self) -> None:
         """With in-process recovery, one warm process per node (DSLAUNCH_RECOVER_STANDBY=0: none):
         a lost rank of this node is replaced without a process start, torch import and model
@@ -700,7 +667,7 @@ class Agent:
             del self.pending_acks[local_rank]
             self.event(events.RECOVER_ACK, rank=rank, **{**ack, "epoch": epoch})
             if ack.get("status") == "joined" and self.standby is None:
-                self._wish_standby()  # for the next fault, once this one is over (CPU)
+                self._start_standby()  # for the next fault, once this one is over (CPU)
 
     def _fence(self) -> None:
         """Cut off from the launcher for ``fence_timeout`` s: kill this node's ranks (the
