@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .autotp_shards import ShardRule, kv_heads
-from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, _world
+from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, _rank, _world
 from .tp_plan import _fused3_rows, apply_tp_plan
 
 # the model's last leaf name -> style; "c_proj" is row in both of GPT-2's blocks
@@ -98,7 +98,7 @@ def _keep_params(new, lin, orig):
 
 
 def _span(rule, name, total, group):
-    return rule.span(name, total, _world(group), dist.get_rank(group))
+    return rule.span(name, total, _world(group), _rank(group))
 
 
 def _column(m, group, rule=None, name=""):

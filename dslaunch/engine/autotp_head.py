@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .tensor_parallel import ColumnParallelLinear, _world, vocab_parallel_cross_entropy
+from .tensor_parallel import ColumnParallelLinear, _rank, _world, vocab_parallel_cross_entropy
 
 HEAD_NAMES = ("lm_head", "embed_out")  # Llama-style / GPT-NeoX's
 
@@ -75,15 +75,12 @@ class VocabParallelCausalLMLoss:
 
 def _vocab_rows(head: nn.Linear, group, grain: int):
     """This rank's vocabulary rows and every rank's count: DeepSpeed's cut of an LM head, near
-    even in grains (``autotp_shards.py``), the first ranks one more when the size does not
-    divide the vocabulary."""
-    import torch.distributed as dist
+    even in grains (``autotp_shards.py``; by grains, never by heads)."""
+    from .autotp_shards import ShardRule
 
-    from .autotp_shards import grain_sizes
-
-    sizes = grain_sizes(head.out_features, _world(group), grain or 1)
-    start = sum(sizes[:dist.get_rank(group)])
-    return torch.arange(start, start + sizes[dist.get_rank(group)], device="cpu"), sizes
+    rule, w = ShardRule(kv=None, grain=grain or 1), _world(group)
+    start, stop = rule.span("lm_head", head.out_features, w, _rank(group))
+    return torch.arange(start, stop, device="cpu"), rule.sizes("lm_head", head.out_features, w)
 
 
 def gather_lm_head(model: nn.Module, group, grain: int = 1) -> bool:
