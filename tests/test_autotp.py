@@ -9,9 +9,9 @@ stay whole, the untied one (Llama) is split by vocabulary with its logits gather
 ``save_16bit_model`` writes the whole model under its own names and shapes. The other families'
 (Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split forward and backward match the whole
 model; Hugging Face's activation checkpointing (same losses) and bf16 (within 1e-2) compose. A TP 2
-checkpoint resumes at TP 1. Plus the refusals: heads that do not divide under layer specs (the
-built-in rules cut them unevenly: test_autotp_uneven.py), ZeRO 3, a tp_model_init size the
-config contradicts."""
+checkpoint resumes at TP 1. Plus the refusals: fewer key/value heads than ranks, ZeRO 3, a
+tp_model_init size the config contradicts. (Heads and widths the size does not divide:
+test_autotp_uneven.py.)"""
 
 import pytest
 import torch
@@ -131,11 +131,10 @@ def test_partition_config_preset_and_grain_size(job_cache):
     Llama's layers (use_default_specs false), preset_model "llama" with tp_grain_size 64 (the
     MLP's 128 features still split evenly), and Phi-3, whose fused gate_up_proj the built-in
     rules miss, split by a spec's shape [2, -1] (each rank holds its half of gate and of up)
-    with the attention skipped, and the built-in rules with tp_grain_size 48 (the MLP's 128
-    features cut 48 + 80, as DeepSpeed cuts them): each trains with the unsplit model's losses.
-    Refused, naming the key: under the preset's specs (even splits), a grain size that would
-    split unevenly (also as DeepSpeed's nested tp.tp_grain_size), a DeepSpeed preset not
-    supported here, a 3-D shape, an unknown partition type."""
+    with the attention skipped, and tp_grain_size 48 under the built-in rules and under the
+    preset (as DeepSpeed's nested tp.tp_grain_size): the MLP's 128 features cut 48 + 80, as
+    DeepSpeed cuts them. Each trains with the unsplit model's losses. Refused, naming the key: a
+    DeepSpeed preset not supported here, a 3-D shape, an unknown partition type."""
     for r in _job(job_cache, 2, *TP2_JOB):
         conf = r["configurable"]
         for name, splits in (("llama_specs_z0", 14), ("llama_preset_z2", 14),
@@ -143,18 +142,15 @@ def test_partition_config_preset_and_grain_size(job_cache):
             _equal_losses(conf[name], name)
             assert conf[name]["split"]["split"] == splits, name
             assert conf[name]["split"]["wrong"] == [], name
-        grain = conf["llama_grain48_z1"]
-        _equal_losses(grain, "tp_grain_size 48")
-        assert grain["split"]["sizes"]["model.layers.0.mlp.gate_proj.weight"][:2] == \
-            [(48, 80)[r["tp_rank"]] * 64, 128 * 64]
+        for name in ("llama_grain48_z1", "llama_preset_grain48_z1"):
+            grain = conf[name]
+            _equal_losses(grain, name)
+            assert grain["split"]["sizes"]["model.layers.0.mlp.gate_proj.weight"][:2] == \
+                [(48, 80)[r["tp_rank"]] * 64, 128 * 64], name
         phi3_kept = conf["phi3_specs_z1"]["split"]["kept"]
         assert "model.layers.0.self_attn.qkv_proj.weight" in phi3_kept
         assert "model.layers.0.mlp.gate_up_proj.weight" not in phi3_kept
         refused = conf["refused"]
-        assert refused["grain"].startswith("tensor_parallel.tp_grain_size: 48 splits "
-                                           "model.layers.0.mlp.gate_proj's 128 features over 2 "
-                                           "ranks as [48, 80]")
-        assert refused["grain_nested"] == refused["grain"]
         assert refused["preset"].startswith("tensor_parallel.preset_model: 'bloom'")
         assert refused["shape"].startswith(
             "tensor_parallel.partition_config.layer_specs[0].partition_dim")
@@ -169,7 +165,8 @@ def test_specs_parse_and_match():
     from types import SimpleNamespace
 
     from dslaunch.engine.autotp import _linear_like, autotp_plan
-    from dslaunch.engine.autotp_specs import grain_sizes, spec_plan, specs_from_config
+    from dslaunch.engine.autotp_shards import grain_sizes
+    from dslaunch.engine.autotp_specs import spec_plan, specs_from_config
 
     section = SimpleNamespace(preset_model="llama", partition_config=None)
     plan, summed = spec_plan(_tiny_llama(), *specs_from_config(section), _linear_like)
@@ -235,20 +232,14 @@ def test_plan_names_columns_and_rows():
         autotp_plan(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
-def test_heads_that_do_not_divide_are_refused_under_specs_and_none_left_is_refused_always():
+def test_a_rank_left_without_a_key_value_head_is_refused():
     from dslaunch.engine.autotp import check_heads
 
-    check_heads(_tiny_llama(kv=2, heads=4), 2, even=True)
-    check_heads(_tiny_llama(kv=4, heads=4), 3, even=False)  # the built-in rules cut 2+1+1
-    with pytest.raises(ValueError, match=r"autotp_size: 2 does not divide the model's 3 "
-                                         r"key/value heads \(config.num_key_value_heads\), which "
-                                         r"layer specs"):
-        check_heads(_tiny_llama(kv=3, heads=6, hidden=48), 2, even=True)
-    with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
-        check_heads(_tiny_llama(kv=4, heads=4), 3, even=True)
+    check_heads(_tiny_llama(kv=2, heads=4), 2)
+    check_heads(_tiny_llama(kv=4, heads=4), 3)  # cut 2+1+1 (test_autotp_uneven.py)
     with pytest.raises(ValueError, match=r"autotp_size: 4 ranks but the model has 2 key/value "
                                          r"heads: some rank would hold no head"):
-        check_heads(_tiny_llama(kv=2, heads=4), 4, even=False)
+        check_heads(_tiny_llama(kv=2, heads=4), 4)
 
 
 def test_tp_model_init_records_and_must_agree_with_the_config():

@@ -5,7 +5,10 @@ and 2 against the same model unsplit in one process: losses within 1e-5 relative
 2 of the 3 key/value heads (4 of the 6 query heads) and 50 MLP features, rank 1 the rest (elements
 and bytes checked); ``save_16bit_model`` writes the whole model; the TP 2 checkpoints resume at
 TP 1 (ZeRO 1, 2) and TP 3 (ZeRO 1, an even cut) with the next losses equal to the reference's.
-An untied LM head of 97 rows is cut 49 + 48 (logits gathered or left split)."""
+An untied LM head of 97 rows is cut 49 + 48 (logits gathered or left split). Layer specs cut the
+same way (DeepSpeed's spec layers and their stacked parts use the same rule): the Llama under
+preset_model "llama", and a Phi-3 whose fused gate_up_proj of two 99-feature parts a spec's
+shape [2, -1] cuts 50 + 49 each."""
 
 import pytest
 
@@ -19,7 +22,8 @@ HIDDEN = 48
 def uneven(job_cache):
     run = job_cache.run("autotp_uneven", "autotp_train.py", "--out", "{dir}/o", "--tp", 2,
                         "--steps", STEPS, "--models", "llama_uneven,gpt2_uneven",
-                        "--save-each", "{dir}/ckpts", "--uneven-head", nproc=2, timeout=240)
+                        "--save-each", "{dir}/ckpts", "--uneven-head", "--uneven-specs", nproc=2,
+                        timeout=240)
     assert run.ok, run.log[-4000:]
     return run
 
@@ -53,6 +57,27 @@ def test_uneven_cut_trains_like_the_whole_model(uneven, model, stage):
         assert run["split"]["param_bytes"] < run["split"]["full_bytes"]
     for name in sizes:  # every split weight: the two ranks' slices make the whole
         assert sum(r[f"{model}_z{stage}"]["split"]["sizes"][name][0] for r in ranks) == sizes[name][1]
+
+
+PHI3 = {"mlp.gate_up_proj.weight": ((50 + 50) * HIDDEN, (49 + 49) * HIDDEN),
+        "mlp.down_proj.weight": (HIDDEN * 50, HIDDEN * 49)}
+
+
+@pytest.mark.parametrize("run,expected", [("llama_uneven_preset_z1", LLAMA),
+                                          ("phi3_uneven_specs_z2", PHI3)])
+def test_layer_specs_cut_unevenly_too(uneven, run, expected):
+    ranks = results(uneven.dir / "o", 2)
+    for r in ranks:
+        got = r["uneven_specs"][run]
+        assert len(got["losses"]) == STEPS
+        for loss, want in zip(got["losses"], got["ref"], strict=True):
+            assert abs(loss - want) <= 1e-5 * abs(want), (run, got["losses"], got["ref"])
+        sizes = got["split"]["sizes"]
+        for name, per_rank in expected.items():
+            local, full, _ = sizes["model.layers.1." + name]
+            assert local == per_rank[r["tp_rank"]] and sum(per_rank) == full, (name, local)
+    if run.startswith("phi3"):  # the attention stays whole (its spec says skip)
+        assert "model.layers.1.self_attn.qkv_proj.weight" in got["split"]["kept"]
 
 
 def test_lm_head_of_an_uneven_vocabulary(uneven):

@@ -165,9 +165,9 @@ def _model_config(model):
     return getattr(cfg, "text_config", None) or cfg
 
 
-def check_heads(model: nn.Module, tp: int, even: bool) -> None:
-    """Every rank needs one key/value head at least; with ``even`` (layer specs, which split
-    evenly) the query and key/value heads must divide by ``tp``."""
+def check_heads(model: nn.Module, tp: int) -> None:
+    """Every rank needs one key/value head at least (a rank with none would hold empty
+    attention layers)."""
     cfg = _model_config(model)
     if cfg is None:
         return
@@ -177,16 +177,6 @@ def check_heads(model: nn.Module, tp: int, even: bool) -> None:
         raise ValueError(f"tensor_parallel.autotp_size: {tp} ranks but the model has {kv} "
                          "key/value heads: some rank would hold no head; use a size of at most "
                          f"{kv}")
-    if not even:
-        return
-    for count, what, key in ((heads, "attention heads", "num_attention_heads"),
-                             (kv, "key/value heads", "num_key_value_heads")):
-        if isinstance(count, int) and count % tp:
-            raise ValueError(f"tensor_parallel.autotp_size: {tp} does not divide the model's "
-                             f"{count} {what} (config.{key}), which layer specs "
-                             "(partition_config / preset_model) split evenly; use a size that "
-                             "divides it, or the built-in rules (no specs), which cut unevenly "
-                             "as DeepSpeed does")
 
 
 def _fix_attention_sizes(model: nn.Module) -> None:
@@ -211,22 +201,21 @@ def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
     layer); returns it. With one rank in the group the plan is only checked. ``section``: the
     config's ``tensor_parallel`` section (``vocab_parallel_lm_head``; ``partition_config``,
     ``preset_model`` and ``tp_grain_size``: ``autotp_specs.py``)."""
-    from .autotp_specs import check_grain, spec_plan, specs_from_config, sum_grads_over
+    from .autotp_specs import spec_plan, specs_from_config, sum_grads_over
 
     tp = _world(group)
     given = specs_from_config(section) if section is not None else None
-    check_heads(model, tp, even=bool(given))
-    # partition_config / preset_model: their specs alone decide (DeepSpeed's rule)
+    check_heads(model, tp)
+    rule = ShardRule(kv_heads(_model_config(model)), _grain(section))
+    # partition_config / preset_model: their specs alone decide which layers split (DeepSpeed's
+    # rule); the cut is the same either way
     if given:
-        plan, summed = spec_plan(model, *given, _linear_like)
+        plan, summed = spec_plan(model, *given, _linear_like, rule)
     else:
-        rule = ShardRule(kv_heads(_model_config(model)), _grain(section))
         plan, summed = _cut_by(autotp_plan(model), rule), []
     apply_tp_plan(model, plan, group)
     if tp > 1:
         sum_grads_over(summed, group)
-        if given:
-            check_grain(model, _grain(section), tp)
     if tp > 1 and getattr(section, "vocab_parallel_lm_head", False):
         from .autotp_head import split_lm_head
 

@@ -25,23 +25,28 @@ What each spec can say here:
 - ``shape`` ``[k, -1]`` or ``[[a, b, c], -1]`` on a column layer: the output rows are ``k``
   equal (or the listed) stacked parts, each split alike, so every rank holds matching parts.
 
+Every split follows the built-in rules' cut (``autotp_shards.ShardRule``, DeepSpeed 0.19.8's: a
+spec layer, and each stacked part of one, is cut as DeepSpeed's spec layers cut it): whole
+key/value heads for attention layers, grains of ``tp_grain_size`` for MLP layers, unevenly where
+the size does not divide.
+
 Refused, naming the key: other shapes or partition dims (3-D expert views), ``row`` with a
-``shape``, a spec on an embedding or a row-parallel LM head, presets other than ``PRESETS``, and
-a ``tp_grain_size`` whose grain-aligned split (DeepSpeed's, for the MLP layers) would be uneven.
+``shape``, a spec on an embedding or a row-parallel LM head, and presets other than ``PRESETS``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .autotp_shards import grain_sizes
-from .tensor_parallel import ColumnParallelLinear
-from .tp_plan import stacked_rows
+from .autotp_shards import ShardRule
+from .tensor_parallel import ColumnParallelLinear, _rank, _world
 
 KEY = "tensor_parallel.partition_config"
 SPEC_KEYS = {"patterns", "partition_type", "shape", "partition_dim", "model_types",
@@ -178,18 +183,40 @@ def specs_from_config(section) -> tuple[list, bool] | None:
 
 # -- styles -----------------------------------------------------------------------------------
 
-def style_of(spec: Spec):
-    """The plan style (``(module, group) -> module``) of a column or row spec."""
+def _stacked_rows(out_features: int, parts: tuple, rule: ShardRule, name: str, group):
+    """This rank's rows of every stacked part (their sizes; all -1: equal parts), each part cut
+    by ``rule`` as a layer of its own (DeepSpeed's sub-parameters)."""
+    if all(p == -1 for p in parts):
+        if out_features % len(parts):
+            raise ValueError(f"{KEY}: {name} has {out_features} output features, not "
+                             f"{len(parts)} equal stacked parts")
+        parts = (out_features // len(parts),) * len(parts)
+    if sum(parts) != out_features:
+        raise ValueError(f"{KEY}: the parts {tuple(parts)} of {name} do not add up to its "
+                         f"{out_features} output features")
+    rows, at = [], 0
+    for size in parts:
+        start, stop = rule.span(name, size, _world(group), _rank(group))
+        # built on the CPU: real indices even when the layer lives on the meta device
+        rows.append(torch.arange(at + start, at + stop, device="cpu"))
+        at += size
+    return torch.cat(rows)
+
+
+def style_of(spec: Spec, rule: ShardRule, name: str):
+    """The plan style (``(module, group) -> module``) of a column or row spec for layer
+    ``name``, cut by ``rule``."""
     from .autotp import _as_linear, _column, _keep_params, _row
 
     if spec.kind == "row":
-        return _row
+        return functools.partial(_row, rule=rule, name=name)
     if spec.parts is None and not spec.gather_output:
-        return _column
+        return functools.partial(_column, rule=rule, name=name)
 
     def column(m, group):
         lin = _as_linear(m)
-        rows = stacked_rows(lin.out_features, spec.parts, group) if spec.parts else None
+        parts = spec.parts or (-1,)
+        rows = _stacked_rows(lin.out_features, parts, rule, name, group)
         layer = ColumnParallelLinear.from_linear(lin, group, gather_output=spec.gather_output,
                                                  rows=rows)
         return _keep_params(layer, lin, m)
@@ -202,8 +229,11 @@ def _model_type(model):
     return getattr(cfg, "model_type", None)
 
 
-def spec_plan(model: nn.Module, specs: list, strict: bool, linear_like) -> tuple[dict, list]:
-    """``({module name: style}, [weights whose gradient is summed over the TP group])``."""
+def spec_plan(model: nn.Module, specs: list, strict: bool, linear_like,
+              rule: ShardRule | None = None) -> tuple[dict, list]:
+    """``({module name: style}, [weights whose gradient is summed over the TP group])``; every
+    split layer cut by ``rule`` (None: by grains of 1, near-even)."""
+    rule = rule or ShardRule(None)
     mtype = _model_type(model)
     plan, summed = {}, []
     for name, m in model.named_modules():
@@ -226,7 +256,7 @@ def spec_plan(model: nn.Module, specs: list, strict: bool, linear_like) -> tuple
         if spec.kind == "row" and any(h in name for h in ("lm_head", "embed_out")):
             _fail(KEY, f"{weight}: a row-parallel LM head is not supported (use column, with "
                   "gather_output, or vocab_parallel_lm_head)")
-        plan[name] = style_of(spec)
+        plan[name] = style_of(spec, rule, name)
     if not plan:
         _fail(KEY, f"no layer spec matches a linear layer of {type(model).__name__}")
     return plan, summed
@@ -242,28 +272,3 @@ def sum_grads_over(params: list, group) -> None:
 
     for p in params:
         p.register_hook(hook)
-
-
-# -- tp_grain_size -----------------------------------------------------------------------------
-
-MLP_NAMES = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "c_fc", "dense_h_to_4h",
-             "dense_4h_to_h", "mlp", "lm_head", "embed_out")
-
-
-def check_grain(model: nn.Module, grain: int, tp: int) -> None:
-    """Refuse a ``tp_grain_size`` under which an MLP layer's (or the LM head's) split, aligned
-    to grains as DeepSpeed aligns it, would not be the even split dslaunch makes."""
-    if grain in (None, 1):
-        return
-    if not isinstance(grain, int) or grain < 1:
-        _fail("tensor_parallel.tp_grain_size", f"{grain!r}: give a positive integer")
-    for name, m in model.named_modules():
-        split = next((p.tp_full for p in m.parameters(recurse=False)
-                      if getattr(p, "tensor_model_parallel", False)), None)
-        if split is None or not any(k in name for k in MLP_NAMES):
-            continue
-        sizes = grain_sizes(split, tp, grain)
-        if len(set(sizes)) > 1:
-            _fail("tensor_parallel.tp_grain_size", f"{grain} splits {name}'s {split} features "
-                  f"over {tp} ranks as {sizes}; uneven splits are not supported: use a grain "
-                  f"size that divides {split} // {tp}, or 1")

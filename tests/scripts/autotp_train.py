@@ -11,9 +11,10 @@ tiny models (Mistral, Qwen3, Gemma, Phi, GPT-2, GPT-NeoX) split by ``apply_autot
 logits and the embedding's gradient against the whole model. ``--extras``: the Llama in bf16
 (ZeRO 1) and with Hugging Face's activation checkpointing (ZeRO 0). ``--configurable``: the
 Llama with a vocabulary-parallel LM head, with partition_config specs, with preset_model and a
-tp_grain_size that keeps the split even, Phi-3's fused gate_up_proj split by a spec's shape; the
-keys refused; the all-reduces of one forward and backward. Writes
---out/rank_{r}.json."""
+tp_grain_size that keeps the split even, Phi-3's fused gate_up_proj split by a spec's shape,
+tp_grain_size 48 under the built-in rules and under the preset (48 + 80); the keys refused; the
+all-reduces of one forward and backward. ``--uneven-specs``: heads and widths the size does not
+divide, under layer specs. Writes --out/rank_{r}.json."""
 
 import argparse
 import json
@@ -50,6 +51,10 @@ def build(kind):
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=3, n_inner=99, n_positions=64,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).float()
+    if kind == "phi3_uneven":  # the fused gate_up_proj of two 99-feature parts: 50+49 each
+        return transformers.Phi3ForCausalLM(transformers.Phi3Config(**dict(
+            common, hidden_size=48, intermediate_size=99, num_attention_heads=6,
+            num_key_value_heads=3), pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0)).float()
     if kind == "phi3":  # fused qkv_proj and gate_up_proj: layers the built-in rules miss
         return transformers.Phi3ForCausalLM(transformers.Phi3Config(
             **common, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0)).float()
@@ -188,12 +193,12 @@ def configurable():
                                                                      "tp_grain_size": 64})
     out["phi3_specs_z1"] = train("phi3", 1, reference("phi3", args.steps), False,
                                  tp_keys={"partition_config": {"layer_specs": PHI3_SPECS}})
-    # the built-in rules cut the MLP's 128 features in grains of 48 as DeepSpeed does: 48 + 80
+    # the built-in rules cut the MLP's 128 features in grains of 48 as DeepSpeed does: 48 + 80,
+    # and so do the preset's specs (the grain given as DeepSpeed's nested tp.tp_grain_size)
     out["llama_grain48_z1"] = train("llama", 1, ref, False, tp_keys={"tp_grain_size": 48})
-    # layer specs split evenly: there the same grain is refused
-    refusals = {"grain": {"preset_model": "llama", "tp_grain_size": 48},
-                "grain_nested": {"preset_model": "llama", "tp": {"tp_grain_size": 48}},
-                "preset": {"preset_model": "bloom"},
+    out["llama_preset_grain48_z1"] = train("llama", 1, ref, False, tp_keys={
+        "preset_model": "llama", "tp": {"tp_grain_size": 48}})
+    refusals = {"preset": {"preset_model": "bloom"},
                 "shape": {"partition_config": {"layer_specs": [
                     {"patterns": [".*"], "shape": [4, -1, 16], "partition_dim": 1}]}},
                 "type": {"partition_config": {"layer_specs": [
@@ -215,6 +220,17 @@ def configurable():
         counts[label] = all_reduces(model)
     out["all_reduces"] = counts
     return out
+
+
+def uneven_specs():
+    """Layer specs cut what the size does not divide as the built-in rules do: the uneven Llama
+    under preset_model "llama" (ZeRO 1), the uneven Phi-3's fused gate_up_proj under a spec's
+    shape [2, -1] (ZeRO 2: each part 50 + 49)."""
+    return {"llama_uneven_preset_z1": train("llama_uneven", 1, reference("llama_uneven", args.steps),
+                                            False, tp_keys={"preset_model": "llama"}),
+            "phi3_uneven_specs_z2": train("phi3_uneven", 2, reference("phi3_uneven", args.steps),
+                                          False, tp_keys={"partition_config": {
+                                              "layer_specs": PHI3_SPECS}})}
 
 
 def families():
@@ -310,6 +326,8 @@ if __name__ == "__main__":
     p.add_argument("--save-each", default=None,
                    help="save a checkpoint of each plain Llama run here, tag z<stage>")
     p.add_argument("--save", default=None, help="save a checkpoint of the first run here")
+    p.add_argument("--uneven-specs", action="store_true",
+                   help="the uneven Llama and Phi-3 under layer specs (preset_model, shape)")
     p.add_argument("--uneven-head", action="store_true",
                    help="an LM head of 97 rows split vs whole, forward and backward")
     args, _ = p.parse_known_args()
@@ -332,6 +350,8 @@ if __name__ == "__main__":
         res["families"] = families()
     if args.configurable:
         res["configurable"] = configurable()
+    if args.uneven_specs:
+        res["uneven_specs"] = uneven_specs()
     if args.uneven_head:
         res["uneven_head"] = uneven_head()
     Path(args.out).mkdir(parents=True, exist_ok=True)
