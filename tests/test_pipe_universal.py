@@ -13,6 +13,14 @@ parameters are not the checkpoint's is refused naming the first one missing, or 
 DeepSpeed 0.19.8's own pipeline universal checkpoint (tests/fixtures/pipe_universal, made by its
 make_fixture.py with DeepSpeed's PipelineEngine on CPU and ds_to_universal.py) loads too and
 continues with DeepSpeed's losses.
+
+4 stages (a 4-rank launch, with 3 Blocks untied: 6 layers, so that "parameters" and "uniform"
+cut 2 stages differently, [0, 2, 6] vs [0, 3, 6]; "parameters" cuts 4 stages [0, 1, 2, 3, 6]):
+converted to universal (each stage's parameters once), resumed at 2 stages by either partition
+method (the boundaries asserted from every rank's PipelineModule.parts), at 1 stage x DP 2
+(ZeRO 1), and bit-identical at its own layout (a second 4-rank launch, which also resumes the
+tied 2-stage source at 4 stages: the tied embedding on stages 0 and 3). Here all of these
+continue bit-identically (0 difference); the tests allow REL.
 """
 
 import json
@@ -48,13 +56,25 @@ SOURCES = {  # name: (args, config[, other rank script]); 2 ranks, global batch 
     "pu_plain_zero1": (("--out", "{dir}/o", "--steps", STEPS, "--save-dir", "{dir}/ck",
                         "--save-at", SAVE_AT), _cfg(2, 1, stage=1), "pipe_universal_plain.py"),
 }
+PP4 = ("--pp", 4, "--blocks", 3)  # untied, 6 layers: "parameters" cuts [0, 1, 2, 3, 6]
+SOURCES4 = {  # 4 ranks, global batch 4
+    "pu_pp4": (_train(*PP4, *SAVE), _cfg(2, 2)),
+}
 RESUMES = {  # name: (source, pipe_train.py flags, config); the last one must fail
     "pu_same_layout": ("pu_pp2_tied", ("--pp", 2, "--tied"), _cfg(2, 2, universal=True)),
     "pu_to_tp2": ("pu_pp2_tied", ("--tp", 2, "--tied"), _cfg(2, 2, universal=True)),
     "pu_to_dp2_zero1": ("pu_pp2_tied", ("--tied",), _cfg(2, 1, stage=1, universal=True)),
     "pu_tp2_to_pp2": ("pu_tp2_vocab", ("--pp", 2), _cfg(2, 2, universal=True)),
     "pu_plain_to_pp2": ("pu_plain_zero1", ("--pp", 2), _cfg(2, 2, universal=True)),
+    "pu_pp4_to_pp2": ("pu_pp4", ("--pp", 2, "--blocks", 3), _cfg(2, 2, universal=True)),
+    "pu_pp4_to_pp2_uniform": ("pu_pp4", ("--pp", 2, "--blocks", 3, "--partition", "uniform"),
+                              _cfg(2, 2, universal=True)),
+    "pu_pp4_to_dp2_zero1": ("pu_pp4", ("--blocks", 3), _cfg(2, 1, stage=1, universal=True)),
     "pu_untied_from_tied": ("pu_pp2_tied", ("--pp", 2), _cfg(2, 2, universal=True)),
+}
+RESUMES4 = {  # the same, 4 ranks
+    "pu_pp4_same_layout": ("pu_pp4", PP4, _cfg(2, 2, universal=True)),
+    "pu_pp2_to_pp4": ("pu_pp2_tied", ("--pp", 4, "--tied"), _cfg(2, 2, universal=True)),
 }
 
 
@@ -67,10 +87,12 @@ DS_RESUMES = {  # DeepSpeed's pipeline universal checkpoint into dslaunch: name 
 
 
 def _source(job_cache, name):
-    job_cache.run_many("pipe_universal_src", "pipe_train.py", SOURCES, nproc=2, timeout=240)
-    args, cfg, *other = SOURCES[name]
+    sources, nproc = (SOURCES4, 4) if name in SOURCES4 else (SOURCES, 2)
+    job_cache.run_many(f"pipe_universal_src{nproc}", "pipe_train.py", sources, nproc=nproc,
+                       timeout=240)
+    args, cfg, *other = sources[name]
     return job_cache.run(name, other[0] if other else "pipe_train.py", *args, config=cfg,
-                         nproc=2, timeout=240)
+                         nproc=nproc, timeout=240)
 
 
 def _universal(job_cache, name):
@@ -83,6 +105,13 @@ def _universal(job_cache, name):
 
 
 def _resume(job_cache, name):
+    if name in RESUMES4:
+        runs = {n: (_train("--load-dir", _universal(job_cache, src), *flags), cfg)
+                for n, (src, flags, cfg) in RESUMES4.items()}
+        job_cache.run_many("pipe_universal_resume4", "pipe_train.py", runs, nproc=4,
+                           timeout=240)
+        return job_cache.run(name, "pipe_train.py", *runs[name][0], config=runs[name][1],
+                             nproc=4, timeout=240)
     runs = {n: (("--fixture", FIXTURE, "--out", "{dir}/o", *flags),
                 _cfg(DS_FIX["micro"], DS_FIX["gas"], stage=1, universal=True),
                 "pipe_universal_ds.py") for n, flags in DS_RESUMES.items()}
@@ -101,7 +130,7 @@ def _losses(job):
 
 
 def _assert_continues(job_cache, resume, exact=False):
-    src, _, _ = RESUMES[resume]
+    src, _, _ = {**RESUMES, **RESUMES4}[resume]
     want = _losses(_source(job_cache, src))[SAVE_AT:]
     job = _resume(job_cache, resume)
     for r in job.results(sub="o"):
@@ -252,3 +281,46 @@ def test_tied_layer_found_under_a_plain_models_name(job_cache):
     sd = view.module_state_dict()
     assert torch.equal(sd["tied_modules.embed.tok_emb.weight"], uc.full("0.tok_emb.weight"))
     assert torch.equal(sd["1.block.ln1.weight"], uc.full("1.block.ln1.weight"))
+
+
+def test_pipe4_to_universal_holds_every_stage(job_cache):
+    """4 stages (untied, 3 Blocks: layers [0], [1], [2], [3, 4, 5] by "parameters"): the
+    universal folder holds each stage's parameters once, the consolidated fp32 values."""
+    from dslaunch.engine.checkpoint.consolidate import pipe_fp32_state_dict
+
+    job = _source(job_cache, "pu_pp4")
+    assert [r["parts"] for r in job.results(sub="o")] == [[0, 1, 2, 3, 6]] * 4
+    out = _universal(job_cache, "pu_pp4")
+    uc = UniversalCheckpoint(str(out / (out / "latest_universal").read_text()))
+    whole, _ = pipe_fp32_state_dict(job.dir / "ck")
+    assert set(uc.where) == set(whole)
+    assert {n.split(".")[0] for n in whole} == {"0", "1", "2", "3", "4", "5"}
+    for name, t in whole.items():
+        assert torch.equal(uc.full(name), t), name
+
+
+@pytest.mark.parametrize("resume,parts", [("pu_pp4_to_pp2", [0, 2, 6]),
+                                          ("pu_pp4_to_pp2_uniform", [0, 3, 6])])
+def test_pipe4_to_pipe2_either_partition(job_cache, resume, parts):
+    """4 stages -> 2, cut by "parameters" (the source's method: Embed + Block | the rest) and by
+    "uniform" (3 layers each: the second Block moves to stage 0); the boundaries are the
+    engines' own (PipelineModule.parts of every rank)."""
+    _assert_continues(job_cache, resume)
+    assert [r["parts"] for r in _resume(job_cache, resume).results(sub="o")] == [parts] * 2
+
+
+def test_pipe4_to_one_stage_dp2_zero1(job_cache):
+    """4 stages, ZeRO 0 -> 1 stage x 2 data-parallel ranks, ZeRO 1."""
+    _assert_continues(job_cache, "pu_pp4_to_dp2_zero1")
+
+
+def test_pipe4_same_layout_resume_is_bit_identical(job_cache):
+    _assert_continues(job_cache, "pu_pp4_same_layout", exact=True)
+
+
+def test_pipe2_tied_to_pipe4(job_cache):
+    """2 stages (embedding tied to the head) -> 4 stages: the tied layer now on stages 0 and 3,
+    both loading 'tied_modules.embed.tok_emb.weight'."""
+    _assert_continues(job_cache, "pu_pp2_to_pp4")
+    ranks = _resume(job_cache, "pu_pp2_to_pp4").results(sub="o")
+    assert [r["parts"] for r in ranks] == [[0, 1, 2, 3, 5]] * 4
