@@ -21,7 +21,9 @@ import os
 
 FILE_ENV = "DSLAUNCH_RECOVER_FILE"
 JOIN_ENV = "DSLAUNCH_RECOVER_JOIN"
-STANDBY_ENV = "DSLAUNCH_RECOVER_STANDBY"
+STANDBY_ENV = "DSLAUNCH_STANDBY_FILE"  # set in a standby process only: its promotion file
+# the user's switch: "0" starts no standby (a replacement then starts after the fault)
+STANDBY_SWITCH_ENV = "DSLAUNCH_RECOVER_STANDBY"
 REFUSED_EXIT = 76  # a rank that cannot recover in process exits with this: the job restarts
 
 

@@ -50,8 +50,14 @@ def _fault_free(config: str = "{}") -> dict:
     return _losses(r.stdout)
 
 
-def test_killed_rank_is_replaced_and_the_others_keep_their_processes(tmp_path):
+@pytest.mark.parametrize("standby", ["standby", "no_standby"])
+def test_killed_rank_is_replaced_and_the_others_keep_their_processes(tmp_path, standby):
+    """The replacement is the node's standby promoted, or (DSLAUNCH_RECOVER_STANDBY=0) a process
+    started after the fault; before that switch had its own name, it made every rank wait as a
+    standby forever."""
     marker, env = marker_env()
+    if standby == "no_standby":
+        env = {**env, "DSLAUNCH_RECOVER_STANDBY": "0"}
     r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
                  "--log-dir", tmp_path / "logs", "--inject", "kill:rank=2,step=4", SCRIPT, STEPS,
                  GAS2, env=env, timeout=240)

@@ -44,6 +44,7 @@ import socket
 import threading
 import time
 
+from dslaunch import standby_priority
 from dslaunch.recover_files import FILE_ENV, JOIN_ENV, REFUSED_EXIT, STANDBY_ENV, ack_path, read_json, write_json
 
 WAIT_ENV = "DSLAUNCH_RECOVER_WAIT"
@@ -614,6 +615,7 @@ def await_promotion() -> None:
         time.sleep(0.01)
     os.environ.update(word["env"])
     del os.environ[STANDBY_ENV]
+    standby_priority.restore()
     import sys
 
     injected = sys.modules.get("dslaunch.engine.fault_injection")

@@ -337,6 +337,8 @@ class Agent:
                 env.pop(key, None)
             env[STACK_FILE_ENV] = stack_file
             env[recover_files.STANDBY_ENV] = self.standby_file(name)
+        else:  # (only ever set by this agent, for its standby)
+            env.pop(recover_files.STANDBY_ENV, None)
         env.update(extra_env or {})
         proc = subprocess.Popen(
             [*argv, *self.plan.rank_program(local_rank)],
@@ -630,7 +632,7 @@ class Agent:
         a lost rank of this node is replaced without a process start, torch import and model
         build on the recovery's path."""
         if self.plan.recover != "in-process" or self.stopping.is_set() or \
-                {**os.environ, **self.plan.env}.get(recover_files.STANDBY_ENV) == "0":
+                {**os.environ, **self.plan.env}.get(recover_files.STANDBY_SWITCH_ENV) == "0":
             return
         try:
             self.standby = self._start_rank(-1, 0, standby=True)

@@ -25,6 +25,9 @@
 - With DSLAUNCH_AS_DEEPSPEED set (``--as-deepspeed``), ``import deepspeed`` means dslaunch before
   the script runs (dslaunch/as_deepspeed.py), whether or not the package's .pth is installed.
 
+- A standby process (in-process recovery) runs at a lower CPU priority until it is promoted
+  (dslaunch/standby_priority.py).
+
 No torch here: the rank's own script decides what to import.
 """
 
@@ -40,6 +43,9 @@ import sys
 import threading
 import time
 import traceback
+
+from dslaunch import standby_priority
+from dslaunch.recover_files import STANDBY_ENV
 
 USAGE = ("usage: python -m dslaunch.launcher.bootstrap [--error-file FILE] [--cpus LIST] "
          "[-m MODULE | SCRIPT] [ARGS...]")
@@ -105,6 +111,8 @@ def main(argv: list | None = None) -> None:
 
         # before the script starts any thread: every thread it makes inherits the set
         os.sched_setaffinity(0, parse_core_list(cpus))
+    if os.environ.get(STANDBY_ENV):
+        standby_priority.lower()  # until promoted (engine/inprocess_recovery.await_promotion)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     _register_stack_file()
