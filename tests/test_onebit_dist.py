@@ -160,6 +160,8 @@ def test_bytes_warmup_full_precision_then_compressed(runs, name):
         if step < FREEZE:
             assert not comp and b == {"all_reduce": fp32}, (step, b)
         else:
+            # the clipping norm: one float all-reduced (gradient_clipping defaults to 1.0)
+            assert b.pop("all_reduce", 4) == 4, (step, b)
             assert comp and set(b) == {"onebit_all_to_all", "onebit_all_gather"}, (step, b)
             ratio = fp32 / sum(b.values())
             assert ratio >= 25 and ratio / 2 >= 12, ratio  # vs fp32 and vs bf16 gradients

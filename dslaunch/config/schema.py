@@ -408,7 +408,7 @@ TOP = Section({
     "bf16": BF16,
     "amp": _enabled_open(),
     "torch_autocast": TORCH_AUTOCAST,
-    "gradient_clipping": F(0.0, 0.0),
+    "gradient_clipping": F(1.0, 0.0),  # DeepSpeed 0.19.8 clips at 1.0 when the key is absent
     "prescale_gradients": B(),
     "gradient_allreduce_op": S("mean", ("mean", "sum")),
     "gradient_predivide_factor": F(1.0, 0.0),
