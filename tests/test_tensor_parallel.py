@@ -46,9 +46,11 @@ def test_plan_only_checked_on_one_rank():
 
 
 def _reference(job_cache, batch):
-    """The plain single-process GPT (pipe_train.py --reference --model gpt), once per session."""
+    """The plain single-process GPT (pipe_train.py --reference --model gpt), once per session,
+    clipped at 1.0 as the engine is by default (its configs here leave gradient_clipping out):
+    the TP ranks' gradient norm must be the whole model's."""
     job = job_cache.python("tp_ref", "pipe_train.py", "--reference", "--model", "gpt", "--out",
-                           "{dir}", "--batch", batch, "--steps", STEPS)
+                           "{dir}", "--batch", batch, "--steps", STEPS, "--clip", 1.0)
     return job.json("ref.json")["losses"]
 
 

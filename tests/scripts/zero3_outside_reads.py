@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 VOCAB, DIM, SEQ, BATCH, STEPS, LR = 64, 32, 8, 8, 6, 1e-2
+CLIP = 1.0  # the engines' gradient_clipping: unset, DeepSpeed's default of 1.0
 
 ZERO3 = {"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 4096}
 VARIANTS = {  # name: zero_optimization
@@ -81,6 +82,7 @@ def reference():
                 m.train()
         loss = m(*batch(step))
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
