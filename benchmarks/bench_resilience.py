@@ -397,9 +397,19 @@ def recover_once(launcher, work, hosts, spares, slots, scenario, features, args)
                 res["error"] = "the hang never fired: " + " | ".join(x for _, _, x in job.lines[-8:])
                 return res
             t_fault = hit[0]
-        if launcher == "dslaunch-in-process":  # rank 0 goes on in its process: its next step
-            again = job.wait(lambda t, s, x: (r := rank_line(x)) is not None and r[0] == "STEP"
-                             and r[1] == 0 and r[3] >= t_fault, args.cap)
+        if launcher == "dslaunch-in-process":
+            # rank 0 goes on in its process: its first step after the launcher's recover word (a
+            # step it ends just after a rank hangs, before anyone noticed, is not training again)
+            word = []
+
+            def trained_again(t, s, x):
+                if "recovering in process" in x:
+                    word.append(t)
+                r = rank_line(x)
+                return bool(word) and r is not None and r[0] == "STEP" and r[1] == 0 \
+                    and r[3] >= max(t_fault, word[0])
+
+            again = job.wait(trained_again, args.cap)
         else:
             again = job.wait(rank0("STEP", 1), args.cap)
         res.update(phases(job, t_fault, launcher))
