@@ -45,7 +45,7 @@ import torch.nn as nn
 
 from .autotp_shards import ShardRule, kv_heads
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, _rank, _world
-from .tp_plan import _fused3_rows, apply_tp_plan
+from .tp_plan import apply_tp_plan, stacked_rows
 
 # the model's last leaf name -> style; "c_proj" is row in both of GPT-2's blocks
 COLUMN = ("q_proj", "k_proj", "v_proj", "query_key_value", "gate_proj", "up_proj", "fc1",
@@ -112,12 +112,8 @@ def _column(m, group, rule=None, name=""):
 def _fused3(m, group, rule=None, name=""):
     """Three stacked equal parts (q | k | v), each cut alike."""
     lin = _as_linear(m)
-    if rule is None:
-        rows = _fused3_rows(lin, group)
-    else:
-        part = lin.out_features // 3
-        rows = torch.cat([torch.arange(i * part + a, i * part + b, device="cpu")
-                          for i in range(3) for a, b in [_span(rule, name, part, group)]])
+    span = None if rule is None else (lambda size: _span(rule, name, size, group))
+    rows = stacked_rows(lin.out_features, (-1, -1, -1), group, span=span)
     return _keep_params(ColumnParallelLinear.from_linear(lin, group, rows=rows), lin, m)
 
 

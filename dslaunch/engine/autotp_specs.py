@@ -41,12 +41,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from .autotp_shards import ShardRule
-from .tensor_parallel import ColumnParallelLinear, _rank, _world
+from .tensor_parallel import ColumnParallelLinear
+from .tp_plan import stacked_rows
 
 KEY = "tensor_parallel.partition_config"
 SPEC_KEYS = {"patterns", "partition_type", "shape", "partition_dim", "model_types",
@@ -183,30 +183,10 @@ def specs_from_config(section) -> tuple[list, bool] | None:
 
 # -- styles -----------------------------------------------------------------------------------
 
-def _stacked_rows(out_features: int, parts: tuple, rule: ShardRule, name: str, group):
-    """This rank's rows of every stacked part (their sizes; all -1: equal parts), each part cut
-    by ``rule`` as a layer of its own (DeepSpeed's sub-parameters)."""
-    if all(p == -1 for p in parts):
-        if out_features % len(parts):
-            raise ValueError(f"{KEY}: {name} has {out_features} output features, not "
-                             f"{len(parts)} equal stacked parts")
-        parts = (out_features // len(parts),) * len(parts)
-    if sum(parts) != out_features:
-        raise ValueError(f"{KEY}: the parts {tuple(parts)} of {name} do not add up to its "
-                         f"{out_features} output features")
-    rows, at = [], 0
-    for size in parts:
-        start, stop = rule.span(name, size, _world(group), _rank(group))
-        # built on the CPU: real indices even when the layer lives on the meta device
-        rows.append(torch.arange(at + start, at + stop, device="cpu"))
-        at += size
-    return torch.cat(rows)
-
-
 def style_of(spec: Spec, rule: ShardRule, name: str):
     """The plan style (``(module, group) -> module``) of a column or row spec for layer
     ``name``, cut by ``rule``."""
-    from .autotp import _as_linear, _column, _keep_params, _row
+    from .autotp import _as_linear, _column, _keep_params, _row, _span
 
     if spec.kind == "row":
         return functools.partial(_row, rule=rule, name=name)
@@ -215,8 +195,11 @@ def style_of(spec: Spec, rule: ShardRule, name: str):
 
     def column(m, group):
         lin = _as_linear(m)
-        parts = spec.parts or (-1,)
-        rows = _stacked_rows(lin.out_features, parts, rule, name, group)
+        try:  # each stacked part cut by the rule as a layer of its own (DeepSpeed's sub-parameters)
+            rows = stacked_rows(lin.out_features, spec.parts or (-1,), group,
+                                span=lambda size: _span(rule, name, size, group))
+        except ValueError as e:
+            raise ValueError(f"{KEY}: {name}: {e}") from None
         layer = ColumnParallelLinear.from_linear(lin, group, gather_output=spec.gather_output,
                                                  rows=rows)
         return _keep_params(layer, lin, m)

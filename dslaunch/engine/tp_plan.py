@@ -36,22 +36,28 @@ def _expect(module, kind, style):
     return module
 
 
-def stacked_rows(out_features: int, parts: tuple, group) -> torch.Tensor:
+def stacked_rows(out_features: int, parts: tuple, group, span=None) -> torch.Tensor:
     """Rows of a linear whose output is the stacked ``parts`` (their sizes; all -1: equal parts),
     e.g. a fused q/k/v or gate/up projection: this rank's block of every part, so the rank holds
-    matching pieces of each."""
+    matching pieces of each. ``span(size)``: this rank's ``(start, stop)`` within a part of
+    ``size`` rows (None: the even block, which the size must divide)."""
     if all(p == -1 for p in parts):
-        size = _divide(out_features, len(parts), f"output features of a {len(parts)}-part "
-                       "fused layer")
-        parts = (size,) * len(parts)
+        if out_features % len(parts):  # (a count of parts, not the tensor-parallel size)
+            raise ValueError(f"tensor-parallel plan: the layer's {out_features} output features "
+                             f"are not {len(parts)} equal stacked parts")
+        parts = (out_features // len(parts),) * len(parts)
     if sum(parts) != out_features:
         raise ValueError(f"tensor-parallel plan: the parts {tuple(parts)} do not add up to the "
                          f"layer's {out_features} output features")
     w, r, at, rows = _world(group), _rank(group), 0, []
     for size in parts:
-        local = _divide(size, w, "features per fused part")
+        if span is None:
+            local = _divide(size, w, "features per fused part")
+            start, stop = r * local, (r + 1) * local
+        else:
+            start, stop = span(size)
         # built on the CPU: real indices even when the layer lives on the meta device
-        rows.append(torch.arange(at + r * local, at + (r + 1) * local, device="cpu"))
+        rows.append(torch.arange(at + start, at + stop, device="cpu"))
         at += size
     return torch.cat(rows)
 
