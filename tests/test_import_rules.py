@@ -23,7 +23,9 @@ docs/architecture.md ("One-way rules") and docs/interfaces.md, as the code keeps
   ``dslaunch.launcher.*`` and ``dslaunch.config.*`` of dslaunch, ``dslaunch.as_deepspeed``
   (the bootstrap turns on the ``--as-deepspeed`` alias; it imports only the names table) and
   ``dslaunch.torch_progress`` (the bootstrap hooks the script's ``torch.distributed`` import to
-  record its collectives; that module imports torch only inside the hook), and
+  record its collectives; that module imports torch only inside the hook), the leaves
+  ``dslaunch.progress_record``, ``dslaunch.recover_files`` and ``dslaunch.standby_priority``
+  (shared with the engine, no torch), and
   never torch, not even inside a function: the agent starts ranks without torch (the code has no
   lazy torch import here, so none is allowed).
 - engine: imports of dslaunch only ``dslaunch.engine.*``, ``dslaunch.config.*``,
@@ -251,7 +253,8 @@ def _is_torch(name: str) -> bool:
 RULES = {
     "launcher": ("dslaunch.launcher", ("dslaunch.launcher", "dslaunch.config",
                                        "dslaunch.as_deepspeed", "dslaunch.progress_record",
-                                       "dslaunch.torch_progress", "dslaunch.recover_files"), "none"),
+                                       "dslaunch.torch_progress", "dslaunch.recover_files",
+                                       "dslaunch.standby_priority"), "none"),
     # the rank side of the hang watchdog for plain torch.distributed scripts: the progress record
     # only, torch inside functions (the hook runs once the script imports torch.distributed)
     "torch_progress": ("dslaunch.torch_progress", ("dslaunch.progress_record",), "lazy"),
@@ -260,11 +263,13 @@ RULES = {
     "engine": ("dslaunch.engine", ("dslaunch.engine", "dslaunch.config", "dslaunch.kernels",
                                    "dslaunch.nvme", "dslaunch.accelerator",
                                    "dslaunch.progress_record", "dslaunch.recover_files",
-                                   "dslaunch.torch_progress"), "any"),
+                                   "dslaunch.torch_progress", "dslaunch.standby_priority"), "any"),
     # the rank -> agent progress channel: a leaf both sides share
     "progress_record": ("dslaunch.progress_record", (), "none"),
     # the agent <-> rank files of an in-process recovery: a leaf both sides share
     "recover_files": ("dslaunch.recover_files", (), "none"),
+    # a standby's CPU priority: the bootstrap lowers it, in-process recovery restores it; a leaf
+    "standby_priority": ("dslaunch.standby_priority", (), "none"),
     "accelerator": ("dslaunch.accelerator", ("dslaunch.accelerator", "dslaunch.kernels",
                                              "dslaunch.deepspeed_names"), "any"),
     "config": ("dslaunch.config", ("dslaunch.config",), "none"),

@@ -1,7 +1,8 @@
 """In-process recovery across hosts (ssh, namespace hosts with their own addresses): a rank of
 host2 killed mid-job is replaced on host2 while the three others keep their processes; the losses
 equal the fault-free run's, and nothing of the job is left on any host. host2 powered off: host1's
-ranks go on alone, as a world of 2."""
+ranks go on alone, as a world of 2. A rank of host2 that hangs is replaced the same way, and the
+checkpoints after the recovery are written as before."""
 
 from __future__ import annotations
 
@@ -96,4 +97,25 @@ def test_powered_off_host_the_others_go_on_in_process(cluster, jobdir, config):
     phases = {k: inc[k] for k in ("detect_seconds", "stop_seconds", "restart_seconds",
                                   "load_seconds", "seconds_to_training")}
     print(f"host loss in process: {phases}")  # pytest -s shows the phases
+    cluster.assert_clean(jobdir, hosts=["host1", "host2"])
+
+
+def test_hung_rank_on_host2_replaced_then_checkpoints_go_on(cluster, jobdir):
+    """rank 3 (host2) hangs outside any collective at step 5: the watchdog pins it, host2's
+    standby takes its place and the job saves checkpoints after the recovery as before (the
+    replacement's collectives line up with the survivors', so no desync and no restart)."""
+    hf = jobdir / "hostfile"
+    hf.write_text("host1 slots=2\nhost2 slots=2\n")
+    script = str(Path(SCRIPT).with_name("inject_train.py"))
+    job = Job(cluster, jobdir, "-H", str(hf), "--launcher", "ssh", "--grace-period", "2",
+              "--log-dir", str(jobdir / "logs"), "--recover", "in-process", "--max-restarts", "1",
+              "--hang-timeout", "5", "--inject", "hang:rank=3,step=5", script,
+              "--save-dir", str(jobdir / "ckpt"), "--save-every", "4", "--steps", "14",
+              "--step-sleep", "0.1")
+    rc, out, err = job.finish(timeout=240)
+    assert rc == 0, out[-3000:] + err[-3000:]
+    assert "recovered in process" in err and "restarting" not in err, err[-5000:]
+    assert "desync" not in err.lower(), err[-5000:]
+    assert sorted(re.findall(r"DONE (\d) 14", out)) == ["0", "1", "2", "3"], out[-3000:]
+    assert (jobdir / "ckpt" / "latest").read_text().strip().endswith("12")
     cluster.assert_clean(jobdir, hosts=["host1", "host2"])
