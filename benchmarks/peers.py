@@ -25,7 +25,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_VENV = HERE / ".peer-venv"
-PEER_PACKAGES = ["deepspeed", "ninja", "py-cpuinfo"]
+# transformers (the version the project tests with): bench_autotp and the HF Trainer benches
+# build the same Hugging Face model on both sides
+PEER_PACKAGES = ["deepspeed", "ninja", "py-cpuinfo", "transformers==5.24.0"]
 
 
 def venv_dir() -> Path:

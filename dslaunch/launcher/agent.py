@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import queue
 import shutil
@@ -123,8 +124,12 @@ def node_lock(path: str, wait: float, on_wait=None):
 
 
 class Agent:
-    def __init__(self, plan: WorldPlan, node_rank: int, restart_count: int = 0, out=None):
+    def __init__(self, plan: WorldPlan, node_rank: int, restart_count: int = 0, out=None,
+                 join: dict | None = None):
         self.plan, self.node_rank, self.restart_count = plan, node_rank, restart_count
+        # in-process recovery onto a spare host: our ranks start as replacements that join the
+        # survivors' new group (the launcher's recover word for them), not as a new job
+        self.join = join
         self.node = plan.node(node_rank)
         self.host = self.node["host"]
         self.out = out or sys.stdout.buffer
@@ -304,7 +309,7 @@ class Agent:
         if cwd and not os.path.isdir(cwd):
             raise RuntimeError(f"working directory {cwd} does not exist on {self.host}")
         for local_rank, rank in enumerate(self.node["ranks"]):
-            self._start_rank(rank, local_rank)
+            self._start_rank(rank, local_rank, self._join_env(rank, local_rank))
         self.event(events.STARTED, pids={str(r.rank): r.proc.pid for r in self.ranks},
                    gpus=",".join(map(str, self.node["slots"])) if self.gpus else None)
 
@@ -589,8 +594,6 @@ class Agent:
         """The launcher's ``recover`` word: each running rank of ours gets it in its instruction
         file (it aborts its collectives and joins the new group); each rank of ours it lists
         under ``replace`` starts again as a new process that joins the survivors."""
-        import json
-
         try:
             word = json.loads(text)
         except ValueError:
@@ -615,10 +618,7 @@ class Agent:
             for stale in (path, recover_files.ack_path(path)):
                 if os.path.exists(stale):
                     os.unlink(stale)
-            self.pending_acks[local_rank] = (rank, epoch)
-            extra = {recover_files.JOIN_ENV: json.dumps({**word, "rank": rank}),
-                     # --inject faults are per attempt: the replacement must not meet its own again
-                     "DSLAUNCH_RESTART_COUNT": str(self.restart_count + epoch)}
+            extra = self._replacement_env(word, rank, local_rank)
             try:
                 r = self._promote(rank, local_rank, extra) or self._start_rank(rank, local_rank, extra)
             except (OSError, RuntimeError) as exc:
@@ -626,6 +626,20 @@ class Agent:
                            why=f"cannot start the replacement on {self.host}: {exc}")
                 continue
             self.event(events.STARTED, pids={str(rank): r.proc.pid}, replacement=True)
+
+    def _join_env(self, rank: int, local_rank: int) -> dict | None:
+        """At start, with ``self.join`` (a spare host taking a lost host's ranks): each rank is a
+        replacement. None: an ordinary start."""
+        return None if self.join is None else self._replacement_env(self.join, rank, local_rank)
+
+    def _replacement_env(self, word: dict, rank: int, local_rank: int) -> dict:
+        """The extra environment of a replacement for ``rank`` under the recover ``word``; its
+        answer will be forwarded like a survivor's."""
+        epoch = int(word["epoch"])
+        self.pending_acks[local_rank] = (rank, epoch)
+        return {recover_files.JOIN_ENV: json.dumps({**word, "rank": rank}),
+                # --inject faults are per attempt: the replacement must not meet its own again
+                "DSLAUNCH_RESTART_COUNT": str(self.restart_count + epoch)}
 
     def _start_standby(self) -> None:
         """With in-process recovery, one warm process per node (DSLAUNCH_RECOVER_STANDBY=0: none):
@@ -729,14 +743,17 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--plan", required=True, help="base64 WorldPlan (WorldPlan.encode())")
     p.add_argument("--node-rank", type=int, required=True)
     p.add_argument("--restart-count", type=int, default=0)
+    p.add_argument("--join", default=None,
+                   help="JSON recover word: the ranks start as in-process replacements")
     args = p.parse_args(argv)
     try:
         plan = WorldPlan.decode(args.plan)
         plan.node(args.node_rank)
+        join = json.loads(args.join) if args.join else None
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        sys.stderr.write(f"dslaunch agent: bad plan or node rank: {exc}\n")
+        sys.stderr.write(f"dslaunch agent: bad plan, node rank or join word: {exc}\n")
         return 2
-    return Agent(plan, args.node_rank, args.restart_count).run()
+    return Agent(plan, args.node_rank, args.restart_count, join=join).run()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ their events, fail fast, report.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import queue
 import signal
@@ -213,19 +214,7 @@ class JobController:
         node_done: set = set()
         exits: dict = {}  # rank -> exit event
         for a in agents:
-            try:
-                a.proc = subprocess.Popen(
-                    a.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    start_new_session=True,  # Ctrl-C in the terminal reaches only the launcher
-                    **a.popen_kwargs,
-                )
-            except OSError as exc:
-                self._fail(Failure(time.time(), "agent", f"cannot start the agent for {a.label}: {exc}"))
-                a.finished = True
-                continue
-            self.runner.hand_over(a)
-            threading.Thread(target=self._read_stdout, args=(a,), daemon=True).start()
-            threading.Thread(target=self._read_stderr, args=(a,), daemon=True).start()
+            self._start_agent(a)
 
         lost: set = set()
         self.next_ping = 0.0
@@ -256,6 +245,18 @@ class JobController:
                         if n in a.node_ranks:
                             self._kill_agent(a)
                     self._cut_off()
+                    spare = self.in_process.take_spare_start()
+                    if spare is not None:  # node n's ranks start again on a spare host
+                        for a in agents:  # the old agent's end (EOF) is no node's any more
+                            if n in a.node_ranks:
+                                a.node_ranks = [m for m in a.node_ranks if m != n]
+                        new = self._spare_agent(n, spare[1], attempt)
+                        agents.append(new)
+                        owner[n], last_seen[n] = new, time.monotonic()
+                        lost.discard(n)
+                        heard.discard(n)  # a new agent: the start timeout applies again
+                        self.prefixes = self.plan.prefixes()
+                        self._start_agent(new)
             if self.stop_deadline is not None and now > self.stop_deadline:
                 for a in agents:
                     if not a.finished:
@@ -322,6 +323,28 @@ class JobController:
         code, failure = self._finish(exits, expected)
         self._end_view(code)
         return code, failure
+
+    def _start_agent(self, a: AgentProcess) -> None:
+        try:
+            a.proc = subprocess.Popen(
+                a.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True,  # Ctrl-C in the terminal reaches only the launcher
+                **a.popen_kwargs,
+            )
+        except OSError as exc:
+            self._fail(Failure(time.time(), "agent", f"cannot start the agent for {a.label}: {exc}"))
+            a.finished = True
+            return
+        self.runner.hand_over(a)
+        threading.Thread(target=self._read_stdout, args=(a,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(a,), daemon=True).start()
+
+    def _spare_agent(self, n: int, word: dict, attempt: int) -> AgentProcess:
+        """The agent for node ``n`` on the spare host the plan now gives it, its ranks started as
+        in-process replacements under ``word``."""
+        node = self.plan.node(n)
+        argv = self.runner.agent_argv(node, attempt) + ["--join", json.dumps(word)]
+        return AgentProcess(argv=self.runner.wrap(node, argv), node_ranks=[n], label=node["host"])
 
     # ---- the live job view ---------------------------------------------------------------------
     def _title(self) -> str:
@@ -410,6 +433,9 @@ class JobController:
         hosts = {r: rk.host for r, rk in (self.watch.ranks.items() if self.watch else ())}
         if renumber is not None:
             hosts = {new: hosts[int(old)] for old, new in renumber.items() if int(old) in hosts}
+        else:  # the same ranks; a lost host's may have moved to a spare (the plan says where)
+            hosts.update({r: node["host"] for node in self.plan.nodes for r in node["ranks"]
+                          if r in hosts})
         if self.watch is not None:
             self.watch = watchdog.Watchdog(self.hang_timeout, hosts, time.monotonic())
 

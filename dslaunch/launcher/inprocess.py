@@ -4,8 +4,9 @@ A failed rank no longer stops the job: its node's agent waits for our word, and 
 ``recover {json}`` (``events.py``): the survivors abort their collectives and join a new group on
 a fresh store with the same ranks, the lost rank starts again on its node as a replacement that
 takes its state from the survivors over the new group (the ranks' side:
-``engine/inprocess_recovery.py``; ZeRO 0-3 shards from their copies). A lost host is not replaced:
-the other hosts' ranks go on as a smaller world when at least MIN hosts remain
+``engine/inprocess_recovery.py``; ZeRO 0-3 shards from their copies). A lost host's ranks start
+again the same way on a spare host of the hostfile when there is one (the world keeps its size);
+else the other hosts' ranks go on as a smaller world when at least MIN hosts remain
 (``take_lost_host``). Every rank answers (``recover_ack``), and the recovery counts against
 ``--max-restarts`` like a restart.
 
@@ -55,6 +56,7 @@ class InFlight:
     started: set = dataclasses.field(default_factory=set)  # survivors that took the word
     sent: float = 0.0  # monotonic time the word went out
     renumber: dict | None = None  # {old rank (str): new rank} then
+    spare: str | None = None  # the spare host a lost host's ranks started again on
 
 
 class InProcessRecovery:
@@ -65,6 +67,7 @@ class InProcessRecovery:
         self.hung: dict = {}  # rank killed for a hang -> the watchdog's headline
         self.dropped_nodes: set = set()  # nodes of lost hosts the job went on without
         self.dropped_ranks = 0  # their ranks (no exit will come from them)
+        self.spare_start: tuple | None = None  # (node, word): an agent to start on a spare host
 
     @property
     def enabled(self) -> bool:
@@ -131,8 +134,13 @@ class InProcessRecovery:
             return False
         live_nodes = [node for node in plan.nodes
                       if node["node_rank"] != n and node["node_rank"] not in self.dropped_nodes]
+        if not live_nodes:
+            return False
+        spare = self._spare_for(plan.node(n))
+        if spare is not None:
+            return self._onto_spare(n, spare, live_nodes, failure, agents)
         minimum = plan.nnodes[0] if plan.nnodes else len(plan.nodes)
-        if not live_nodes or len(live_nodes) < minimum:
+        if len(live_nodes) < minimum:
             return False
         survivors = [r for node in live_nodes for r in node["ranks"]]
         renumber = {str(old): new for new, old in enumerate(survivors)}
@@ -150,6 +158,50 @@ class InProcessRecovery:
                f"{', '.join(node['host'] for node in live_nodes)} go on without it (world size "
                f"{plan.world_size} -> {len(survivors)})")
         return True
+
+    # ---- a lost host, a spare waiting: its ranks start again there ------------------------------
+    def _spare_for(self, node: dict) -> str | None:
+        """The first spare host of the hostfile (not lost, with slots for all of ``node``'s
+        ranks), or None."""
+        c = self.c
+        if not getattr(c.runner, "adds_agents", False):
+            return None
+        for host, slots in c.plan.spares.items():
+            if host not in c.lost_hosts and len(slots) >= len(node["ranks"]):
+                return host
+        return None
+
+    def _onto_spare(self, n: int, spare: str, live_nodes: list, failure, agents) -> bool:
+        """The world keeps its size: the survivors recover in process and node ``n``'s ranks start
+        again on ``spare`` as replacements (an agent started there with the recover word; the
+        controller starts it: ``take_spare_start``)."""
+        c = self.c
+        plan = c.plan
+        node = plan.node(n)
+        lost_host = node["host"]
+        first = live_nodes[0]
+        epoch = self.done + 1
+        word = {"epoch": epoch, "world_size": plan.world_size,
+                "master_addr": plan.master_addr if first["node_rank"] == 0 else first["host"],
+                "master_port": plan.master_port + epoch,
+                "hosts": sorted({nd["host"] for nd in plan.nodes} | {spare}),
+                "replace": [{"rank": r, "node_rank": n, "local_rank": i}
+                            for i, r in enumerate(node["ranks"])]}
+        self._send(word, failure, agents, plan.world_size, lost_node=n)
+        self.inflight.survivors -= set(node["ranks"])
+        self.inflight.spare = spare
+        # the node moves: later restarts plan it there too (the lost host is excluded)
+        node["host"], node["slots"] = spare, list(plan.spares.pop(spare))[:len(node["ranks"])]
+        self.spare_start = (n, word)
+        c._say(f"{failure.text}; recovering in process: rank(s) "
+               f"{', '.join(map(str, node['ranks']))} of {lost_host} start again on the spare "
+               f"host {spare}, the other {plan.world_size - len(node['ranks'])} ranks keep running")
+        return True
+
+    def take_spare_start(self) -> tuple | None:
+        """(node rank, recover word) of an agent the controller must start on a spare now, once."""
+        start, self.spare_start = self.spare_start, None
+        return start
 
     def _send(self, word: dict, failure, agents, world_size: int, lost_node: int | None = None):
         """The ``recover`` word to every live agent (not the lost node's); the recovery is in
@@ -223,7 +275,8 @@ class InProcessRecovery:
             self.dropped_ranks += before - after
             what = f"the world went on without the lost host ({before} -> {after} ranks)"
         else:
-            what = f"rank(s) {', '.join(map(str, joined))} replaced"
+            what = f"rank(s) {', '.join(map(str, joined))} replaced" + \
+                (f" on the spare host {inf.spare}" if inf.spare else "")
         self.c._say(f"recovered in process {seconds:.1f} s after the fault: {what}, the others "
                     f"kept their processes; training goes on from step {step}")
         self.c._after_in_process_recovery(inf.renumber)

@@ -119,3 +119,40 @@ def test_hung_rank_on_host2_replaced_then_checkpoints_go_on(cluster, jobdir):
     assert sorted(re.findall(r"DONE (\d) 14", out)) == ["0", "1", "2", "3"], out[-3000:]
     assert (jobdir / "ckpt" / "latest").read_text().strip().endswith("12")
     cluster.assert_clean(jobdir, hosts=["host1", "host2"])
+
+
+@pytest.mark.parametrize("config", ["{}", '{"zero_optimization": {"stage": 2}}'], ids=["zero0", "zero2"])
+def test_powered_off_host_moves_to_the_spare_in_process(cluster, jobdir, config):
+    """host2 powered off mid-job, host4 a spare of the hostfile and MIN 2 hosts: host1's ranks keep
+    their processes, host2's ranks 2 and 3 start again on host4 as replacements (an agent started
+    there with the recover word) and take their state from the survivors (at ZeRO 2 their
+    optimizer shards from the copies on host1). The world keeps its size, so the losses are the
+    fault-free run's, float for float."""
+    hf = jobdir / "hostfile"
+    hf.write_text("host1 slots=2\nhost2 slots=2\nhost4 slots=2 spare\n")
+    steps = 20
+    args = ["-H", str(hf), "--launcher", "ssh", "--grace-period", "2", "--log-dir",
+            str(jobdir / "logs"), "--nnodes", "2:2", "--max-restarts", "1"]
+    job = Job(cluster, jobdir, *args, "--recover", "in-process", "--env", "RECOVER_SLEEP=0.4",
+              SCRIPT, str(steps), config)
+    try:
+        job.wait_for("step 6 loss")
+        cluster.host_down("host2")
+        rc, out, err = job.finish()
+    finally:
+        cluster.host_up("host2")
+    assert rc == 0, out[-3000:] + err[-3000:]
+    assert "start again on the spare host host4" in err, err[-3000:]
+    assert "replaced on the spare host host4" in err and "restarting" not in err, err[-5000:]
+    starts = re.findall(r"\[host(\d):\d\] rank (\d) pid \d+ start", out)
+    assert sorted(starts) == [("1", "0"), ("1", "1"), ("2", "2"), ("2", "3"), ("4", "2"), ("4", "3")]
+    losses = _losses(out)
+    assert sorted(losses) == list(range(1, steps + 1))
+    rc, ref_out, ref_err = Job(cluster, jobdir, *args, SCRIPT, str(steps), config).finish()
+    assert rc == 0, ref_err[-3000:]
+    assert losses == _losses(ref_out)
+    [inc] = incidents.read(str(jobdir / "logs" / "incidents.jsonl"))
+    assert inc["action"] == "in-process" and inc["kind"] == "lost"
+    assert (inc["world_size_before"], inc["world_size_after"]) == (4, 4)
+    print(f"host loss onto a spare in process: {inc['detect_seconds']=} {inc['seconds_to_training']=}")
+    cluster.assert_clean(jobdir, hosts=["host1", "host2", "host4"])

@@ -46,6 +46,9 @@ class Runner:
     # whether each agent hears this launcher directly (its own stdin, no relay): then the
     # controller pings the agents and one cut off stops its ranks (plan.fence_timeout)
     fences = False
+    # whether one more agent can be started mid-job on one node (``wrap``, one process a node):
+    # in-process recovery then moves a lost host's ranks onto a spare host
+    adds_agents = False
 
     def __init__(self, plan: WorldPlan, options: dict | None = None):
         self.plan = plan

@@ -18,6 +18,7 @@ from dslaunch.launcher.runners.base import Runner, RunnerError
 class SSHRunner(Runner):
     name = "ssh"
     fences = True
+    adds_agents = True
 
     def validate(self) -> None:
         if shutil.which("ssh") is None:
