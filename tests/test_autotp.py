@@ -1,15 +1,15 @@
-"""AutoTP (``tensor_parallel.autotp_size``, engine/autotp.py) end to end: tiny Hugging Face Llama
-and Qwen2 models (hidden 64, 2 layers, 4 heads, 2 key/value heads; Qwen2 with tied embeddings)
-trained 10 steps by ``dslaunch.initialize`` with only the config key, TP 2 (2 ranks) and TP 2 x
-DP 2 (4 ranks) at ZeRO 0, 1 and 2 (micro-batches x accumulation 2, AdamW, clipping), against the
-same model trained unsplit in one process: losses within 1e-5 relative. Each rank holds exactly
-1/2 of every split weight (elements and bytes); embeddings, norms and the tied LM head (Qwen2)
-stay whole, the untied one (Llama) is split by vocabulary with its logits gathered (DeepSpeed
-0.19.8's training default);
-``save_16bit_model`` writes the whole model under its own names and shapes. The other families'
-(Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split forward and backward match the whole
-model; Hugging Face's activation checkpointing (same losses) and bf16 (within 1e-2) compose. A TP 2
-checkpoint resumes at TP 1. Plus the refusals: fewer key/value heads than ranks, ZeRO 3, a
+"""AutoTP (``tensor_parallel.autotp_size``, engine/autotp.py) end to end: tiny Hugging Face Llama and
+Qwen2 models (hidden 64, 2 layers, 4 heads, 2 key/value heads; Qwen2 with tied embeddings) trained
+10 steps by ``dslaunch.initialize`` with only the config key, TP 2 (2 ranks) and TP 2 x DP 2 (4
+ranks) at ZeRO 0, 1 and 2, and TP 2 x DP 2 at ZeRO 3 (micro-batches x accumulation 2, AdamW,
+clipping), against the same model trained unsplit in one process: losses within 1e-5 relative. Each
+rank holds exactly 1/2 of every split weight (elements and bytes); embeddings, norms and the tied
+LM head (Qwen2) stay whole, the untied one (Llama) is split by vocabulary with its logits gathered
+(DeepSpeed 0.19.8's training default); ``save_16bit_model`` writes the whole model under its own
+names and shapes. The other families' (Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split
+forward and backward match the whole model; Hugging Face's activation checkpointing (same losses)
+and bf16 (within 1e-2) compose. A TP 2 checkpoint resumes at TP 1 (a ZeRO 3 one at its own layout
+only, for now). Plus the refusals: fewer key/value heads than ranks, ZeRO 3 with an mpu's TP, a
 tp_model_init size the config contradicts. (Heads and widths the size does not divide:
 test_autotp_uneven.py.)"""
 
@@ -257,17 +257,54 @@ def test_tp_model_init_records_and_must_agree_with_the_config():
         autotp_size({"tensor_parallel": {"autotp_size": 4}}, model)
 
 
-def test_zero3_with_autotp_is_refused_and_the_batch_counts_every_rank():
+def test_the_batch_counts_every_rank_and_zero3_needs_autotp_for_tensor_parallelism():
     """As DeepSpeed's (and as the Hugging Face Trainer fills it), an AutoTP job's batch triad
     counts the tensor-parallel ranks: 4 ranks x micro 2 = 8, though the 2 ranks of a TP group
-    train on the same samples (data-parallel size 2)."""
+    train on the same samples (data-parallel size 2). ZeRO 3 runs with AutoTP, not (yet) with the
+    tensor parallelism of a hand-written mpu."""
     from dslaunch.config import ConfigError, resolve_config
 
     base = {"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"autotp_size": 2}}
     cfg = resolve_config({**base, "zero_optimization": {"stage": 2}}, world_size=4)
     assert cfg.get("train_batch_size") == 8
-    with pytest.raises(ConfigError, match="stage: 3 with tensor parallelism is not supported"):
-        resolve_config({**base, "zero_optimization": {"stage": 3}}, world_size=4)
+    resolve_config({**base, "zero_optimization": {"stage": 3}}, world_size=4)
+    with pytest.raises(ConfigError, match="stage: 3 with the tensor parallelism of an mpu"):
+        resolve_config({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}},
+                       world_size=4, tensor_parallel_size=2)
+
+
+def test_zero3_with_autotp_trains_saves_and_resumes_at_its_layout(job_cache, tmp_path):
+    """ZeRO 3 + AutoTP (DeepSpeed 0.19.8 runs it too), TP 2 x DP 2: each TP rank's slices are
+    partitioned over its 2 data ranks. The Llama and the Qwen2 train with the unsplit model's
+    losses (1e-5 relative, 10 steps, clipping at 0.5); save_16bit_model (with
+    stage3_gather_16bit_weights_on_model_save) and _consolidated_16bit_state_dict give the whole
+    model; the checkpoint resumes at TP 2 x DP 2 with the reference's next 4 losses. Its shards
+    do not reshape yet: another layout, to-universal and to-fp32 refuse it, saying so."""
+    from dslaunch.engine.checkpoint.consolidate import fp32_state_dict
+    from dslaunch.engine.checkpoint.files import CheckpointError
+    from dslaunch.engine.checkpoint.universal import to_universal
+
+    run = job_cache.run("autotp4_z3", "autotp_train.py", "--out", "{dir}/o", "--tp", 2, "--steps",
+                        STEPS, "--stages", 3, "--save-each", "{dir}/ckpts", nproc=4, timeout=300)
+    assert run.ok, run.log[-4000:]
+    ranks = results(run.dir / "o", 4)
+    for r in ranks:
+        for name, n_split in (("llama_z3", 15), ("qwen2_z3", 20)):
+            assert r[name]["dp"] == 2
+            _equal_losses(r[name], name)
+            assert r[name]["split"]["split"] == n_split and r[name]["split"]["wrong"] == []
+    _check_saved([{"llama_z0": ranks[0]["llama_z3"]}])
+    resumed = job_cache.run("autotp4_z3_resume", "autotp_resume.py", "--ckpt", run.dir / "ckpts",
+                            "--tag", "z3", "--stage", 3, "--out", "{dir}/o", "--tp", 2, "--start",
+                            STEPS, "--more", 4, nproc=4, timeout=300)
+    assert resumed.ok, resumed.log[-4000:]
+    r = results(resumed.dir / "o", 4)[0]
+    assert r["resumed_at"] == STEPS
+    _equal_losses(r, "zero 3 resumed at TP 2 x DP 2")
+    with pytest.raises(CheckpointError, match="not supported yet"):
+        to_universal(run.dir / "ckpts", tmp_path / "u", tag="z3")
+    with pytest.raises(CheckpointError, match="cannot be consolidated yet"):
+        fp32_state_dict(run.dir / "ckpts", tag="z3")
 
 
 # -- the Hugging Face Trainer under --as-deepspeed ------------------------------------------------

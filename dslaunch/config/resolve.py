@@ -343,9 +343,12 @@ def _layout_checks(values: dict, sources: dict, problems: list, pipeline_stages:
         problems.append(f"zero_optimization.stage: {stage} cannot be combined with pipeline "
                         "parallelism (gradients are partitioned while micro-batches are still in "
                         "flight; DeepSpeed refuses it too): use stage 0 or 1")
-    if stage >= 3 and isinstance(tp, int) and tp > 1:
-        problems.append("zero_optimization.stage: 3 with tensor parallelism is not supported yet "
-                        "(AutoTP or an mpu's; DeepSpeed 0.18 refused it too): use stage 0, 1 or 2")
+    autotp = values["tensor_parallel"]["autotp_size"]
+    if stage >= 3 and isinstance(tp, int) and tp > 1 and not (isinstance(autotp, int) and autotp > 1):
+        # (AutoTP + ZeRO 3 runs, as in DeepSpeed 0.19: tests/test_autotp.py)
+        problems.append("zero_optimization.stage: 3 with the tensor parallelism of an mpu is not "
+                        "supported yet (AutoTP's is: write tensor_parallel.autotp_size): use "
+                        "stage 0, 1 or 2")
     name = (values.get("optimizer") or {}).get("type")
     problems.extend(onebit_problems(name, stage, zero["offload_optimizer"]["device"]))
     if values["gradient_allreduce_op"] == "sum":  # (DeepSpeed also refuses it at stage 3; we sum)

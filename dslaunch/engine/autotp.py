@@ -28,11 +28,11 @@ unchanged; GPT-2's, which splits its fused output by ``split_size``, gets its lo
 gathered state dict (``gather_tp_state``) is written back in the model's own layout.
 
 DeepSpeed's ``partition_config`` layer specs and ``preset_model`` replace the rules above when
-given, and ``tp_grain_size`` is checked (``autotp_specs.py``).
+given, and cut unevenly by the same rule (``autotp_specs.py``).
 
-Not here: ZeRO stage 3 with AutoTP (refused by the config check, as DeepSpeed 0.18 refused it),
-and uneven splits under ``partition_config`` / ``preset_model`` specs (even splits there; the
-built-in rules above cut unevenly as DeepSpeed does).
+ZeRO 1-3 compose: the engine's ZeRO strategy partitions each TP rank's slices over its data
+group. A ZeRO 3 checkpoint resumes at the layout it was written with only (its shards hold TP
+slices; ``checkpoint/save_load.py`` refuses another layout, to-fp32 and to-universal refuse it).
 """
 
 from __future__ import annotations

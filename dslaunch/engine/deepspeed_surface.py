@@ -330,28 +330,31 @@ class DeepSpeedSurface:
             raise ValueError("_zero3_consolidated_16bit_state_dict requires ZeRO stage 3 (under "
                              "stages 0-2 every rank holds the whole model: use "
                              "engine.module.state_dict())")
-        keep = self.global_rank == 0
-        state = self.strategy.module_state_dict(keep=keep)
-        if not keep:
-            return {}
-        if exclude_frozen_parameters:
-            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            state = {k: v for k, v in state.items() if k not in frozen}
-        return {k: v.detach().cpu() for k, v in state.items()}
+        return self._whole_16bit_state(exclude_frozen_parameters)
 
     def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """The whole model's state dict in the training dtype, on global rank 0 ({} on the
         others): under ZeRO stage 3 gathered from the partitions, under tensor parallelism
-        (AutoTP) from the TP slices. Collective: every rank calls it."""
-        if self.zero_optimization_stage() == 3:
-            return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
-        from .autotp import gather_tp_state, has_tp_splits
+        (AutoTP) from the TP slices, under both from both. Collective: every rank calls it."""
+        from .autotp import has_tp_splits
 
-        if not has_tp_splits(self.module):
+        if self.zero_optimization_stage() != 3 and not has_tp_splits(self.module):
             raise ValueError("_consolidated_16bit_state_dict applies where the weights are "
                              "partitioned (ZeRO stage 3) or split (tensor parallelism); here "
                              "every rank holds the whole model: use engine.module.state_dict()")
-        state = gather_tp_state(self.strategy.module_state_dict(), self.module)
+        return self._whole_16bit_state(exclude_frozen_parameters)
+
+    def _whole_16bit_state(self, exclude_frozen_parameters: bool) -> dict:
+        from .autotp import gather_tp_state, has_tp_splits
+
+        split = has_tp_splits(self.module)
+        if self.zero_optimization_stage() == 3:
+            # the TP gather needs every rank's whole (ZeRO-gathered) slices; else rank 0 keeps them
+            state = self.strategy.module_state_dict(keep=split or self.global_rank == 0)
+        else:
+            state = self.strategy.module_state_dict()
+        if split:
+            state = gather_tp_state(state, self.module)
         if self.global_rank != 0:
             return {}
         if exclude_frozen_parameters:

@@ -109,7 +109,10 @@ def train(kind, stage, ref, first, bf16=False, act_ckpt=False, tp_keys=None):
     micro = BATCH // (dp * MICRO_STEPS)
     config = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": MICRO_STEPS,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
-              "gradient_clipping": CLIP, "zero_optimization": {"stage": stage},
+              "gradient_clipping": CLIP,
+              # (stage 3: save_16bit_model gathers only with the flag, as in DeepSpeed)
+              "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save":
+                                    stage == 3},
               "tensor_parallel": {"autotp_size": tp, **(tp_keys or {})}, "steps_per_print": 1000,
               "bf16": {"enabled": bf16}}
     before = {id(q) for q in model.parameters()}

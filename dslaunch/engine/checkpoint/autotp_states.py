@@ -55,6 +55,16 @@ def autotp_meta(engine) -> dict:
                        "param_names": [name_of.get(id(p), "") for p in params]}}
 
 
+def refuse_zero3_autotp(path: str, meta: dict, what: str) -> None:
+    """ZeRO 3 + AutoTP rank files hold partitions of each TP rank's slices: nothing reshapes or
+    converts them yet (resuming at the same layout works)."""
+    tp = int((meta.get("autotp") or {}).get("tp_size", 1))
+    if meta.get("zero_stage") == 3 and tp > 1:
+        raise CheckpointError(f"{path}: {what} a ZeRO stage 3 checkpoint with "
+                              f"tensor_parallel.autotp_size {tp} is not supported yet; resume it "
+                              "at the layout it was written with, or train at ZeRO 1-2")
+
+
 def tp_size_changed(engine, meta: dict) -> bool:
     saved = (meta.get("autotp") or {}).get("tp_size", 1)
     return int(saved) != int(_layout(engine.module)["tp_size"])

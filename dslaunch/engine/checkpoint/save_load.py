@@ -159,7 +159,8 @@ def _rank_files(engine, tmp: str, client_state, exclude_frozen_parameters) -> di
     # (zero3_module.py). Elsewhere every rank takes part in the gather of the whole weights
     partitioned = partitioned_module_state(strategy, strategy_sd)
     module_sd, part = partitioned if partitioned else (strategy.module_state_dict(), None)
-    module_sd = gather_tp_state(module_sd, engine.module)  # AutoTP: model_states holds it whole
+    if not partitioned:  # AutoTP: model_states holds it whole (stage 3: names only)
+        module_sd = gather_tp_state(module_sd, engine.module)
     if not partitioned:  # random-LTD: the model's own names, without the wrappers (DeepSpeed's)
         module_sd = remove_random_ltd_state_dict(module_sd)
     if exclude_frozen_parameters:
@@ -328,7 +329,12 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     module_sd = with_local_experts(engine, states["module"], path)  # MoE: this rank's experts
     module_sd = with_random_ltd_names(module_sd, engine.module)  # saved without the wrappers
     part = states.get(PARTITIONED) or {}
-    module_sd = slice_tp_state(module_sd, engine.module)  # AutoTP: this rank's slices
+    if part:  # stage 3: a partitioned weight's shards already hold this TP rank's slices
+        _same_tp_layout(engine, meta, mpath)
+        whole = {k: v for k, v in module_sd.items() if k not in part}
+        module_sd = {**module_sd, **slice_tp_state(whole, engine.module)}
+    else:
+        module_sd = slice_tp_state(module_sd, engine.module)  # AutoTP: this rank's slices
     check_module(module_sd, engine.module, mpath, strict, zero3_shapes(part))
     _load_module(engine, path, meta, module_sd, part, strict)
     if load_module_only:
@@ -358,6 +364,21 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     if engine.global_rank == 0:
         _log_layout_change(path, meta, states, engine)
     return path, states.get("client_state", {})
+
+
+def _same_tp_layout(engine, meta: dict, mpath: str) -> None:
+    """A ZeRO 3 + AutoTP checkpoint holds each TP rank's slices partitioned over its data ranks:
+    it resumes at the layout it was written with only (no reshape of those shards yet)."""
+    saved_tp = int((meta.get("autotp") or {}).get("tp_size", 1))
+    tp = int((autotp_meta(engine).get("autotp") or {}).get("tp_size", 1))
+    if saved_tp == 1 and tp == 1:
+        return
+    if (saved_tp, int(meta.get("world_size", 0))) != (tp, engine.world_size):
+        raise CheckpointError(
+            f"{mpath}: a ZeRO stage 3 checkpoint written with tensor_parallel.autotp_size "
+            f"{saved_tp} on {meta.get('world_size')} ranks resumes only at that layout (this job: "
+            f"autotp_size {tp} on {engine.world_size} ranks); ZeRO 3 + AutoTP shards do not "
+            "reshape yet: resume at the same layout, or save at ZeRO 1-2 to change it")
 
 
 def _load_module(engine, path: str, meta: dict, module_sd: dict, part: dict, strict) -> None:

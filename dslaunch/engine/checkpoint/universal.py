@@ -46,7 +46,7 @@ import torch
 
 from dslaunch.engine.zero import partition as P
 
-from .autotp_states import SavedTPRanks, whole_of
+from .autotp_states import SavedTPRanks, refuse_zero3_autotp, whole_of
 from .deepspeed_format import DS_KEYS, DeepSpeedCheckpoint, ds_load, is_deepspeed_checkpoint
 from .files import CheckpointError, RankFiles, atomic_text, dslaunch_version, read_meta, resolve_tag
 from .shard_index import ParamIndex
@@ -373,6 +373,8 @@ def to_universal(ckpt_dir: str, out_dir: str, tag=None, out_tag=None) -> str:
     ckpt_dir = os.fspath(ckpt_dir)
     tag = resolve_tag(ckpt_dir, tag)
     path = os.path.join(ckpt_dir, tag)
+    if not is_deepspeed_checkpoint(path):
+        refuse_zero3_autotp(path, read_meta(path), "converting to universal")
     out_tag = out_tag or f"{tag}_universal"
     dst = os.path.join(out_dir, out_tag)
     tmp = os.path.join(out_dir, f".{out_tag}.tmp")

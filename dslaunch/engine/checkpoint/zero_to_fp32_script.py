@@ -194,6 +194,12 @@ def zero_checkpoint(path, meta, exclude=(), alloc=None):
     file mapped at a time. ``alloc``: specs {name: (shape, dtype)} -> (output tensors, the Mapped
     file they live in or None); default: new tensors in memory. Names in ``exclude`` are left
     out."""
+    if meta.get("zero_stage") == 3 and int((meta.get("autotp") or {}).get("tp_size", 1)) > 1:
+        # each rank file holds a partition of its TP rank's slices, not of the whole model
+        raise ValueError(f"{path}: a ZeRO stage 3 checkpoint with tensor_parallel.autotp_size "
+                         f"{meta['autotp']['tp_size']} cannot be consolidated yet; save the model "
+                         "with engine.save_16bit_model (stage3_gather_16bit_weights_on_model_save) "
+                         "or train at ZeRO 1-2 to consolidate")
     model = Mapped(os.path.join(path, "model_states.pt"))
     sources = [(model, model.obj["module"])]
     # ZeRO 3: {key: [name in the shards, shape]} of the empty placeholders in "module"
