@@ -109,7 +109,8 @@ NAMES: list[Name] = [
     _present("deepspeed.tp_model_init", "dslaunch.engine.autotp:tp_model_init",
              "records tp_size (and casts to dtype); initialize splits the model's attention and "
              "MLP linears (Llama, Qwen2/3, Mistral, Gemma, Phi, GPT-2, GPT-NeoX) over the data x "
-             "model grid; tp_group= refused, ZeRO-3 refused"),
+             "model grid; tp_group= refused; ZeRO-3 composes (its checkpoints resume at their "
+             "own layout)"),
     _missing("deepspeed.init_inference", INFERENCE),
     # -- deepspeed.zero ---------------------------------------------------------------------------
     _present("deepspeed.zero", "dslaunch.zero"),
