@@ -150,3 +150,6 @@ res["tp_sp_expected"] = [[rank - rank % 2, rank - rank % 2 + 1], [rank % 2, rank
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 (out / f"rank_{rank}.json").write_text(json.dumps(res))
+# rank 0 hosts the store: it must not exit while the other ranks still build their last groups
+# through it (non-members of a gloo group do not wait for its creation)
+dist.barrier()
