@@ -103,3 +103,5 @@ res["tracked_differs"] = not torch.equal(both[0][4:], both[1][4:])
 res["mp_size"] = ck.mp_size
 Path(args.out).mkdir(parents=True, exist_ok=True)
 (Path(args.out) / f"rank_{rank}.json").write_text(json.dumps(res))
+# rank 0 hosts the store: it must not exit while another rank may still use it (see ulysses_checks.py)
+dist.barrier()
