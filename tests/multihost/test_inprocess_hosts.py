@@ -30,6 +30,16 @@ def _run(cluster, jobdir, *extra) -> tuple:
     return job.finish()
 
 
+def _power_off_host2_at_step_6(cluster, job) -> tuple:
+    """host2 down once rank 0 printed step 6, the job run to its end, host2 up again."""
+    try:
+        job.wait_for("step 6 loss")
+        cluster.host_down("host2")
+        return job.finish()
+    finally:
+        cluster.host_up("host2")
+
+
 def _losses(out: str) -> dict:
     return {int(s): float(v) for s, v in re.findall(r"step (\d+) loss ([\d.]+)", out)}
 
@@ -66,12 +76,7 @@ def test_powered_off_host_the_others_go_on_in_process(cluster, jobdir, config):
     job = Job(cluster, jobdir, "-H", str(hf), "--launcher", "ssh", "--grace-period", "2",
               "--log-dir", str(jobdir / "logs"), "--nnodes", "1:2", "--recover", "in-process",
               "--max-restarts", "1", "--env", "RECOVER_SLEEP=0.4", SCRIPT, str(steps), config)
-    try:
-        job.wait_for("step 6 loss")
-        cluster.host_down("host2")
-        rc, out, err = job.finish()
-    finally:
-        cluster.host_up("host2")
+    rc, out, err = _power_off_host2_at_step_6(cluster, job)
     assert rc == 0, out[-3000:] + err[-3000:]
     assert "go on without it (world size 4 -> 2)" in err, err[-3000:]
     assert "recovered in process" in err and "restarting" not in err, err[-5000:]
@@ -135,12 +140,7 @@ def test_powered_off_host_moves_to_the_spare_in_process(cluster, jobdir):
             str(jobdir / "logs"), "--nnodes", "2:2", "--max-restarts", "1"]
     job = Job(cluster, jobdir, *args, "--recover", "in-process", "--env", "RECOVER_SLEEP=0.4",
               SCRIPT, str(steps), config)
-    try:
-        job.wait_for("step 6 loss")
-        cluster.host_down("host2")
-        rc, out, err = job.finish()
-    finally:
-        cluster.host_up("host2")
+    rc, out, err = _power_off_host2_at_step_6(cluster, job)
     assert rc == 0, out[-3000:] + err[-3000:]
     assert "start again on the spare host host4" in err, err[-3000:]
     assert "replaced on the spare host host4" in err and "restarting" not in err, err[-5000:]
