@@ -145,7 +145,7 @@ class InProcessRecovery:
         survivors = [r for node in live_nodes for r in node["ranks"]]
         renumber = {str(old): new for new, old in enumerate(survivors)}
         first = live_nodes[0]
-        master = plan.master_addr if first["node_rank"] == 0 else first["host"]
+        master = self._store_host(first)
         epoch = self.done + 1
         word = {"epoch": epoch, "world_size": len(survivors), "master_addr": master,
                 "master_port": plan.master_port + epoch,
@@ -182,7 +182,7 @@ class InProcessRecovery:
         first = live_nodes[0]
         epoch = self.done + 1
         word = {"epoch": epoch, "world_size": plan.world_size,
-                "master_addr": plan.master_addr if first["node_rank"] == 0 else first["host"],
+                "master_addr": self._store_host(first),
                 "master_port": plan.master_port + epoch,
                 "hosts": sorted({nd["host"] for nd in plan.nodes} | {spare}),
                 "replace": [{"rank": r, "node_rank": n, "local_rank": i}
@@ -202,6 +202,11 @@ class InProcessRecovery:
         """(node rank, recover word) of an agent the controller must start on a spare now, once."""
         start, self.spare_start = self.spare_start, None
         return start
+
+    def _store_host(self, first: dict) -> str:
+        """Where the new group's store goes: the job's master address while node 0 lives, else
+        the first live node's host."""
+        return self.c.plan.master_addr if first["node_rank"] == 0 else first["host"]
 
     def _send(self, word: dict, failure, agents, world_size: int, lost_node: int | None = None):
         """The ``recover`` word to every live agent (not the lost node's); the recovery is in
