@@ -65,9 +65,14 @@ def refuse_zero3_autotp(path: str, meta: dict, what: str) -> None:
                               "at the layout it was written with, or train at ZeRO 1-2")
 
 
+def tp_size_of(module) -> int:
+    """The AutoTP size ``module`` was split at (1: not split)."""
+    return int(_layout(module)["tp_size"])
+
+
 def tp_size_changed(engine, meta: dict) -> bool:
     saved = (meta.get("autotp") or {}).get("tp_size", 1)
-    return int(saved) != int(_layout(engine.module)["tp_size"])
+    return int(saved) != tp_size_of(engine.module)
 
 
 def _whole(parts: list, split: dict) -> torch.Tensor:

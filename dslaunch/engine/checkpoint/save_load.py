@@ -42,7 +42,7 @@ from ..autotp import gather_tp_state, slice_tp_state
 from ..data_sampling import load_sampler_state, sampler_state
 from ..random_ltd.convert import remove_random_ltd_state_dict, with_random_ltd_names
 from .async_save import AsyncSaver, live_storages, snapshot, write_files
-from .autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed
+from .autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed, tp_size_of
 from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
 from .expert_files import EXPERT_FILE, split_module_state, with_local_experts
 from .files import (
@@ -370,7 +370,7 @@ def _same_tp_layout(engine, meta: dict, mpath: str) -> None:
     """A ZeRO 3 + AutoTP checkpoint holds each TP rank's slices partitioned over its data ranks:
     it resumes at the layout it was written with only (no reshape of those shards yet)."""
     saved_tp = int((meta.get("autotp") or {}).get("tp_size", 1))
-    tp = int((autotp_meta(engine).get("autotp") or {}).get("tp_size", 1))
+    tp = tp_size_of(engine.module)
     if saved_tp == 1 and tp == 1:
         return
     if (saved_tp, int(meta.get("world_size", 0))) != (tp, engine.world_size):
