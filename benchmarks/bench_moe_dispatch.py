@@ -135,10 +135,7 @@ def _worker(rank, args, port, out_dir):
     res = {v: {"wall_ms_p20": pct(wall[v], 0.2), "wall_ms_median": pct(wall[v], 0.5),
                "cpu_ms_median": pct(cpu[v], 0.5), **info[v]} for v in VARIANTS}
     Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(res))
-    # both ranks tear gloo down together: a rank that destroys its group while the other is
-    # already gone aborted once ("terminate called without an active exception", SIGABRT)
-    dist.barrier()
-    dist.destroy_process_group()
+    bu.end_spawned_worker()
 
 
 def main(argv=None):

@@ -23,6 +23,8 @@ API (everything a newcomer needs to start a real job):
 - ``run_python(script, args)``: the plain single-process run (the reference), launcher variables
   removed.
 - ``results(out_dir, nproc)``: the ``rank_<r>.json`` files a rank script wrote.
+- ``end_spawned_rank()``: the last call of a worker started with ``torch.multiprocessing``
+  (tests/scripts/clean_exit.py: barrier, destroy the groups, ``os._exit(0)``).
 - ``JobCache`` / the ``job_cache`` fixture: ``job_cache.run(name, script, *args, config=, nproc=,
   env=, flags=)`` (``flags``: launcher options such as ``("--as-deepspeed",)``),
   ``job_cache.python(name, script, *args)`` and ``job_cache.torchrun(name, script, *args)``
@@ -129,6 +131,15 @@ def run_python(script, args: list, timeout: int = 120) -> subprocess.CompletedPr
 
 def results(out_dir, nproc: int = 2) -> list:
     return [json.loads((Path(out_dir) / f"rank_{r}.json").read_text()) for r in range(nproc)]
+
+
+def end_spawned_rank() -> None:
+    """End a spawned worker without gloo's teardown race (see tests/scripts/clean_exit.py)."""
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    from clean_exit import exit_cleanly
+
+    exit_cleanly()
 
 
 # -- the session's cache of expensive jobs ---------------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from dslaunch.engine.comm import sent_bytes
+from helpers import end_spawned_rank
 
 WORLD, N = 2, 8
 CONFIG = {"train_batch_size": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
@@ -215,6 +216,7 @@ def _worker(rank, port, out):
     rec["destroyed"] = dist.is_initialized()
     with open(f"{out}/{rank}.json", "w") as f:
         json.dump(rec, f)
+    end_spawned_rank()
 
 
 def _free_port() -> int:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dslaunch.engine.comm import Comm, collective_paths
+from helpers import end_spawned_rank
 
 WORLD, CHUNK = 2, 1000
 
@@ -70,7 +71,7 @@ def _worker(rank, init, out):
     rec["signbit"] = torch.signbit(ag).tolist()
     with open(f"{out}/{rank}.json", "w") as f:
         json.dump(rec, f)
-    dist.destroy_process_group()
+    end_spawned_rank()
 
 
 def test_native_and_all_reduce_paths_agree_bitwise(tmp_path):
@@ -138,7 +139,7 @@ def _pairwise_worker(rank, world, init, out):
             ok.append(torch.equal(full, torch.cat([data[r][:CHUNK] for r in members])))
     with open(f"{out}/{rank}.json", "w") as f:
         json.dump(ok, f)
-    dist.destroy_process_group()
+    end_spawned_rank()
 
 
 def test_pairwise_path_is_exact_on_three_ranks_and_a_subgroup(tmp_path):

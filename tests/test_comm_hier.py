@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers import end_spawned_rank
+
 WORLD, CHUNK = 4, 1000
 
 
@@ -79,7 +81,7 @@ def _worker(rank, init, out):
     rec["ok"].append(torch.equal(full, torch.arange(WORLD).float().repeat_interleave(CHUNK)))
     with open(f"{out}/{rank}.json", "w") as f:
         json.dump(rec, f)
-    dist.destroy_process_group()
+    end_spawned_rank()
 
 
 def test_hierarchical_path_is_exact_and_crosses_hosts_once(tmp_path):

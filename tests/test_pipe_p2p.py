@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dslaunch.engine.pipe.p2p import P2P
+from helpers import end_spawned_rank
 
 
 def _messages(seed: int) -> list:
@@ -43,7 +44,7 @@ def _worker(rank, init, out):
     p2p.wait_all()
     with open(f"{out}/{rank}.json", "w") as f:
         json.dump({"ok": ok, "stats": p2p.stats}, f)
-    dist.destroy_process_group()
+    end_spawned_rank()
 
 
 def test_layouts_change_and_fixed_layout_sends_once(tmp_path):

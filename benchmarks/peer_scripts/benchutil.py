@@ -136,6 +136,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def end_spawned_worker() -> None:
+    """End a spawned rank after its work: barrier, destroy the groups, flush, then ``os._exit``.
+    A normal interpreter exit lets gloo's threads outlive the objects they serve, and a rank
+    aborts now and then ("terminate called without an active exception", SIGABRT)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def split(text: str) -> list:
     """A comma-separated option value as a list (empty items dropped)."""
     return [x.strip() for x in text.split(",") if x.strip()]
