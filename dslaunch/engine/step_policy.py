@@ -64,11 +64,12 @@ def loss_scale_of(loss_scaler) -> float:
 
 
 def sum_of_squares(tensors: Iterable[torch.Tensor]) -> float:
-    """Sum of the tensors' squared norms, each norm taken in fp32, summed in a Python float (fp64)
-    so that many small pieces lose nothing."""
+    """Sum of the tensors' squared norms, each norm taken in fp32 (fp64 tensors in fp64), summed
+    in a Python float (fp64) so that many small pieces lose nothing."""
     sq = 0.0
     for t in tensors:
-        sq += float(torch.linalg.vector_norm(t, dtype=torch.float32)) ** 2
+        wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+        sq += float(torch.linalg.vector_norm(t, dtype=wide)) ** 2
     return sq
 
 

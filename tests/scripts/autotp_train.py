@@ -14,7 +14,9 @@ Llama with a vocabulary-parallel LM head, with partition_config specs, with pres
 tp_grain_size that keeps the split even, Phi-3's fused gate_up_proj split by a spec's shape,
 tp_grain_size 48 under the built-in rules and under the preset (48 + 80); the keys refused; the
 all-reduces of one forward and backward. ``--uneven-specs``: heads and widths the size does not
-divide, under layer specs. Writes --out/rank_{r}.json."""
+divide, under layer specs. ``--float64-steps N``: the models in float64, N steps at ZeRO 0-2
+against the unsplit float64 loop, and the unsplit float32 loop's distance from it
+(``float64_runs``). Writes --out/rank_{r}.json."""
 
 import argparse
 import json
@@ -315,6 +317,60 @@ def uneven_head():
     return res
 
 
+def shifted_loss(model, ids):
+    """Next-token cross entropy in the logits' own dtype (Hugging Face's loss casts the logits to
+    fp32 first, which would cap a float64 run at fp32's precision)."""
+    logits = model(input_ids=ids).logits
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             ids[:, 1:].reshape(-1))
+
+
+def float64_runs(kind, steps):
+    """The model in float64, trained ``steps`` steps unsplit (whole batch, plain loop) and by the
+    engine under AutoTP at ZeRO 0, 1 and 2 (micro-batches, accumulation): rounding left out, the
+    split must give the unsplit losses to float64 precision. The unsplit model in float32 too: how
+    far fp32's own rounding carries it from the float64 losses."""
+    def plain(dtype):
+        model = build(kind).to(dtype)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+        losses = []
+        for step in range(steps):
+            loss = shifted_loss(model, batch(step))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    out = {"ref": plain(torch.float64), "ref_fp32": plain(torch.float32)}
+    micro = BATCH // (dp * MICRO_STEPS)
+    for stage in (0, 1, 2):
+        model = build(kind).double()
+        config = {"train_micro_batch_size_per_gpu": micro,
+                  "gradient_accumulation_steps": MICRO_STEPS,
+                  "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+                  "gradient_clipping": CLIP, "zero_optimization": {"stage": stage},
+                  "tensor_parallel": {"autotp_size": tp}, "steps_per_print": 1000}
+        engine, _, _, _ = dslaunch.initialize(model=model, model_parameters=model.parameters(),
+                                              config=config)
+        losses = []
+        for step in range(steps):
+            ids = batch(step)
+            total = torch.zeros(1, dtype=torch.float64)
+            for m in range(MICRO_STEPS):
+                lo = (dp_rank * MICRO_STEPS + m) * micro
+                loss = shifted_loss(engine, ids[lo:lo + micro])
+                engine.backward(loss)
+                engine.step()
+                total += loss.detach() / MICRO_STEPS
+            dist.all_reduce(total)
+            losses.append(total.item() / world)
+        out[f"z{stage}"] = {"losses": losses,
+                            "dtypes": sorted({str(q.dtype) for q in engine.module.parameters()})}
+    return out
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -333,6 +389,8 @@ if __name__ == "__main__":
                    help="the uneven Llama and Phi-3 under layer specs (preset_model, shape)")
     p.add_argument("--uneven-head", action="store_true",
                    help="an LM head of 97 rows split vs whole, forward and backward")
+    p.add_argument("--float64-steps", type=int, default=0,
+                   help="also train the models N steps in float64 at ZeRO 0-2 (float64_runs)")
     args, _ = p.parse_known_args()
     dslaunch.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -345,6 +403,9 @@ if __name__ == "__main__":
         for stage in (int(s) for s in args.stages.split(",")):
             res[f"{kind}_z{stage}"] = train(kind, stage, ref, first)
             first = False
+    if args.float64_steps:
+        res["float64"] = {kind: float64_runs(kind, args.float64_steps)
+                          for kind in args.models.split(",")}
     if args.extras:  # bf16 (ZeRO 1) and activation checkpointing (ZeRO 0) on the Llama
         ref = reference("llama", args.steps)
         res["llama_bf16_z1"] = train("llama", 1, ref, False, bf16=True)

@@ -75,6 +75,10 @@ class Stage0Strategy(OptimizerStrategy):
         self.params = params
         total = sum(p.numel() for p in params)
         grad_dtype = precision.dtype if precision.mixed and not uses_masters else torch.float32
+        dtypes = {p.dtype for p in params}
+        if not precision.mixed and len(dtypes) == 1:
+            # full precision trains in the model's own dtype: float64 too (numerical proofs)
+            grad_dtype = dtypes.pop()
         self.flat = torch.zeros(total, dtype=grad_dtype, device=params[0].device if params
                                 else torch.device("cpu"))
         # layout + buckets in reverse registration order

@@ -235,7 +235,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         if cpu_opt is not None:
             self.optimizer = cpu_opt
             return
-        if self.master_dtype != torch.float32 and fp32_states:
+        if self.mixed and self.master_dtype != torch.float32 and fp32_states:
             raise ValueError(
                 "bf16.bf16_master_weights_and_grads: fp32 optimizer states for bf16 master "
                 f"weights need the compiled CPU Adam (optimizer Adam or AdamW, the cpu_adam op "
@@ -264,13 +264,15 @@ class ZeroStage12Strategy(OptimizerStrategy):
             raise ValueError("the optimizer has no trainable parameters")
         # the engine hands us an fp32 model: the masters are taken before the model is cast
         self.dtype = precision.dtype if precision is not None else first.dtype
+        if precision is not None and not precision.mixed and first.dtype == torch.float64:
+            self.dtype = torch.float64  # full precision in the model's own dtype (numerical proofs)
         self.device = first.device
-        self.mixed = self.dtype != torch.float32
+        self.mixed = self.dtype not in (torch.float32, torch.float64)
         self.opt_device = torch.device("cpu") if self.offload_optimizer else self.device
         # bf16 master weights and grads: the optimizer steps the bf16 chunks themselves (a
         # separate master only where the step runs elsewhere: offload)
         self.master_dtype = getattr(precision, "master_dtype", torch.float32) \
-            if self.mixed else torch.float32
+            if self.mixed else self.dtype
         lean = self.master_dtype == self.dtype
         self.need_master = (self.mixed and not lean) or self.offload_optimizer
         return named
