@@ -25,7 +25,8 @@ docs/architecture.md ("One-way rules") and docs/interfaces.md, as the code keeps
   ``dslaunch.torch_progress`` (the bootstrap hooks the script's ``torch.distributed`` import to
   record its collectives; that module imports torch only inside the hook), the leaves
   ``dslaunch.progress_record``, ``dslaunch.recover_files`` and ``dslaunch.standby_priority``
-  (shared with the engine, no torch), and
+  (shared with the engine, no torch), ``dslaunch.store_linger`` (no torch import: it uses the
+  script's ``torch.distributed`` from ``sys.modules``), and
   never torch, not even inside a function: the agent starts ranks without torch (the code has no
   lazy torch import here, so none is allowed).
 - engine: imports of dslaunch only ``dslaunch.engine.*``, ``dslaunch.config.*``,
@@ -254,7 +255,8 @@ RULES = {
     "launcher": ("dslaunch.launcher", ("dslaunch.launcher", "dslaunch.config",
                                        "dslaunch.as_deepspeed", "dslaunch.progress_record",
                                        "dslaunch.torch_progress", "dslaunch.recover_files",
-                                       "dslaunch.standby_priority"), "none"),
+                                       "dslaunch.standby_priority", "dslaunch.store_linger"),
+                 "none"),
     # the rank side of the hang watchdog for plain torch.distributed scripts: the progress record
     # only, torch inside functions (the hook runs once the script imports torch.distributed)
     "torch_progress": ("dslaunch.torch_progress", ("dslaunch.progress_record",), "lazy"),
@@ -270,6 +272,9 @@ RULES = {
     "recover_files": ("dslaunch.recover_files", (), "none"),
     # a standby's CPU priority: the bootstrap lowers it, in-process recovery restores it; a leaf
     "standby_priority": ("dslaunch.standby_priority", (), "none"),
+    # rank 0 keeps the store up until every rank has left: the bootstrap's, torch only as the
+    # script imported it (sys.modules), never imported here
+    "store_linger": ("dslaunch.store_linger", (), "none"),
     "accelerator": ("dslaunch.accelerator", ("dslaunch.accelerator", "dslaunch.kernels",
                                              "dslaunch.deepspeed_names"), "any"),
     "config": ("dslaunch.config", ("dslaunch.config",), "none"),

@@ -4,7 +4,9 @@ The reference is torchrun itself: the same env-dump script (tests/scripts/env_du
 `python -m torch.distributed.run` and under `dslaunch run`, from the same environment, and every
 variable torchrun adds must be there with the same value, except the few whose value names this
 job (port, run id, error-file path) or that say how the launcher itself works (checked one by one
-below). Across hosts: tests/multihost/test_deepspeed_cli_two_hosts.py.
+below). Across hosts: tests/multihost/test_deepspeed_cli_two_hosts.py. And what follows from
+torchrun's agent hosting the store where dslaunch's rank 0 does: ranks may use it after rank 0
+ended.
 """
 
 from __future__ import annotations
@@ -112,3 +114,18 @@ def test_reserved_torchrun_names_cannot_be_overridden(tmp_path):
                        timeout=60)
     assert r.returncode != 0
     assert "TORCHELASTIC_RUN_ID is set by the launcher for each rank" in r.stderr
+
+
+def test_ranks_keep_the_store_after_rank_0_ends(tmp_path):
+    """torchrun's agent hosts the TCP store; under dslaunch rank 0 does. Rank 0 ends at once while
+    ranks 1 and 2 use the store 2 s later (a key, then a group of their own, whose gloo
+    rendezvous goes through it): they still reach it (store_linger.py), and rank 0 waited for
+    them. Without the wait they failed with "Broken pipe" every time."""
+    out = tmp_path / "out"
+    r = subprocess.run([*DSLAUNCH, "run", "--nproc-per-node", "3", "--omp-threads", "1",
+                        str(SCRIPTS / "late_store_use.py"), "--out", str(out)], env=base_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ranks = [json.loads((out / f"rank_{i}.json").read_text()) for i in range(3)]
+    assert [x["sum"] for x in ranks] == [3.0, 3.0, 3.0]
+    assert [(x["read"], x["late_sum"]) for x in ranks[1:]] == [("1", 2.0), ("2", 2.0)]

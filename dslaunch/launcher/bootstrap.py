@@ -25,6 +25,9 @@
 - With DSLAUNCH_AS_DEEPSPEED set (``--as-deepspeed``), ``import deepspeed`` means dslaunch before
   the script runs (dslaunch/as_deepspeed.py), whether or not the package's .pth is installed.
 
+- Rank 0 hosts the job's TCP store (env://): at the end it waits until every rank has counted
+  itself out on it, so a rank still using the store after rank 0's work is done does not lose it
+  (dslaunch/store_linger.py).
 - A standby process (in-process recovery) runs at a lower CPU priority until it is promoted
   (dslaunch/standby_priority.py).
 
@@ -44,7 +47,7 @@ import threading
 import time
 import traceback
 
-from dslaunch import standby_priority
+from dslaunch import standby_priority, store_linger
 from dslaunch.recover_files import STANDBY_ENV
 
 USAGE = ("usage: python -m dslaunch.launcher.bootstrap [--error-file FILE] [--cpus LIST] "
@@ -177,6 +180,7 @@ def _leave(code: int) -> None:
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
+    store_linger.leave(code)  # before atexit: the engine's handler destroys the group
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
