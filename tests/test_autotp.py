@@ -9,7 +9,7 @@ LM head (Qwen2) stay whole, the untied one (Llama) is split by vocabulary with i
 names and shapes. The other families' (Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split
 forward and backward match the whole model; Hugging Face's activation checkpointing (same losses)
 and bf16 (within 1e-2) compose. A TP 2 checkpoint resumes at TP 1 (a ZeRO 3 one at its own layout
-only, for now). Plus the refusals: fewer key/value heads than ranks, ZeRO 3 with an mpu's TP, a
+only, for now). The HF Trainer's AutoTP runs (ZeRO 1 and 3) equal its DDP run. Plus the refusals: fewer key/value heads than ranks, ZeRO 3 with an mpu's TP, a
 tp_model_init size the config contradicts. (Heads and widths the size does not divide:
 test_autotp_uneven.py.)"""
 
@@ -342,15 +342,18 @@ HF_AUTOTP = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto
 
 
 @pytest.mark.slow
-def test_hf_trainer_autotp2_equals_its_ddp_run(job_cache):
-    """TrainingArguments(deepspeed=config with tensor_parallel.autotp_size 2): Transformers calls
-    deepspeed.tp_model_init and fills the batch triad counting both ranks (train_batch_size 16 =
-    2 ranks x micro 2 x accumulation 4, as DeepSpeed counts it); the two TP ranks train on the
-    same 8 samples per step, as plain DDP on 2 ranks x micro 2 x accumulation 2 does: the logged
-    losses are equal, and save_model() writes the whole model (gathered from the TP slices)."""
+@pytest.mark.parametrize("stage", [1, 3])
+def test_hf_trainer_autotp2_equals_its_ddp_run(job_cache, stage):
+    """TrainingArguments(deepspeed=config with tensor_parallel.autotp_size 2, ZeRO 1 or 3):
+    Transformers calls deepspeed.tp_model_init and fills the batch triad counting both ranks
+    (train_batch_size 16 = 2 ranks x micro 2 x accumulation 4, as DeepSpeed counts it at ZeRO
+    1); the two TP ranks train on the same 8 samples per step, as plain DDP on 2 ranks x micro 2
+    x accumulation 2 does: the logged losses are equal, and save_model() writes the whole model
+    (gathered from the TP slices, and at ZeRO 3 from the partitions)."""
     safetensors = pytest.importorskip("safetensors.torch")
-    tp = job_cache.run("hf-autotp2", "hf_trainer.py", "--out", "{dir}", "--model", "llama",
-                       "--grad-accum", 4, "--save-model", config=HF_AUTOTP,
+    config = dict(HF_AUTOTP, zero_optimization=dict(HF_AUTOTP["zero_optimization"], stage=stage))
+    tp = job_cache.run(f"hf-autotp2-z{stage}", "hf_trainer.py", "--out", "{dir}", "--model",
+                       "llama", "--grad-accum", 4, "--save-model", config=config,
                        config_flag="--deepspeed", flags=("--as-deepspeed",))
     ddp = job_cache.torchrun("hf-ddp-llama", "hf_trainer.py", "--out", "{dir}", "--model",
                              "llama", "--save-model")

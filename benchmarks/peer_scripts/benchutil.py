@@ -1,6 +1,6 @@
 """Harness helpers shared by the bench_*.py harnesses (they live here, beside the peer
 scripts): machine facts, versions, the peer venv, medians, result files. Standard library only: the
-harness itself never imports torch."""
+harness itself never imports torch (``end_spawned_worker``, called in spawned ranks, uses theirs)."""
 
 from __future__ import annotations
 
