@@ -9,8 +9,9 @@ LM head (Qwen2) stay whole, the untied one (Llama) is split by vocabulary with i
 names and shapes. The other families' (Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split
 forward and backward match the whole model; Hugging Face's activation checkpointing (same losses)
 and bf16 (within 1e-2) compose. A TP 2 checkpoint resumes at TP 1 (a ZeRO 3 one at its own layout
-only, for now). The HF Trainer's AutoTP runs (ZeRO 1 and 3) equal its DDP run. Plus the refusals: fewer key/value heads than ranks, ZeRO 3 with an mpu's TP, a
-tp_model_init size the config contradicts. (Heads and widths the size does not divide:
+only, for now). The HF Trainer's AutoTP runs (ZeRO 1 and 3) equal its DDP run. Plus the
+refusals: fewer key/value heads than ranks, ZeRO 3 with an mpu's TP, a tp_model_init size the
+config contradicts. (Heads and widths the size does not divide:
 test_autotp_uneven.py.)"""
 
 import pytest
