@@ -27,11 +27,12 @@ the new group as the survivors do and loads the state the first survivor sends.
 
 Supported: the data-parallel engine at ZeRO stage 0 (every rank holds the whole model and
 optimizer) and at stages 1-3, where each rank also keeps a copy of one other rank's shard
-(``zero/shard_copies.py``: its optimizer shard, and at stage 3 its parameter shard too) and the
-state moves through ``recover_shards``. At stage 3 forward gathers parameters too, so a fault
+(``zero/shard_copies.py``: its optimizer shard, and at stage 3 its parameter shard too; with
+``offload_optimizer`` the host-side masters and moments) and the state moves through
+``recover_shards``. At stage 3 forward gathers parameters too, so a fault
 can surface there (``guarded_forward``), and the forwards of an abandoned step run dry (no
 collective: a replacement makes the new group's first ones). Other layouts refuse (offloaded
-optimizers and parameters keep no copies; ZeRO++'s hpZ, MiCS and quantized groups, pipeline,
+parameters keep no copies; ZeRO++'s hpZ, MiCS and quantized groups, pipeline,
 tensor and expert parallel groups are not rebuilt): the rank exits ``REFUSED_EXIT`` and the job
 restarts.
 """
@@ -316,8 +317,6 @@ def _layout_refused(engine) -> str | None:
 def shard_copies_refused(engine) -> str | None:
     """Why a ZeRO 1-3 engine keeps no copies of its shards (None: it can keep them)."""
     strategy = engine.strategy
-    if strategy.offload_optimizer:
-        return "offload_optimizer steps on the CPU in its own buffers"
     if getattr(strategy.optimizer, "prepare_zero_step", None) is not None:
         return "the Muon optimizer's shards are not copied"
     if getattr(strategy, "experts", None):
