@@ -106,22 +106,26 @@ def _rank_digests(out: str) -> dict:
     return {int(r): d for r, d in re.findall(r"rank (\d+) pid \d+ done (\w+)", out)}
 
 
-def _zero_config(stage: int, bf16: bool, offload: bool = False) -> str:
+def _zero_config(stage: int, bf16: bool, extra: str = "") -> str:
+    """``extra``: "offload" (offload_optimizer to the CPU) or "muon" (the Muon optimizer)."""
     zero = {"stage": stage}
     if stage == 3:  # every parameter partitioned (none kept whole): forward gathers them all
         zero["stage3_param_persistence_threshold"] = 0
-    if offload:
+    if extra == "offload":
         zero["offload_optimizer"] = {"device": "cpu"}
-    return json.dumps({"zero_optimization": zero, "gradient_accumulation_steps": 2,
-                       "bf16": {"enabled": bf16}})
+    config = {"zero_optimization": zero, "gradient_accumulation_steps": 2,
+              "bf16": {"enabled": bf16}}
+    if extra == "muon":
+        config["optimizer"] = {"type": "Muon", "params": {"lr": 0.01}}
+    return json.dumps(config)
 
 
-@pytest.mark.parametrize("stage,bf16,offload",
-                         [(1, False, False), (2, True, False), (3, False, False), (3, True, False),
-                          (2, True, True), (3, False, True)],
+@pytest.mark.parametrize("stage,bf16,extra",
+                         [(1, False, ""), (2, True, ""), (3, False, ""), (3, True, ""),
+                          (2, True, "offload"), (3, False, "offload"), (2, False, "muon")],
                          ids=["zero1-fp32", "zero2-bf16", "zero3-fp32", "zero3-bf16",
-                              "zero2-bf16-offload", "zero3-fp32-offload"])
-def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16, offload):
+                              "zero2-bf16-offload", "zero3-fp32-offload", "zero2-fp32-muon"])
+def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16, extra):
     """ZeRO 1-3: the lost rank's shard exists only in its buddy's copy
     (engine/zero/shard_copies.py); the replacement takes it from there, and every rank ends with
     the digest of its fault-free twin (its shard of fp32 state and Adam moments, bit for bit).
@@ -130,9 +134,10 @@ def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16
     the abandoned step's forwards then run dry) and start that step again. In fp32 the copy
     holds the Adam moments (at stages 1-2 the weights are in every rank's model; at stage 3 the
     copy holds the parameter shard too); in bf16 the fp32 masters too. With offload_optimizer
-    (ZeRO-Offload) the copy is of the host-side masters and moments the CPU Adam steps."""
+    (ZeRO-Offload) the copy is of the host-side masters and moments the CPU Adam steps; with
+    Muon, of its momentum (kept per shard)."""
     marker, env = marker_env()
-    config = _zero_config(stage, bf16, offload)
+    config = _zero_config(stage, bf16, extra)
     r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
                  "--log-dir", tmp_path / "logs", "--inject", "kill:rank=2,step=4", SCRIPT, STEPS,
                  config, env=env, timeout=240)

@@ -317,8 +317,6 @@ def _layout_refused(engine) -> str | None:
 def shard_copies_refused(engine) -> str | None:
     """Why a ZeRO 1-3 engine keeps no copies of its shards (None: it can keep them)."""
     strategy = engine.strategy
-    if getattr(strategy.optimizer, "prepare_zero_step", None) is not None:
-        return "the Muon optimizer's shards are not copied"
     if getattr(strategy, "experts", None):
         return "expert parallel groups are not rebuilt in process"
     return _stage3_refused(strategy.zero) if strategy.stage == 3 else None
