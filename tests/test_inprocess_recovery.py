@@ -107,12 +107,15 @@ def _rank_digests(out: str) -> dict:
 
 
 def _zero_config(stage: int, bf16: bool, extra: str = "") -> str:
-    """``extra``: "offload" (offload_optimizer to the CPU) or "muon" (the Muon optimizer)."""
+    """``extra``: "offload" (offload_optimizer to the CPU), "infinity" (offload_param too) or
+    "muon" (the Muon optimizer)."""
     zero = {"stage": stage}
     if stage == 3:  # every parameter partitioned (none kept whole): forward gathers them all
         zero["stage3_param_persistence_threshold"] = 0
-    if extra == "offload":
+    if extra in ("offload", "infinity"):
         zero["offload_optimizer"] = {"device": "cpu"}
+    if extra == "infinity":  # ZeRO-Infinity on the host: the parameter shard offloaded too
+        zero["offload_param"] = {"device": "cpu"}
     config = {"zero_optimization": zero, "gradient_accumulation_steps": 2,
               "bf16": {"enabled": bf16}}
     if extra == "muon":
@@ -122,9 +125,11 @@ def _zero_config(stage: int, bf16: bool, extra: str = "") -> str:
 
 @pytest.mark.parametrize("stage,bf16,extra",
                          [(1, False, ""), (2, True, ""), (3, False, ""), (3, True, ""),
-                          (2, True, "offload"), (3, False, "offload"), (2, False, "muon")],
+                          (2, True, "offload"), (3, False, "offload"), (3, True, "infinity"),
+                          (2, False, "muon")],
                          ids=["zero1-fp32", "zero2-bf16", "zero3-fp32", "zero3-bf16",
-                              "zero2-bf16-offload", "zero3-fp32-offload", "zero2-fp32-muon"])
+                              "zero2-bf16-offload", "zero3-fp32-offload", "zero3-bf16-infinity",
+                              "zero2-fp32-muon"])
 def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16, extra):
     """ZeRO 1-3: the lost rank's shard exists only in its buddy's copy
     (engine/zero/shard_copies.py); the replacement takes it from there, and every rank ends with
@@ -134,7 +139,8 @@ def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16
     the abandoned step's forwards then run dry) and start that step again. In fp32 the copy
     holds the Adam moments (at stages 1-2 the weights are in every rank's model; at stage 3 the
     copy holds the parameter shard too); in bf16 the fp32 masters too. With offload_optimizer
-    (ZeRO-Offload) the copy is of the host-side masters and moments the CPU Adam steps; with
+    (ZeRO-Offload) the copy is of the host-side masters and moments the CPU Adam steps, with
+    offload_param to the CPU too (ZeRO-Infinity) of the host store's parameter shard; with
     Muon, of its momentum (kept per shard)."""
     marker, env = marker_env()
     config = _zero_config(stage, bf16, extra)
@@ -227,18 +233,20 @@ def test_survivor_hung_at_the_same_step_gives_up_at_once(tmp_path):
     assert_no_leftovers(marker)
 
 
-def test_zero3_offloaded_parameters_refuse_and_the_job_restarts_instead(tmp_path):
-    """ZeRO 3 with offload_param keeps its parameter shard in its own (host) store, which the
-    shard copies do not cover: the ranks refuse, say why, and the job restarts every rank."""
+def test_zero3_parameters_on_nvme_refuse_and_the_job_restarts_instead(tmp_path):
+    """ZeRO 3 with offload_param on NVMe keeps its parameter shard in files, which the shard
+    copies do not read: the ranks refuse, say why, and the job restarts every rank."""
     marker, env = marker_env()
-    config = json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
+    (tmp_path / "nvme").mkdir()
+    config = json.dumps({"zero_optimization": {"stage": 3, "offload_param": {
+        "device": "nvme", "nvme_path": str(tmp_path / "nvme")}}})
     r = dslaunch("run", "--nproc-per-node", 2, "--recover", "in-process", "--max-restarts", 1,
                  "--log-dir", tmp_path / "logs", "--inject", "kill:rank=1,step=3", SCRIPT, 5,
                  config, env=env, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert ("in-process recovery refused: ZeRO stage 3 here keeps no copy of each rank's "
-            "parameter and optimizer shard (offload_param keeps the parameter shard on the cpu "
-            "in its own store)" in r.stdout + r.stderr), r.stderr[-3000:]
+            "parameter and optimizer shard (offload_param keeps the parameter shard on NVMe, "
+            "in files the copies do not read)" in r.stdout + r.stderr), r.stderr[-3000:]
     [inc] = _incidents(tmp_path)  # the record says why the job restarted
     assert inc["action"] == "restart" and "offload_param keeps the parameter shard" in inc["reason"]
     assert "restarting every rank instead" in r.stderr

@@ -31,8 +31,8 @@ optimizer) and at stages 1-3, where each rank also keeps a copy of one other ran
 ``offload_optimizer`` the host-side masters and moments) and the state moves through
 ``recover_shards``. At stage 3 forward gathers parameters too, so a fault
 can surface there (``guarded_forward``), and the forwards of an abandoned step run dry (no
-collective: a replacement makes the new group's first ones). Other layouts refuse (offloaded
-parameters keep no copies; ZeRO++'s hpZ, MiCS and quantized groups, pipeline,
+collective: a replacement makes the new group's first ones). Other layouts refuse (parameters
+offloaded to NVMe keep no copies; ZeRO++'s hpZ, MiCS and quantized groups, pipeline,
 tensor and expert parallel groups are not rebuilt): the rank exits ``REFUSED_EXIT`` and the job
 restarts.
 """
@@ -324,8 +324,8 @@ def shard_copies_refused(engine) -> str | None:
 
 def _stage3_refused(zero) -> str | None:
     device = getattr(zero.offload_param.device, "value", zero.offload_param.device)
-    if device != "none":
-        return f"offload_param keeps the parameter shard on the {device} in its own store"
+    if device == "nvme":  # (offload_param to the CPU: the copies read and refill its host store)
+        return "offload_param keeps the parameter shard on NVMe, in files the copies do not read"
     if zero.zero_hpz_partition_size > 1 or zero.mics_shard_size > 0:
         return "ZeRO++'s hpZ and MiCS groups are not rebuilt in process"
     if zero.zero_quantized_weights or zero.zero_quantized_gradients:

@@ -240,14 +240,15 @@ class NVMeParamStore(ParamStore):
         """Chunk by chunk, up to one write per buffer in flight."""
         self._drop_read_ahead()
         offsets = self.plan.layouts[gi].shard_offsets()
-        free = [i for i, k in enumerate(self.holder) if k is None] or [self._slot()]
-        pending = 0
+        free, pending = None, 0
         for bi, off in enumerate(offsets):
             key = (gi, bi)
             src = values[off: off + self.numel[key]]
             if key in self.cpu:
                 self.cpu[key].copy_(src)
                 continue
+            if free is None:  # (none when max_in_cpu keeps the whole shard: no buffers then)
+                free = [i for i, k in enumerate(self.holder) if k is None] or [self._slot()]
             if pending == len(free):
                 self._wait_io()
                 pending = 0
