@@ -8,7 +8,8 @@ bootstrap calls ``leave``: every rank counts itself out on the default group's s
 ending well, waits until all have, or ``DSLAUNCH_STORE_LINGER_S`` seconds (30) have passed (a rank
 that ends with ``os._exit`` never counts itself out). Nothing happens unless the script itself
 imported and initialised ``torch.distributed`` and its group is still up: this module imports no
-torch, it reads the script's.
+torch, it reads the script's. While rank 0 waits, its progress record shows it in "exit_wait" (a
+group of its own), so the hang watchdog names the ranks it waits for, not rank 0.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ import os
 import sys
 import time
 
+from dslaunch import progress_record
+
 LINGER_ENV = "DSLAUNCH_STORE_LINGER_S"
 KEY = "dslaunch/ranks_left"
+# in the progress record: a group of its own, so no rank's sequence numbers are compared with it
+RECORD_OP, RECORD_GROUP = "exit_wait", "job end"
 _POLL_S = 0.05
 
 
@@ -39,8 +44,13 @@ def leave(code: int) -> None:
         if rank != 0 or code != 0:
             return
         deadline = time.monotonic() + float(os.environ.get(LINGER_ENV, "30"))
+        record = progress_record.writer() if left < world else None
+        if record is not None:  # the hang watchdog sees rank 0 waiting, as in a collective
+            record.enter(RECORD_OP, RECORD_GROUP)
         while left < world and time.monotonic() < deadline:
             time.sleep(_POLL_S)
             left = store.add(KEY, 0)
+        if record is not None:
+            record.leave()
     except Exception:  # at exit: the script's own result stands whatever the store says
         return

@@ -274,7 +274,7 @@ RULES = {
     "standby_priority": ("dslaunch.standby_priority", (), "none"),
     # rank 0 keeps the store up until every rank has left: the bootstrap's, torch only as the
     # script imported it (sys.modules), never imported here
-    "store_linger": ("dslaunch.store_linger", (), "none"),
+    "store_linger": ("dslaunch.store_linger", ("dslaunch.progress_record",), "none"),
     "accelerator": ("dslaunch.accelerator", ("dslaunch.accelerator", "dslaunch.kernels",
                                              "dslaunch.deepspeed_names"), "any"),
     "config": ("dslaunch.config", ("dslaunch.config",), "none"),

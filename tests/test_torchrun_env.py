@@ -129,3 +129,17 @@ def test_ranks_keep_the_store_after_rank_0_ends(tmp_path):
     ranks = [json.loads((out / f"rank_{i}.json").read_text()) for i in range(3)]
     assert [x["sum"] for x in ranks] == [3.0, 3.0, 3.0]
     assert [(x["read"], x["late_sum"]) for x in ranks[1:]] == [("1", 2.0), ("2", 2.0)]
+
+
+def test_hang_after_rank_0_ended_names_the_ranks_it_waits_for(tmp_path):
+    """The same script with the late ranks asleep 8 s under --hang-timeout 3: a hang by the
+    watchdog's rule, and the report names ranks 1 and 2 (rank 0's record shows it waiting in
+    "exit_wait"), not rank 0."""
+    r = subprocess.run([*DSLAUNCH, "run", "--nproc-per-node", "3", "--omp-threads", "1",
+                        "--hang-timeout", "3", "--grace-period", "1",
+                        str(SCRIPTS / "late_store_use.py"), "--out", str(tmp_path / "out"),
+                        "--pause", "8"], env=base_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    assert "job failed: hang: ranks 1,2 never entered exit_wait #1 on job end" in r.stderr, \
+        r.stderr[-3000:]
