@@ -317,14 +317,22 @@ def _layout_refused(engine) -> str | None:
 def shard_copies_refused(engine) -> str | None:
     """Why a ZeRO 1-3 engine keeps no copies of its shards (None: it can keep them)."""
     strategy = engine.strategy
+    if _device(strategy.zero.offload_optimizer) == "nvme":
+        return ("offload_optimizer keeps the optimizer states on NVMe, in files the copies do "
+                "not read")
     if getattr(strategy, "experts", None):
         return "expert parallel groups are not rebuilt in process"
     return _stage3_refused(strategy.zero) if strategy.stage == 3 else None
 
 
+def _device(offload) -> str:
+    """An offload section's device: "none", "cpu" or "nvme"."""
+    return getattr(offload.device, "value", offload.device)
+
+
 def _stage3_refused(zero) -> str | None:
-    device = getattr(zero.offload_param.device, "value", zero.offload_param.device)
-    if device == "nvme":  # (offload_param to the CPU: the copies read and refill its host store)
+    if _device(zero.offload_param) == "nvme":
+        # (offload_param to the CPU: the copies read and refill its host store)
         return "offload_param keeps the parameter shard on NVMe, in files the copies do not read"
     if zero.zero_hpz_partition_size > 1 or zero.mics_shard_size > 0:
         return "ZeRO++'s hpZ and MiCS groups are not rebuilt in process"
