@@ -110,7 +110,7 @@ NAMES: list[Name] = [
              "records tp_size (and casts to dtype); initialize splits the model's attention and "
              "MLP linears (Llama, Qwen2/3, Mistral, Gemma, Phi, GPT-2, GPT-NeoX) over the data x "
              "model grid; tp_group= refused; ZeRO-3 composes (its checkpoints resume at their "
-             "own layout)"),
+             "own TP size, over any number of data ranks)"),
     _missing("deepspeed.init_inference", INFERENCE),
     # -- deepspeed.zero ---------------------------------------------------------------------------
     _present("deepspeed.zero", "dslaunch.zero"),

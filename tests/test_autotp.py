@@ -8,10 +8,10 @@ LM head (Qwen2) stay whole, the untied one (Llama) is split by vocabulary with i
 (DeepSpeed 0.19.8's training default); ``save_16bit_model`` writes the whole model under its own
 names and shapes. The other families' (Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split
 forward and backward match the whole model; Hugging Face's activation checkpointing (same losses)
-and bf16 (within 1e-2) compose. A TP 2 checkpoint resumes at TP 1 (a ZeRO 3 one at its own layout
-only, for now). The HF Trainer's AutoTP runs (ZeRO 1 and 3) equal its DDP run. Plus the
-refusals: fewer key/value heads than ranks, ZeRO 3 with an mpu's TP, a tp_model_init size the
-config contradicts. (Heads and widths the size does not divide:
+and bf16 (within 1e-2) compose. A TP 2 checkpoint resumes at TP 1 (a ZeRO 3 one at TP 2 only,
+for now) and at TP 2 with another data-parallel size (ZeRO 1-3). The HF Trainer's AutoTP runs
+(ZeRO 1 and 3) equal its DDP run. Plus the refusals: fewer key/value heads than ranks, ZeRO 3
+with an mpu's TP, a tp_model_init size the config contradicts. (Heads and widths the size does not divide:
 test_autotp_uneven.py.)"""
 
 import pytest
@@ -232,6 +232,29 @@ def test_tp2_zero12_checkpoint_resumes_at_tp1(job_cache, nproc, stage):
     _equal_losses(r, f"zero {stage} resumed at TP 1")
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_tp2_checkpoint_resumes_at_another_data_parallel_size(job_cache, stage):
+    """The TP 2 x DP 2 checkpoint (4 ranks) of the Llama after 10 steps resumed at TP 2 x DP 1
+    (2 ranks) at the same stage: each rank's fp32 masters and Adam moments are re-cut from its
+    own TP rank's old data ranks only (they all hold slices under the same names; mixing them
+    in gave losses 3% off, silently), and at ZeRO 3 its parameter shard too: the next 4 losses
+    equal the unsplit reference's steps 11-14 within 1e-5."""
+    if stage == 3:
+        src = job_cache.run("autotp4_z3", "autotp_train.py", "--out", "{dir}/o", "--tp", 2,
+                            "--steps", STEPS, "--stages", 3, "--save-each", "{dir}/ckpts",
+                            nproc=4, timeout=300)
+    else:
+        src = _job(job_cache, 4, *TP2_DP2_JOB, job=True)
+    assert src.ok, src.log[-4000:]
+    job = job_cache.run(f"autotp_resume_4r_z{stage}_tp2dp1", "autotp_resume.py", "--ckpt",
+                        src.dir / "ckpts", "--tag", f"z{stage}", "--stage", stage, "--out",
+                        "{dir}/o", "--tp", 2, "--start", STEPS, "--more", 4, nproc=2)
+    assert job.ok, job.log[-4000:]
+    (r, _) = results(job.dir / "o", 2)
+    assert r["resumed_at"] == STEPS
+    _equal_losses(r, f"zero {stage} resumed at TP 2 x DP 1")
+
+
 # -- pure logic: plan, refusals ------------------------------------------------------------------
 
 def _tiny_llama(kv=2, heads=4, hidden=32):
@@ -302,8 +325,9 @@ def test_zero3_with_autotp_trains_saves_and_resumes_at_its_layout(job_cache, tmp
     partitioned over its 2 data ranks. The Llama and the Qwen2 train with the unsplit model's
     losses (1e-5 relative, 10 steps, clipping at 0.5); save_16bit_model (with
     stage3_gather_16bit_weights_on_model_save) and _consolidated_16bit_state_dict give the whole
-    model; the checkpoint resumes at TP 2 x DP 2 with the reference's next 4 losses. Its shards
-    do not reshape yet: another layout, to-universal and to-fp32 refuse it, saying so."""
+    model; the checkpoint resumes at TP 2 x DP 2 with the reference's next 4 losses (at TP 2 x DP
+    1: test_tp2_checkpoint_resumes_at_another_data_parallel_size). Its TP slices do not re-split
+    yet: to-universal and to-fp32 refuse it, saying so."""
     from dslaunch.engine.checkpoint.consolidate import fp32_state_dict
     from dslaunch.engine.checkpoint.files import CheckpointError
     from dslaunch.engine.checkpoint.universal import to_universal

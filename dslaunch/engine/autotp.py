@@ -31,8 +31,10 @@ DeepSpeed's ``partition_config`` layer specs and ``preset_model`` replace the ru
 given, and cut unevenly by the same rule (``autotp_specs.py``).
 
 ZeRO 1-3 compose: the engine's ZeRO strategy partitions each TP rank's slices over its data
-group. A ZeRO 3 checkpoint resumes at the layout it was written with only (its shards hold TP
-slices; ``checkpoint/save_load.py`` refuses another layout, to-fp32 and to-universal refuse it).
+group. Checkpoints resume at another data-parallel size (each TP rank's shards re-cut from its own
+old data ranks' files, ``checkpoint/zero_shards.data_ranks``); a ZeRO 3 one only at its TP size
+(its shards hold TP slices; ``checkpoint/save_load.py`` refuses another TP size, to-fp32 and
+to-universal refuse it).
 """
 
 from __future__ import annotations

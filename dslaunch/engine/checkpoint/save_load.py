@@ -368,17 +368,17 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
 
 def _same_tp_layout(engine, meta: dict, mpath: str) -> None:
     """A ZeRO 3 + AutoTP checkpoint holds each TP rank's slices partitioned over its data ranks:
-    it resumes at the layout it was written with only (no reshape of those shards yet)."""
+    it resumes at its TP size, over any number of data ranks (each TP rank's shards re-cut from
+    its own old data ranks' files, ``zero_shards.data_ranks``); another TP size would need the
+    slices re-split too (not yet)."""
     saved_tp = int((meta.get("autotp") or {}).get("tp_size", 1))
     tp = tp_size_of(engine.module)
-    if saved_tp == 1 and tp == 1:
-        return
-    if (saved_tp, int(meta.get("world_size", 0))) != (tp, engine.world_size):
+    if saved_tp != tp:
         raise CheckpointError(
             f"{mpath}: a ZeRO stage 3 checkpoint written with tensor_parallel.autotp_size "
-            f"{saved_tp} on {meta.get('world_size')} ranks resumes only at that layout (this job: "
-            f"autotp_size {tp} on {engine.world_size} ranks); ZeRO 3 + AutoTP shards do not "
-            "reshape yet: resume at the same layout, or save at ZeRO 1-2 to change it")
+            f"{saved_tp} resumes only at that TP size (this job: autotp_size {tp}; the data-"
+            "parallel size may change); ZeRO 3 + AutoTP slices do not re-split yet: resume at "
+            "the same TP size, or save at ZeRO 1-2 to change it")
 
 
 def _load_module(engine, path: str, meta: dict, module_sd: dict, part: dict, strict) -> None:

@@ -24,6 +24,8 @@ A strategy whose rank files hold no shards (forward-only stage 3) saves the whol
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 
 import torch
 
@@ -84,16 +86,18 @@ def load_shard_weights(strategy, path: str, world: int) -> bool:
     the optimizer state untouched. False (nothing done) when the checkpoint's shards do not
     cover the strategy's parameters group by group (the caller then loads whole weights).
     Every rank decides alike (same files, same layout), so the collectives match."""
-    from .zero_shards import _old_index, _reshard, global_names, put_master
+    from .zero_shards import _old_index, _reshard, data_ranks, global_names, put_master
 
     if getattr(strategy, "stage", None) != 3 or getattr(strategy, "optimizer", None) is None:
         return False
     files = RankFiles(path, world)
-    z0 = files.zero(0)
+    with open(os.path.join(path, "metadata.json")) as f:
+        members = data_ranks(json.load(f), world)  # under AutoTP: this rank's TP rank's files
+    z0 = files.zero(members[0])
     if z0 is None or len(z0["groups"]) != len(strategy.groups):
         return False
     names = global_names(strategy)
-    wheres = [_old_index(files, gi, world) for gi in range(len(strategy.groups))]
+    wheres = [_old_index(files, gi, world, members) for gi in range(len(strategy.groups))]
     for g, where in zip(strategy.groups, wheres):
         if any(names.get(s.name, s.name) not in where for b in g.layout.buckets
                for s in b.slots):

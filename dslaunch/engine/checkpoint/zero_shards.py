@@ -192,22 +192,38 @@ def _scalar_state(optimizer, key: str, v: torch.Tensor, device: torch.device):
     return int(v) if not v.is_floating_point() and v.dim() == 0 else v.clone()
 
 
-def _old_index(files: RankFiles, gi: int, world: int) -> dict:
+def _old_index(files: RankFiles, gi: int, world: int, members: tuple | None = None) -> dict:
     """name -> (ParamIndex, global rank holding each shard) for the checkpoint's optimizer group
-    ``gi``: one layout for a group partitioned over the data-parallel ranks, one per
-    expert-data-parallel group for MoE experts (each of those ranks' files holds its own)."""
+    ``gi``: one layout for a group partitioned over the data-parallel ranks ``members`` (the
+    old global ranks whose shards this rank's state comes from: ``data_ranks``, default all
+    ``world``), one per expert-data-parallel group for MoE experts (each of those ranks' files
+    holds its own)."""
+    members = tuple(range(world)) if members is None else members
     where, seen = {}, set()
-    for r in range(world):
+    for r in members:
         saved = files.zero(r)["groups"][gi]
-        ranks = tuple(saved.get("ranks", range(world)))
+        ranks = tuple(saved.get("ranks", members))
         if ranks not in seen:
             seen.add(ranks)
             index = ParamIndex(P.Layout.from_meta(saved["layout"]))
             for name in index.names():
                 where[name] = (index, ranks)
-        if len(ranks) == world:  # every rank's layout is this one
+        if len(ranks) == len(members):  # every rank's layout is this one
             break
     return where
+
+
+def data_ranks(meta: dict, world: int) -> tuple:
+    """The old global ranks whose shards make this rank's: all of them, but under AutoTP only
+    those of this rank's TP rank (each TP rank's slices, under the same names, were partitioned
+    over its own data ranks: ranks r..r+N-1 share one model, so TP rank = rank % N; this job has
+    the same TP size, ``tp_size_changed`` takes the other case)."""
+    tp = int((meta.get("autotp") or {}).get("tp_size", 1))
+    if tp <= 1:
+        return tuple(range(world))
+    import torch.distributed as dist
+
+    return tuple(range(dist.get_rank() % tp, world, tp))
 
 
 def _reshard(g, where: dict, names: dict, shard_of, dtype=torch.float32) -> torch.Tensor:
@@ -230,7 +246,8 @@ def load_resharded(strategy, ckpt_path: str) -> None:
     with open(os.path.join(ckpt_path, "metadata.json")) as f:
         meta = json.load(f)
     world = int(meta["world_size"])
-    load_resharded_from(strategy, RankFiles(ckpt_path, world), world)
+    load_resharded_from(strategy, RankFiles(ckpt_path, world), world,
+                        members=data_ranks(meta, world))
 
 
 class HeldShards:
@@ -247,17 +264,20 @@ class HeldShards:
         return {"strategy": self.shards[rank]}
 
 
-def load_resharded_from(strategy, files, world: int, gather: bool = True) -> None:
+def load_resharded_from(strategy, files, world: int, gather: bool = True,
+                        members: tuple | None = None) -> None:
     """``load_resharded`` from ``files`` (``RankFiles`` or ``HeldShards``) of a ``world``-rank
-    layout; ``gather=False`` leaves the all-gather of the updated chunks to the caller."""
-    z0 = files.zero(0)
+    layout; ``gather=False`` leaves the all-gather of the updated chunks to the caller;
+    ``members``: the old ranks this rank's shard comes from (``data_ranks``; default all)."""
+    members = tuple(range(world)) if members is None else members
+    z0 = files.zero(members[0])
     if z0 is None:
         raise ValueError("the checkpoint holds no ZeRO 1-3 shards (saved by stage 0?)")
     if len(z0["groups"]) != len(strategy.groups):
         raise ValueError(f"{len(z0['groups'])} optimizer groups saved, {len(strategy.groups)} now")
     names = global_names(strategy)
     for gi, (saved, g) in enumerate(zip(z0["groups"], strategy.groups)):
-        where = _old_index(files, gi, world)
+        where = _old_index(files, gi, world, members)
         for _, s, *_ in g.layout.shard_pieces(g.rank):
             name = names.get(s.name, s.name)
             if name not in where:
