@@ -57,6 +57,9 @@ class InFlight:
     sent: float = 0.0  # monotonic time the word went out
     renumber: dict | None = None  # {old rank (str): new rank} then
     spare: str | None = None  # the spare host a lost host's ranks started again on
+    # the furthest step the heartbeats had shown when the word went out (the incident's last
+    # step: by the last answer, survivors that answered first may be training further on)
+    step_at_fault: int = -1
 
 
 class InProcessRecovery:
@@ -217,7 +220,8 @@ class InProcessRecovery:
                 self.c.runner.send(a, line)
         now = time.monotonic()
         self.inflight = InFlight(word["epoch"], failure, time.time(), now + RECOVER_TIMEOUT,
-                                 set(range(world_size)), survivors=set(range(world_size)), sent=now)
+                                 set(range(world_size)), survivors=set(range(world_size)), sent=now,
+                                 step_at_fault=self.c.recovery.current.step)
 
     # ---- the ranks' answers -----------------------------------------------------------------------
     def on_ack(self, ev: dict, agents) -> None:
@@ -272,8 +276,9 @@ class InProcessRecovery:
         seconds = time.time() - inf.failure.time
         before, after = self.c.plan.world_size - self.dropped_ranks, len(acks)
         self.c.recovery.in_process(self.c.attempt, inf.failure, inf.detected, step, before,
-                                   abort=phase("abort"), rebuild=phase("rebuild"),
-                                   state=phase("state"), world_size_after=after)
+                                   inf.step_at_fault, abort=phase("abort"),
+                                   rebuild=phase("rebuild"), state=phase("state"),
+                                   world_size_after=after)
         joined = sorted(int(a["rank"]) for a in acks if a.get("status") == "joined")
         if inf.lost_node is not None:
             self.dropped_nodes.add(inf.lost_node)

@@ -126,16 +126,18 @@ class Recovery:
             last_collective_seq=incidents.last_collectives(self.records),
             last_step=last_step, world_size_before=world_size)
 
-    def in_process(self, attempt: int, failure, detected: float, step: int, world_size: int, *,
-                   abort: float, rebuild: float, state: float,
+    def in_process(self, attempt: int, failure, detected: float, step: int, world_size: int,
+                   step_at_fault: int, *, abort: float, rebuild: float, state: float,
                    world_size_after: int | None = None) -> None:
         """An in-process recovery worked (launcher/inprocess.py): its incident record. The
-        survivors kept their state, so no step is lost beyond the interrupted one's work."""
+        survivors kept their state, so no step is lost beyond the interrupted one's work.
+        ``step_at_fault``: the furthest step the heartbeats showed when the recovery began (not
+        now: the survivors that answered first may already be training on)."""
         if self.pending is not None:
             self._close(None)
         # the survivors' agreed step is the last completed one (a heartbeat may not have
         # reported it yet)
-        inc = self._incident(attempt, failure, max(self.current.step, step), world_size)
+        inc = self._incident(attempt, failure, max(step_at_fault, step), world_size)
         inc.action, inc.world_size_after = "in-process", world_size_after or world_size
         inc.detect_seconds = round(max(0.0, detected - failure.time), 3)
         inc.stop_seconds, inc.restart_seconds, inc.load_seconds = abort, rebuild, state
