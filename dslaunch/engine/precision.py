@@ -127,6 +127,14 @@ class Precision:
         """True when the model runs in low precision and the optimizer steps fp32 masters."""
         return self.name != "fp32"
 
+    def full_dtype(self, params) -> torch.dtype:
+        """The dtype full precision trains in: float64 when every parameter is float64 (the
+        numerical proofs), else fp32. Gradient buffers, shards and masters follow it."""
+        params = list(params)
+        if not self.mixed and params and all(p.dtype == torch.float64 for p in params):
+            return torch.float64
+        return torch.float32
+
     def cast_model(self, model: torch.nn.Module) -> None:
         """Cast floating-point parameters and buffers to the training dtype (in place)."""
         if self.mixed:

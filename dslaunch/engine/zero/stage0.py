@@ -74,11 +74,8 @@ class Stage0Strategy(OptimizerStrategy):
                 params.append(p)
         self.params = params
         total = sum(p.numel() for p in params)
-        grad_dtype = precision.dtype if precision.mixed and not uses_masters else torch.float32
-        dtypes = {p.dtype for p in params}
-        if not precision.mixed and len(dtypes) == 1:
-            # full precision trains in the model's own dtype: float64 too (numerical proofs)
-            grad_dtype = dtypes.pop()
+        grad_dtype = precision.dtype if precision.mixed and not uses_masters \
+            else precision.full_dtype(params)
         self.flat = torch.zeros(total, dtype=grad_dtype, device=params[0].device if params
                                 else torch.device("cpu"))
         # layout + buckets in reverse registration order

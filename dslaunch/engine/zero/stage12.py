@@ -264,8 +264,8 @@ class ZeroStage12Strategy(OptimizerStrategy):
             raise ValueError("the optimizer has no trainable parameters")
         # the engine hands us an fp32 model: the masters are taken before the model is cast
         self.dtype = precision.dtype if precision is not None else first.dtype
-        if precision is not None and not precision.mixed and first.dtype == torch.float64:
-            self.dtype = torch.float64  # full precision in the model's own dtype (numerical proofs)
+        if precision is not None and not precision.mixed:
+            self.dtype = precision.full_dtype(p for g in named for _, p in g)
         self.device = first.device
         self.mixed = self.dtype not in (torch.float32, torch.float64)
         self.opt_device = torch.device("cpu") if self.offload_optimizer else self.device
