@@ -8,8 +8,8 @@ LM head (Qwen2) stay whole, the untied one (Llama) is split by vocabulary with i
 (DeepSpeed 0.19.8's training default); ``save_16bit_model`` writes the whole model under its own
 names and shapes. The other families' (Mistral, Qwen3, Gemma, Phi, GPT-2's Conv1D, GPT-NeoX) split
 forward and backward match the whole model; Hugging Face's activation checkpointing (same losses)
-and bf16 (within 1e-2) compose. A TP 2 checkpoint resumes at TP 1 (a ZeRO 3 one at TP 2 only,
-for now) and at TP 2 with another data-parallel size (ZeRO 1-3). The HF Trainer's AutoTP runs
+and bf16 (within 1e-2) compose. A TP 2 checkpoint resumes at TP 1 (ZeRO 0-3) and at TP 2 with another
+data-parallel size (ZeRO 1-3). The HF Trainer's AutoTP runs
 (ZeRO 1 and 3) equal its DDP run. Plus the refusals: fewer key/value heads than ranks, ZeRO 3
 with an mpu's TP, a tp_model_init size the config contradicts. (Heads and widths the size does not divide:
 test_autotp_uneven.py.)"""
@@ -222,8 +222,16 @@ def test_tp2_zero12_checkpoint_resumes_at_tp1(job_cache, nproc, stage):
     without tensor parallelism at the same stage: each TP rank's fp32 masters and Adam moments
     are read per parameter from its data ranks' flat shards, the split ones put back together
     and laid out as this job's shard (checkpoint/autotp_states.py); the next 4 losses equal the
-    unsplit reference's steps 11-14 within 1e-5."""
+    unsplit reference's steps 11-14 within 1e-5. ``to-fp32`` puts the same masters back whole:
+    exactly the fp32 weights model_states.pt holds (gathered on save)."""
+    from dslaunch.engine.checkpoint.consolidate import fp32_state_dict
+
     src = _job(job_cache, nproc, *(TP2_JOB if nproc == 2 else TP2_DP2_JOB), job=True)
+    state, _ = fp32_state_dict(src.dir / "ckpts", tag=f"z{stage}")
+    saved = torch.load(src.dir / "ckpts" / f"z{stage}" / "model_states.pt",
+                       weights_only=False)["module"]
+    assert sorted(state) == sorted(saved)
+    assert all(torch.equal(state[k], saved[k]) for k in saved)
     job = job_cache.python(f"autotp_resume_{nproc}r_z{stage}_tp1", "autotp_resume.py", "--ckpt",
                            src.dir / "ckpts", "--tag", f"z{stage}", "--stage", stage, "--out",
                            "{dir}/o", "--tp", 1, "--start", STEPS, "--more", 4)
@@ -320,16 +328,20 @@ def test_the_batch_counts_every_rank_and_zero3_needs_autotp_for_tensor_paralleli
                        world_size=4, tensor_parallel_size=2)
 
 
-def test_zero3_with_autotp_trains_saves_and_resumes_at_its_layout(job_cache, tmp_path):
+def test_zero3_with_autotp_trains_saves_resumes_and_reshapes(job_cache, tmp_path):
     """ZeRO 3 + AutoTP (DeepSpeed 0.19.8 runs it too), TP 2 x DP 2: each TP rank's slices are
     partitioned over its 2 data ranks. The Llama and the Qwen2 train with the unsplit model's
     losses (1e-5 relative, 10 steps, clipping at 0.5); save_16bit_model (with
     stage3_gather_16bit_weights_on_model_save) and _consolidated_16bit_state_dict give the whole
     model; the checkpoint resumes at TP 2 x DP 2 with the reference's next 4 losses (at TP 2 x DP
-    1: test_tp2_checkpoint_resumes_at_another_data_parallel_size). Its TP slices do not re-split
-    yet: to-universal and to-fp32 refuse it, saying so."""
+    1: test_tp2_checkpoint_resumes_at_another_data_parallel_size). Its TP slices are put back
+    together per TP rank from the shards: ``to-fp32`` (and the standalone zero_to_fp32.py saved
+    beside it) gives exactly the weights save_16bit_model wrote; it resumes at TP 1 (ZeRO 3) and,
+    converted to a universal checkpoint, at TP 1 ZeRO 1, with the reference's next 4 losses."""
+    import subprocess
+    import sys
+
     from dslaunch.engine.checkpoint.consolidate import fp32_state_dict
-    from dslaunch.engine.checkpoint.files import CheckpointError
     from dslaunch.engine.checkpoint.universal import to_universal
 
     run = job_cache.run("autotp4_z3", "autotp_train.py", "--out", "{dir}/o", "--tp", 2, "--steps",
@@ -349,10 +361,28 @@ def test_zero3_with_autotp_trains_saves_and_resumes_at_its_layout(job_cache, tmp
     r = results(resumed.dir / "o", 4)[0]
     assert r["resumed_at"] == STEPS
     _equal_losses(r, "zero 3 resumed at TP 2 x DP 2")
-    with pytest.raises(CheckpointError, match="not supported yet"):
-        to_universal(run.dir / "ckpts", tmp_path / "u", tag="z3")
-    with pytest.raises(CheckpointError, match="cannot be consolidated yet"):
-        fp32_state_dict(run.dir / "ckpts", tag="z3")
+
+    state, _ = fp32_state_dict(run.dir / "ckpts", tag="z3")
+    whole = torch.load(run.dir / "o" / "llama_16bit" / "pytorch_model.bin", weights_only=True)
+    assert sorted(state) == sorted(whole)
+    assert all(torch.equal(state[k], whole[k]) for k in whole)
+    subprocess.run([sys.executable, str(run.dir / "ckpts" / "zero_to_fp32.py"),
+                    str(run.dir / "ckpts"), str(tmp_path / "script.bin"), "-t", "z3"],
+                   check=True, capture_output=True)
+    script = torch.load(tmp_path / "script.bin", weights_only=True)
+    assert all(torch.equal(script[k], whole[k]) for k in whole)
+    to_universal(run.dir / "ckpts", tmp_path / "u", tag="z3")
+    resumes = {f"autotp4_z3_resume_tp1_{tag}": (
+        "--ckpt", src, "--tag", tag, "--stage", stage, "--out", "{dir}/o", "--tp", 1, "--start",
+        STEPS, "--more", 4) for src, tag, stage in ((run.dir / "ckpts", "z3", 3),
+                                                    (tmp_path / "u", "z3_universal", 1))}
+    job_cache.python_many("autotp_z3_tp1", "autotp_resume.py", resumes)  # one torch import
+    for name, args in resumes.items():
+        tag, stage = args[3], args[5]
+        job = job_cache.python(name, "autotp_resume.py", *args)
+        (r,) = results(job.dir / "o", 1)
+        assert r["resumed_at"] == STEPS
+        _equal_losses(r, f"{tag} resumed at TP 1, ZeRO {stage}")
 
 
 # -- the Hugging Face Trainer under --as-deepspeed ------------------------------------------------

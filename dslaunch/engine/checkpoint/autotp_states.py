@@ -1,7 +1,8 @@
 """An AutoTP checkpoint loaded at another tensor-parallel size (``engine/autotp.py``).
 
 The weights need nothing here: ``model_states.pt`` holds them whole (``save_load.py`` gathers
-the slices on save and cuts this rank's on load). The optimizer state is per rank: at ZeRO stage
+the slices on save and cuts this rank's on load), except at ZeRO 3, where they are in the shards:
+``zero_to_fp32_script.autotp_checkpoint`` puts them back whole first. The optimizer state is per rank: at ZeRO stage
 0 each rank's file holds the moments (and fp32 masters) of its own slices. The checkpoint's
 ``metadata.json`` names, under ``autotp``, the TP size, the parameters in the strategy's order
 and, for each split one, its dim, whole size and every TP rank's rows; a job of another TP size
@@ -9,12 +10,12 @@ reads the files of the first TP group (global ranks ``0..tp-1``, data-parallel r
 keeps the same state on every data rank), puts each split state tensor back together and cuts
 its own rows.
 
-At ZeRO 1-2 each TP rank's parameters are partitioned over its data-parallel group (global ranks
+At ZeRO 1-3 each TP rank's parameters are partitioned over its data-parallel group (global ranks
 ``d * tp + t``), flat. ``load_resplit_zero`` reads, for every parameter, each saved TP rank's
 whole values out of its data ranks' shards (``ParamIndex``), puts the split ones back together,
 cuts this rank's rows, lays them out as a one-rank checkpoint of this job's own layout and hands
 that to the ZeRO resharder (``zero_shards.load_resharded_from``), which cuts this rank's shard.
-A stage change across 0 and 1-2 together with a TP change is refused;
+A stage change across 0 and 1-3 together with a TP change is refused;
 ``load_optimizer_states=False`` loads the weights at any TP size.
 
 Universal checkpoints (``universal.py``) hold every parameter whole: ``SavedTPRanks`` and
@@ -53,16 +54,6 @@ def autotp_meta(engine) -> dict:
     params = getattr(engine.strategy, "params", None) or [p for _, p in named if p.requires_grad]
     return {"autotp": {"tp_size": layout["tp_size"], "splits": splits,
                        "param_names": [name_of.get(id(p), "") for p in params]}}
-
-
-def refuse_zero3_autotp(path: str, meta: dict, what: str) -> None:
-    """ZeRO 3 + AutoTP rank files hold partitions of each TP rank's slices: nothing reshapes or
-    converts them yet (resuming at the same layout works)."""
-    tp = int((meta.get("autotp") or {}).get("tp_size", 1))
-    if meta.get("zero_stage") == 3 and tp > 1:
-        raise CheckpointError(f"{path}: {what} a ZeRO stage 3 checkpoint with "
-                              f"tensor_parallel.autotp_size {tp} is not supported yet; resume it "
-                              "at the layout it was written with, or train at ZeRO 1-2")
 
 
 def tp_size_of(module) -> int:
@@ -119,16 +110,16 @@ def _resplit(parts: list, name: str, splits: dict, param) -> torch.Tensor:
 
 def load_resplit_optimizer(engine, path: str, meta: dict) -> None:
     """This rank's optimizer state (and fp32 masters) from a checkpoint written at another TP
-    size: stage 0 here, ZeRO 1-2 by ``load_resplit_zero``."""
+    size: stage 0 here, ZeRO 1-3 by ``load_resplit_zero``."""
     info = meta.get("autotp") or {"tp_size": 1, "splits": {}, "param_names": None}
     saved_tp, now_tp = int(info["tp_size"]), _layout(engine.module)["tp_size"]
     saved_stage = meta.get("zero_stage")
-    if saved_stage in (1, 2) and engine.zero_stage in (1, 2):
+    if saved_stage in (1, 2, 3) and engine.zero_stage in (1, 2, 3):
         return load_resplit_zero(engine, path, meta)
     if saved_stage != 0 or engine.zero_stage != 0:
         raise CheckpointError(
             f"{path}: saved at tensor-parallel size {saved_tp}, this job has {now_tp}: the "
-            f"optimizer state is re-split from stage 0 to 0 or between stages 1 and 2 (saved at "
+            f"optimizer state is re-split from stage 0 to 0 or among stages 1-3 (saved at "
             f"stage {saved_stage}, this job {engine.zero_stage}); load it at the stage it was "
             "saved with, or with load_optimizer_states=False (the weights load at any TP size)")
     strategy = engine.strategy
@@ -160,10 +151,10 @@ def load_resplit_optimizer(engine, path: str, meta: dict) -> None:
         raise CheckpointError(f"{path}: optimizer state does not fit ({e})") from None
 
 
-# -- ZeRO 1-2 ---------------------------------------------------------------------------------
+# -- ZeRO 1-3 ---------------------------------------------------------------------------------
 
 class SavedTPRanks:
-    """The ZeRO 1-2 shards of a checkpoint saved at ``tp`` x ``dp``, read per TP rank: every
+    """The ZeRO 1-3 shards of a checkpoint saved at ``tp`` x ``dp``, read per TP rank: every
     parameter's whole (this TP rank's, unsplit by ZeRO) flat values of the masters or a state."""
 
     def __init__(self, path: str, meta: dict, tp: int):
@@ -195,7 +186,7 @@ class SavedTPRanks:
 
 
 def load_resplit_zero(engine, path: str, meta: dict) -> None:
-    """This rank's ZeRO 1-2 shard of the fp32 masters and optimizer states from a ZeRO 1-2
+    """This rank's ZeRO 1-3 shard of the fp32 masters and optimizer states from a ZeRO 1-3
     checkpoint written at another TP size."""
     info = meta.get("autotp") or {"tp_size": 1, "splits": {}}
     saved = SavedTPRanks(path, meta, int(info["tp_size"]))

@@ -42,7 +42,7 @@ from ..autotp import gather_tp_state, slice_tp_state
 from ..data_sampling import load_sampler_state, sampler_state
 from ..random_ltd.convert import remove_random_ltd_state_dict, with_random_ltd_names
 from .async_save import AsyncSaver, live_storages, snapshot, write_files
-from .autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed, tp_size_of
+from .autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed
 from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
 from .expert_files import EXPERT_FILE, split_module_state, with_local_experts
 from .files import (
@@ -73,6 +73,7 @@ from .zero3_module import (
 )
 from .zero3_module import shapes as zero3_shapes
 from .zero_shards import STAGING
+from .zero_to_fp32_script import autotp_checkpoint
 
 # -- save --------------------------------------------------------------------------------------
 
@@ -329,8 +330,13 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     module_sd = with_local_experts(engine, states["module"], path)  # MoE: this rank's experts
     module_sd = with_random_ltd_names(module_sd, engine.module)  # saved without the wrappers
     part = states.get(PARTITIONED) or {}
-    if part:  # stage 3: a partitioned weight's shards already hold this TP rank's slices
-        _same_tp_layout(engine, meta, mpath)
+    if part and tp_size_changed(engine, meta):
+        # stage 3 + AutoTP at another TP size: the TP slices put back whole from each TP
+        # rank's shards (the fp32 masters), then cut as this job splits them
+        whole = autotp_checkpoint(path, meta) if meta.get("autotp") else \
+            full_module_state(path, int(meta.get("world_size", 1)), module_sd, part)
+        module_sd, part = slice_tp_state(whole, engine.module), {}
+    elif part:  # stage 3: a partitioned weight's shards already hold this TP rank's slices
         whole = {k: v for k, v in module_sd.items() if k not in part}
         module_sd = {**module_sd, **slice_tp_state(whole, engine.module)}
     else:
@@ -366,21 +372,6 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     return path, states.get("client_state", {})
 
 
-def _same_tp_layout(engine, meta: dict, mpath: str) -> None:
-    """A ZeRO 3 + AutoTP checkpoint holds each TP rank's slices partitioned over its data ranks:
-    it resumes at its TP size, over any number of data ranks (each TP rank's shards re-cut from
-    its own old data ranks' files, ``zero_shards.data_ranks``); another TP size would need the
-    slices re-split too (not yet)."""
-    saved_tp = int((meta.get("autotp") or {}).get("tp_size", 1))
-    tp = tp_size_of(engine.module)
-    if saved_tp != tp:
-        raise CheckpointError(
-            f"{mpath}: a ZeRO stage 3 checkpoint written with tensor_parallel.autotp_size "
-            f"{saved_tp} resumes only at that TP size (this job: autotp_size {tp}; the data-"
-            "parallel size may change); ZeRO 3 + AutoTP slices do not re-split yet: resume at "
-            "the same TP size, or save at ZeRO 1-2 to change it")
-
-
 def _load_module(engine, path: str, meta: dict, module_sd: dict, part: dict, strict) -> None:
     """The weights into the engine. A stage-3 checkpoint's partitioned weights are in its
     shards (``zero3_module.py``): a stage-3 engine reads only its own shard of them, any other
@@ -406,9 +397,14 @@ def _log_layout_change(path: str, meta: dict, states: dict, engine) -> None:
         return
 
     def split(b):
-        return (f"world size {b['world_size']}, micro {b['train_micro_batch_size_per_gpu']} x "
+        head = (f"world size {b['world_size']}, micro {b['train_micro_batch_size_per_gpu']} x "
                 f"accumulation {b['gradient_accumulation_steps']} x data-parallel "
-                f"{b['dp_world_size']} = batch {b['train_batch_size']}")
+                f"{b['dp_world_size']}")
+        samples = _samples(b)
+        if samples is None or samples == b["train_batch_size"]:
+            return f"{head} = batch {b['train_batch_size']}"
+        return (f"{head} = {samples} samples a step (train_batch_size {b['train_batch_size']} "
+                "counts the tensor-parallel ranks too)")
     # AutoTP: train_batch_size counts the TP ranks too (DeepSpeed's count); the samples a step
     # trains on are micro x accumulation x data-parallel
     same = saved["train_batch_size"] in (None, now["train_batch_size"]) or (

@@ -46,7 +46,7 @@ import torch
 
 from dslaunch.engine.zero import partition as P
 
-from .autotp_states import SavedTPRanks, refuse_zero3_autotp, whole_of
+from .autotp_states import SavedTPRanks, whole_of
 from .deepspeed_format import DS_KEYS, DeepSpeedCheckpoint, ds_load, is_deepspeed_checkpoint
 from .files import CheckpointError, RankFiles, atomic_text, dslaunch_version, read_meta, resolve_tag
 from .shard_index import ParamIndex
@@ -353,8 +353,11 @@ class _DslaunchShards:
     def module_state_dict(self) -> dict:
         if self.stage == 3:
             from .zero3_module import PARTITIONED, full_module_state
+            from .zero_to_fp32_script import autotp_checkpoint
 
             part = self.model.get(PARTITIONED) or {}
+            if part and self.tp > 1:  # placeholders of TP slices, partitioned per TP rank
+                return autotp_checkpoint(self.path, read_meta(self.path))
             if part:
                 return full_module_state(self.path, self.world, self.model["module"], part)
         return self.model["module"]
@@ -373,8 +376,6 @@ def to_universal(ckpt_dir: str, out_dir: str, tag=None, out_tag=None) -> str:
     ckpt_dir = os.fspath(ckpt_dir)
     tag = resolve_tag(ckpt_dir, tag)
     path = os.path.join(ckpt_dir, tag)
-    if not is_deepspeed_checkpoint(path):
-        refuse_zero3_autotp(path, read_meta(path), "converting to universal")
     out_tag = out_tag or f"{tag}_universal"
     dst = os.path.join(out_dir, out_tag)
     tmp = os.path.join(out_dir, f".{out_tag}.tmp")

@@ -23,7 +23,8 @@ Formats: ZeRO 0-3 (``model_states.pt``; for ZeRO 1-3 the fp32 masters are put ba
 the ranks' shards in ``rank_{r}_optim_states.pt``: at ZeRO 3 ``model_states.pt`` keeps only
 empty placeholders of those weights, listed under ``zero3_partitioned``; MoE experts from their
 ``layer_{l}_expert_{e}_mp_rank_00_model_states.pt`` files and shards, under their global expert
-ids) and pipeline / tensor parallel
+ids; with AutoTP each TP rank's slices gathered from its data ranks' shards and put back whole,
+``autotp_checkpoint``) and pipeline / tensor parallel
 (``layer_stage{S}_tp{T}_model_states.pt``; tensor-parallel slices merged, fp32 masters in
 bf16/fp16).
 
@@ -194,12 +195,8 @@ def zero_checkpoint(path, meta, exclude=(), alloc=None):
     file mapped at a time. ``alloc``: specs {name: (shape, dtype)} -> (output tensors, the Mapped
     file they live in or None); default: new tensors in memory. Names in ``exclude`` are left
     out."""
-    if meta.get("zero_stage") == 3 and int((meta.get("autotp") or {}).get("tp_size", 1)) > 1:
-        # each rank file holds a partition of its TP rank's slices, not of the whole model
-        raise ValueError(f"{path}: a ZeRO stage 3 checkpoint with tensor_parallel.autotp_size "
-                         f"{meta['autotp']['tp_size']} cannot be consolidated yet; save the model "
-                         "with engine.save_16bit_model (stage3_gather_16bit_weights_on_model_save) "
-                         "or train at ZeRO 1-2 to consolidate")
+    if meta.get("zero_stage") in (1, 2, 3) and autotp_size(meta) > 1:
+        return autotp_checkpoint(path, meta, exclude, alloc)
     model = Mapped(os.path.join(path, "model_states.pt"))
     sources = [(model, model.obj["module"])]
     # ZeRO 3: {key: [name in the shards, shape]} of the empty placeholders in "module"
@@ -242,6 +239,65 @@ def zero_checkpoint(path, meta, exclude=(), alloc=None):
             if name not in out or name not in sharded:
                 raise ValueError(f"{path}: tensor {key!r} names {name!r}, which no shard holds")
             out[key].copy_(out[name])
+    return out
+
+
+def autotp_size(meta):
+    return int((meta.get("autotp") or {}).get("tp_size", 1))
+
+
+def autotp_checkpoint(path, meta, exclude=(), alloc=None):
+    """``zero_checkpoint`` of a ZeRO 1-3 checkpoint trained with AutoTP (``tensor_parallel.
+    autotp_size``): TP rank t's slices are partitioned over its data ranks (global ranks
+    ``d * tp + t``), so each parameter is gathered per TP rank (``Masters``) and its slices put
+    back with the row ranges ``metadata.json`` recorded (``autotp.splits``); a parameter no TP
+    rank splits is TP rank 0's. At ZeRO 3 ``model_states.pt`` holds placeholders of this-TP-rank
+    shape (``zero3_partitioned``), at ZeRO 1-2 the whole weights: in both the masters are what
+    is written, the other tensors (buffers, frozen weights) as saved."""
+    info = meta["autotp"]
+    tp, splits = int(info["tp_size"]), info.get("splits", {})
+    world = int(meta.get("world_size", 1))
+    if world % tp:
+        raise ValueError(f"{path}: world size {world} is not a multiple of the AutoTP size {tp}")
+    dp = world // tp
+    masters = [Masters(path, lambda d, t=t: d * tp + t) for t in range(tp)]
+    model = Mapped(os.path.join(path, "model_states.pt"))
+    part = model.obj.get("zero3_partitioned") or {}
+
+    def whole_shape(key, saved):
+        shape = list(part[key][1]) if key in part else list(saved.shape)
+        split = splits.get(part[key][0] if key in part else key)
+        if split is None or key not in part:
+            return tuple(shape)  # (ZeRO 1-2 saves the split ones whole)
+        shape[split["dim"]] = split["full"]
+        return tuple(reversed(shape)) if split.get("conv1d") else tuple(shape)
+
+    module = {k: v for k, v in model.obj["module"].items() if k not in exclude}
+    specs = {k: (whole_shape(k, v), torch.float32 if v.is_floating_point() else v.dtype)
+             for k, v in module.items()}
+    out, dst = alloc(specs) if alloc else (
+        {n: torch.empty(shape, dtype=dtype) for n, (shape, dtype) in specs.items()}, None)
+    for key, saved in module.items():
+        name = part[key][0] if key in part else key
+        split = splits.get(name)
+        values = [masters[t].get(name) for t in range(tp if split else 1)]
+        if values[0] is None:
+            if key in part:
+                raise ValueError(f"{path}: tensor {key!r} ({name!r}) is in none of the ZeRO "
+                                 f"shards of the {dp} data rank(s) of TP rank 0")
+            copy_released(out[key].view(-1), saved.reshape(-1), model, dst)
+            continue
+        if split is not None:
+            whole = unsplit(values, [dict(split, ranges=split["ranges"][t]) for t in range(tp)])
+            value = whole.t() if split.get("conv1d") else whole
+        else:
+            value = values[0]
+        if tuple(value.shape) != tuple(out[key].shape):
+            raise ValueError(f"{path}: tensor {key!r} comes out of the shards with shape "
+                             f"{list(value.shape)}, the checkpoint's model has "
+                             f"{list(out[key].shape)}")
+        out[key].copy_(value)
+        release(out[key], dst)
     return out
 
 
