@@ -227,12 +227,23 @@ def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
         model.ds_autotp_parsed = True
         # every TP rank's rows of every split parameter: a checkpoint names them so that another
         # TP size can re-split the optimizer state (checkpoint/autotp_states.py)
-        mine = {n: q.tp_ranges for n, q in model.named_parameters()
-                if getattr(q, "tensor_model_parallel", False)}
-        ranges = [None] * tp
-        dist.all_gather_object(ranges, mine, group=group)
-        model.ds_autotp_layout = {"tp_size": tp, "ranges": ranges}
+        model.ds_autotp_layout = _gathered_layout(model, group, tp)
     return model
+
+
+def _gathered_layout(model: nn.Module, group, tp: int) -> dict | None:
+    """Every TP rank's rows of every split parameter; None for a replacement rank built alone
+    (a planned group: no collective yet), which takes the layout from a live peer when it joins
+    (``inprocess_recovery.load_engine_state``)."""
+    from .tensor_parallel import PlannedGroup
+
+    if isinstance(group, PlannedGroup):
+        return None
+    mine = {n: q.tp_ranges for n, q in model.named_parameters()
+            if getattr(q, "tensor_model_parallel", False)}
+    ranges = [None] * tp
+    dist.all_gather_object(ranges, mine, group=group)
+    return {"tp_size": tp, "ranges": ranges}
 
 
 # -- where the size comes from --------------------------------------------------------------------
@@ -297,6 +308,13 @@ def autotp_mpu(source, model, mpu, sequence: int = 1):
             raise ValueError(f"tensor_parallel.autotp_size: {size} but the mpu's tensor-parallel "
                              f"size is {have}; make them agree (or pass no mpu)")
         return mpu, size, False
+    from .inprocess_recovery import join_word
+
+    word = join_word()
+    if word:  # a replacement rank, built alone before it joins: the grid it will have
+        from .tp_recovery import planned_grid
+
+        return planned_grid(size, sequence, word), size, True
     from .topology import build_grid
 
     return build_grid(model=size, sequence=sequence), size, True

@@ -245,13 +245,22 @@ def spec_plan(model: nn.Module, specs: list, strict: bool, linear_like,
     return plan, summed
 
 
+class _SumOverGroup:
+    """The gradient hook of ``sum_grads_over``; kept on the parameter (``ds_tp_grad_sum``) so
+    that in-process recovery can point it at the rebuilt group (``engine/tp_recovery.py``)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(self, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=self.group)
+        return grad
+
+
 def sum_grads_over(params: list, group) -> None:
     """Gradient hooks: each of ``params`` (replicated, but fed by this rank's heads only) gets
     the sum of the tensor-parallel ranks' gradients."""
-    def hook(grad):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=group)
-        return grad
-
     for p in params:
-        p.register_hook(hook)
+        p.ds_tp_grad_sum = _SumOverGroup(group)
+        p.register_hook(p.ds_tp_grad_sum)

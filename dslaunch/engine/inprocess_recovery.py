@@ -307,6 +307,12 @@ def unsupported(engine) -> str | None:
 def _layout_refused(engine) -> str | None:
     if type(engine).__name__ != "DSLaunchEngine" or engine._dp_rank is not None:
         return "pipeline, tensor and sequence parallel groups are not rebuilt in process"
+    if getattr(engine, "mpu", None) is not None:  # tensor parallel: only AutoTP's grid
+        from .tp_recovery import refused
+
+        why = refused(engine)
+        if why:
+            return why
     if engine.has_moe_layers:
         return "expert parallel groups are not rebuilt in process"
     if not engine._trains:
@@ -393,6 +399,8 @@ def engine_state(engine) -> dict:
     # a ZeRO 1-3 shard is the sender's own: each rank's comes from the shards (recover_shards)
     strategy = None if _sharded(engine) else engine.strategy.state_dict()
     return {"module": _module_state(engine), "strategy": strategy,
+            # every TP rank's rows (AutoTP): a replacement built alone could not gather them
+            "autotp_layout": getattr(engine.module, "ds_autotp_layout", None),
             "lr_scheduler": sched.state_dict() if sched is not None else None,
             "loss_scaler": engine.precision.scaler.state_dict(),
             "counters": {k: getattr(engine, k) for k in ("global_steps", "global_samples",
@@ -406,24 +414,40 @@ def load_engine_state(engine, state: dict) -> None:
     if state["lr_scheduler"] is not None and engine.lr_scheduler is not None:
         engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
     engine.precision.scaler.load_state_dict(state["loss_scaler"])
+    if state.get("autotp_layout") is not None:
+        engine.module.ds_autotp_layout = state["autotp_layout"]
     for key, value in state["counters"].items():
         setattr(engine, key, value)
 
 
 def _take_world(engine) -> None:
-    """The engine's view of the (new) group: rank, size, the strategy's hooks."""
+    """The engine's view of the (new) group: rank, size, the strategy's hooks; an AutoTP
+    engine's TP and data groups made again on it first (``tp_recovery.py``)."""
+    from .tp_recovery import rebuild_grid, tp_grid
+
     comm = engine.comm
     before = comm.world_size
+    autotp = tp_grid(engine) is not None
+    if autotp:  # (its world keeps its size: tp_recovery.world_change_refused)
+        rebuild_grid(engine)
     comm.rebind()
-    if comm.world_size != before:
+    if comm.world_size != before and not autotp:
         _resize_batch(engine)
-    engine.global_rank, engine.world_size = comm.rank, comm.world_size
+    # comm is the data group under AutoTP, the world otherwise
+    engine.global_rank, engine.world_size = dist_rank_and_size() if autotp else \
+        (comm.rank, comm.world_size)
     engine.dp_world_size = comm.world_size
     engine.strategy.rebind_world()
     if engine.training_dataloader is not None:  # the sampler's share of the data for this rank
         sampler = engine.training_dataloader.sampler
         if hasattr(sampler, "num_replicas"):
             sampler.rank, sampler.num_replicas = comm.rank, comm.world_size
+
+
+def dist_rank_and_size() -> tuple:
+    import torch.distributed as dist
+
+    return dist.get_rank(), dist.get_world_size()
 
 
 def _resize_batch(engine) -> None:
@@ -449,26 +473,48 @@ def _rendezvous(engine, joining: bool) -> tuple:
     (why the members cannot go on from one state or None, the members, the state or None)."""
     import torch.distributed as dist
 
+    from .tp_recovery import slice_of
+
     step = -1 if joining else engine.global_steps
     # a ZeRO 1-2 update between its local step and the end of its all-gather is neither before
     # nor after that step on this rank
     updating = not joining and bool(getattr(engine.strategy, "updating", False))
     members = [None] * dist.get_world_size()
-    dist.all_gather_object(members, {"step": step, "joining": joining, "updating": updating})
+    dist.all_gather_object(members, {"step": step, "joining": joining, "updating": updating,
+                                     "slice": slice_of(engine)})
     steps = sorted({m["step"] for m in members if not m["joining"]})
     if len(steps) != 1:
         return f"the survivors disagree on the last completed step ({steps})", members, None
     if any(m["updating"] for m in members):
         return ("the fault came inside an optimizer update (between a rank's local step and the "
                 "end of its all-gather)"), members, None
+    sources, why = _state_sources(members)
+    if why:
+        return why, members, None
     state = None
-    if any(m["joining"] for m in members):
-        # from the first survivor (rank 0 itself may be the one replaced)
-        src = next(r for r, m in enumerate(members) if not m["joining"])
+    for held, src in sources.items():  # one broadcast per slice the newcomers need
         box = [engine_state(engine) if dist.get_rank() == src else None]
         dist.broadcast_object_list(box, src=src)
-        state = box[0]
+        if joining and held == slice_of(engine):
+            state = box[0]
     return None, members, state
+
+
+def _state_sources(members: list) -> tuple:
+    """({slice a newcomer needs: the survivor that sends it}, why not or None). A slice is the
+    TP rank whose weights a member holds (AutoTP), else None (every member holds the same);
+    the first survivor holding it sends it (rank 0 itself may be the one replaced)."""
+    sources = {}
+    for m in members:
+        if not m["joining"] or m["slice"] in sources:
+            continue
+        src = next((r for r, s in enumerate(members)
+                    if not s["joining"] and s["slice"] == m["slice"]), None)
+        if src is None:
+            return {}, (f"no live peer holds TP rank {m['slice']}'s slices (every data-parallel "
+                        "replica of it was lost)")
+        sources[m["slice"]] = src
+    return sources, None
 
 
 def _relayout(strategy, joining: bool) -> bool:
@@ -498,8 +544,10 @@ def recover_shards(engine, joining: bool) -> str | None:
     # before the LR scheduler stepped
     hyper = None if joining else [{k: v for k, v in pg.items() if k != "params"}
                                   for pg in strategy.optimizer.param_groups]
-    offers = [None] * dist.get_world_size()
-    dist.all_gather_object(offers, (held, hyper))
+    # over the strategy's group: under AutoTP each TP rank's data group holds shards of its own
+    # slices, under the same names as the other TP ranks'
+    offers = [None] * strategy.comm.world_size
+    dist.all_gather_object(offers, (held, hyper), group=strategy.comm.group)
     shards = {rank: sd for offer, _ in offers for rank, sd in offer.items()}
     live = next(h for _, h in offers if h is not None)
     for sd in shards.values():
@@ -533,8 +581,10 @@ def _refuse(watch_or_path, why: str) -> None:
 def recover(engine, watch: Watch) -> None:
     """A survivor's recovery (the module docstring's steps 2-5); the rank exits ``REFUSED_EXIT``
     when it cannot."""
+    from .tp_recovery import world_change_refused
+
     word = watch.word
-    why = unsupported(engine)
+    why = unsupported(engine) or world_change_refused(engine, word)
     if why:
         _refuse(watch, why)
     # this rank's main thread took the word (the launcher gives up at once on a survivor that does

@@ -39,11 +39,26 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+class PlannedGroup:
+    """A stand-in for a process group that cannot be made yet: a replacement rank of an
+    in-process recovery builds its engine alone before it joins (``engine/tp_recovery.py``), and
+    splitting its model needs only the group's size and this rank's place in it. Replaced by the
+    real group once the rank has joined; a collective on it is an error."""
+
+    def __init__(self, ranks: list, global_rank: int):
+        self.ranks = list(ranks)
+        self.rank = self.ranks.index(global_rank)
+
+
 def _world(group) -> int:
+    if isinstance(group, PlannedGroup):
+        return len(group.ranks)
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def _rank(group) -> int:
+    if isinstance(group, PlannedGroup):
+        return group.rank
     return dist.get_rank(group) if dist.is_initialized() else 0
 
 

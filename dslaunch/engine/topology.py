@@ -151,25 +151,33 @@ class ProcessGrid:
             raise TopologyError(f"topology: {topology} holds {topology.world_size()} ranks but "
                                 f"the job has {world}")
         self.coord = topology.get_coord(self.global_rank)
+        self.make_groups(dist.new_group)
+
+    def make_groups(self, new_group) -> None:
+        """Create the process group of every axis with ``new_group(ranks)`` (every rank creates
+        every group, in the same order). Called again by in-process recovery on a new world
+        (``engine/tp_recovery.py``): the grid object stays, so whoever holds it sees the new
+        groups."""
+        world = self.topology.world_size()
         self.groups, self.group_ranks = {}, {}
         for axis in ("pipe", "data", "model"):
-            lists = topology.get_axis_comm_lists(axis) or [[r] for r in range(world)]
+            lists = self.topology.get_axis_comm_lists(axis) or [[r] for r in range(world)]
             for ranks in lists:  # every rank creates every group, in the same order
-                group = dist.new_group(ranks)
+                group = new_group(ranks)
                 if self.global_rank in ranks:
                     self.groups[axis], self.group_ranks[axis] = group, ranks
 
         self.stage_id = self._c("pipe")
-        self.num_stages = topology.get_dim("pipe")
-        self.dp_rank, self.dp_world_size = self._c("data"), topology.get_dim("data")
-        self.tp_rank, self.tp_world_size = self._c("model"), topology.get_dim("model")
+        self.num_stages = self.topology.get_dim("pipe")
+        self.dp_rank, self.dp_world_size = self._c("data"), self.topology.get_dim("data")
+        self.tp_rank, self.tp_world_size = self._c("model"), self.topology.get_dim("model")
         self.pipe_group = self.groups["pipe"]
         self.data_group = self.groups["data"]
         self.model_group = self.groups["model"]
         self._dp_comm = None
-        self._make_sequence_groups(world)
+        self._make_sequence_groups(world, new_group)
 
-    def _make_sequence_groups(self, world: int) -> None:
+    def _make_sequence_groups(self, world: int, new_group) -> None:
         """The sequence axis and the sequence x data plane (the ranks that hold the same
         weights, over which their gradients are reduced). Without a sequence axis: no new
         groups (the sequence group is this rank alone, the plane is the data group)."""
@@ -180,7 +188,7 @@ class ProcessGrid:
             self.sequence_data_group = self.data_group
             return
         for ranks in self.topology.get_axis_comm_lists("sequence"):
-            group = dist.new_group(ranks)
+            group = new_group(ranks)
             if self.global_rank in ranks:
                 self.sequence_group, self.group_ranks["sequence"] = group, ranks
         planes: dict = {}
@@ -188,7 +196,7 @@ class ProcessGrid:
             c = self.topology.get_coord(rank)
             planes.setdefault((self._of(c, "pipe"), self._of(c, "model")), []).append(rank)
         for ranks in planes.values():
-            group = dist.new_group(ranks)
+            group = new_group(ranks)
             if self.global_rank in ranks:
                 self.sequence_data_group, self.sequence_data_ranks = group, ranks
 

@@ -1,0 +1,106 @@
+"""In-process recovery of AutoTP jobs (``dslaunch run --recover in-process``,
+engine/tp_recovery.py): real jobs on this host, real gloo groups, the tiny Llama of
+tests/scripts/autotp_train.py split over TP 2 (tests/scripts/inprocess_autotp_train.py). A killed
+rank is replaced while the others keep their processes; the survivors rebuild the TP and data
+groups and re-point the split layers and the engine at them, the replacement takes its TP slices
+from a data-parallel replica of its TP rank (at ZeRO 1-2 its optimizer shard from its data
+group's shard copies), and the job trains to the fault-free run's losses and per-rank state.
+Layouts where no live peer holds the lost slices, and a world that changes size, refuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from test_launch import assert_no_leftovers, marker_env
+
+from helpers import SCRIPTS, dslaunch
+
+SCRIPT = SCRIPTS / "inprocess_autotp_train.py"
+STEPS = 8
+
+
+def _losses(out: str) -> dict:
+    return {int(s): float(v) for s, v in re.findall(r"\[rank 0\] step (\d+) loss ([\d.e+-]+)", out)}
+
+
+def _starts(out: str) -> dict:
+    """rank -> the pids that printed a start line, in order."""
+    found: dict = {}
+    for rank, pid in re.findall(r"\[rank \d+\] rank (\d+) pid (\d+) start", out):
+        found.setdefault(int(rank), []).append(int(pid))
+    return found
+
+
+def _rank_digests(out: str) -> dict:
+    return {int(r): d for r, d in re.findall(r"rank (\d+) pid \d+ done (\w+)", out)}
+
+
+def _incidents(tmp_path) -> list:
+    path = tmp_path / "logs" / "incidents.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2], ids=["zero0", "zero1", "zero2"])
+def test_autotp_rank_is_replaced_in_process(tmp_path, stage):
+    """TP 2 x DP 2, rank 3 (TP rank 1 of data rank 1) killed at step 4: ranks 0-2 keep their
+    processes, rank 3's replacement takes rank 1's slices (ZeRO 0: and its Adam state; ZeRO 1-2:
+    its own shard from its buddy's copy, rank 1), and every step's loss and every rank's final
+    state equal the fault-free run's, bit for bit."""
+    marker, env = marker_env()
+    config = json.dumps({"zero_optimization": {"stage": stage}})
+    r = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, "--recover", "in-process",
+                 "--max-restarts", 1, "--log-dir", tmp_path / "logs", "--inject",
+                 "kill:rank=3,step=4", SCRIPT, STEPS, config, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "recovering in process: the other 3 ranks keep running, rank 3 starts again" \
+        in r.stderr, r.stderr[-3000:]
+    assert "recovered in process" in r.stderr and "restarting" not in r.stderr, r.stderr[-3000:]
+    starts = _starts(r.stdout)
+    assert [len(starts[k]) for k in range(3)] == [1, 1, 1]  # the survivors: one process each
+    assert len(starts[3]) == 2 and starts[3][0] != starts[3][1]
+    assert re.search(r"rank 3 pid \d+ start at step 4", r.stdout)  # it joined at the step
+    ref = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, SCRIPT, STEPS, config,
+                   timeout=180)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    losses = _losses(r.stdout)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert losses == _losses(ref.stdout)
+    digests = _rank_digests(ref.stdout)
+    assert _rank_digests(r.stdout) == digests
+    # the TP ranks' slices differ (and at ZeRO 1-2 the data ranks' shards): a real check
+    assert len(set(digests.values())) == (2 if stage == 0 else 4)
+    [inc] = _incidents(tmp_path)
+    assert inc["action"] == "in-process" and inc["culprit_rank"] == 3
+    assert inc["steps_redone"] == 0 and inc["world_size_after"] == 4
+    assert_no_leftovers(marker)
+
+
+def test_autotp_without_a_data_parallel_replica_refuses(tmp_path):
+    """TP 2 x DP 1: no live peer holds the lost rank's slices; the survivor says so and the
+    launcher restarts every rank, which then finishes."""
+    marker, env = marker_env()
+    r = dslaunch("run", "--nproc-per-node", 2, "--omp-threads", 1, "--recover", "in-process",
+                 "--max-restarts", 1, "--log-dir", tmp_path / "logs", "--inject",
+                 "kill:rank=1,step=3", SCRIPT, 5, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    why = "at TP 2 x DP 1 no live peer holds a lost rank's TP slices"
+    assert f"in-process recovery refused: {why}" in r.stdout + r.stderr, r.stderr[-3000:]
+    assert "restarting the whole job (restart 1 of 1)" in r.stderr
+    [inc] = _incidents(tmp_path)
+    assert inc["action"] == "restart" and why in inc["reason"]
+    assert sorted(_losses(r.stdout)) == list(range(1, 6))
+    assert_no_leftovers(marker)
+
+
+def test_autotp_world_that_shrinks_refuses():
+    """The ranks' side of a lost host (the word says one rank fewer; recover_train.py's
+    RECOVER_SHRINK_AT drives it the same way): an AutoTP job refuses to go on at another size."""
+    env = dict(os.environ, AUTOTP_SHRINK_AT="2")
+    r = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, SCRIPT, 4, env=env,
+                 timeout=180)
+    assert r.returncode != 0
+    assert ("in-process recovery refused: the world of an AutoTP job cannot change size in "
+            "process (4 -> 3 ranks" in r.stdout + r.stderr), r.stderr[-3000:]
