@@ -12,10 +12,6 @@
   The summary line at the end of a run says how many jobs ran and how many requests were
   served from the cache.
 
-``make test`` runs the files on 2 pytest-xdist workers (``--dist loadgroup``): each file's
-tests stay together on one worker (its jobs cached once, its order kept) and tests/multihost/
-is one group, since its fake hosts are one machine-wide set that one run owns at a time.
-
 Plain helpers (ROOT, SCRIPTS, ``dslaunch``, ``launch``, ``run_python``, ``results``) are imported
 from tests/helpers.py: see its docstring for why they are not defined here.
 """
@@ -34,15 +30,6 @@ def job_cache(tmp_path_factory) -> JobCache:
     cache = JobCache(tmp_path_factory.mktemp("jobs"))
     _CACHES.append(cache)
     return cache
-
-
-def pytest_collection_modifyitems(items):
-    """The xdist groups (``--dist loadgroup``; no effect without xdist): one per file, and one
-    for every multi-host test."""
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        group = "multihost" if path.startswith("tests/multihost/") else path
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_terminal_summary(terminalreporter):
