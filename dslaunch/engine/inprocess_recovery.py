@@ -199,7 +199,7 @@ def guarded_forward(engine, fn):
     carries the script to the end of that step."""
     watch = engine._recovery
     if watch.abandoning:
-        with engine.strategy.dry_forward():
+        with _dry_forward(engine):
             return fn()
     micro = engine.micro_steps % engine._gas  # (before the recovery resets the count)
     with engine_call(engine):
@@ -212,8 +212,23 @@ def guarded_forward(engine, fn):
     # this micro-batch's step() call and the later ones'; its backward is skipped with them
     watch.abandoning = engine._gas - micro if engine._managed_accumulation else 1
     watch.script_skip = True
-    with engine.strategy.dry_forward():
+    with _dry_forward(engine):
         return fn()
+
+
+def _dry_forward(engine):
+    """The context of a forward that makes no collective: the strategy's (ZeRO 3 gathers) and,
+    under AutoTP, the split layers' (``tensor_parallel.dry_collectives``)."""
+    import contextlib
+
+    from .tensor_parallel import dry_collectives
+    from .tp_recovery import tp_grid
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(engine.strategy.dry_forward())
+    if tp_grid(engine) is not None:
+        stack.enter_context(dry_collectives())
+    return stack
 
 
 class engine_call:

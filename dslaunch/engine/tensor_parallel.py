@@ -69,7 +69,32 @@ def _split_last(x: torch.Tensor, group) -> torch.Tensor:
     return x.chunk(w, dim=-1)[_rank(group)].contiguous()
 
 
+_DRY: list = []  # non-empty inside ``dry_collectives``
+
+
+@contextlib.contextmanager
+def dry_collectives():
+    """The forward collectives of the split layers made locally: a sum is this rank's own part,
+    a gather leaves the other ranks' features zero. For the forwards of a step in-process
+    recovery abandoned (``inprocess_recovery.guarded_forward``): a replacement makes the new
+    TP group's first collectives, and such a forward's output only carries the script to the
+    end of that step (its backward and step are skipped)."""
+    _DRY.append(True)
+    try:
+        yield
+    finally:
+        _DRY.pop()
+
+
+def _forward_all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> None:
+    if not _DRY:
+        dist.all_reduce(x, op=op, group=group)
+
+
 def _gather_last(x: torch.Tensor, group) -> torch.Tensor:
+    if _DRY:  # this rank's features in its place, the others' zero
+        w, r = _world(group), _rank(group)
+        return F.pad(x, (r * x.shape[-1], (w - 1 - r) * x.shape[-1]))
     # one flat all-gather (rank-major) and one copy into place; a list all-gather then cat
     # copies the gathered bytes twice more (gloo stages a list output in a flat buffer)
     w, x = _world(group), x.contiguous()
@@ -99,7 +124,7 @@ class _ReduceFromTP(torch.autograd.Function):
             ctx.mark_dirty(x)
         else:
             x = x.contiguous().clone()
-        dist.all_reduce(x, group=group)
+        _forward_all_reduce(x, group)
         return x
 
     @staticmethod
@@ -386,16 +411,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, target, group, vocab_start):
         logits = logits.float()
         local_max = logits.max(dim=-1).values
-        dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+        _forward_all_reduce(local_max, group, dist.ReduceOp.MAX)
         shifted = logits - local_max.unsqueeze(-1)
         n_local = logits.shape[-1]
         outside = (target < vocab_start) | (target >= vocab_start + n_local)
         local_target = (target - vocab_start).masked_fill(outside, 0)
         picked = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        dist.all_reduce(picked, group=group)
+        _forward_all_reduce(picked, group)
         exp = shifted.exp()
         sum_exp = exp.sum(dim=-1)
-        dist.all_reduce(sum_exp, group=group)
+        _forward_all_reduce(sum_exp, group)
         loss = sum_exp.log() - picked
         softmax = exp.div_(sum_exp.unsqueeze(-1))
         ctx.save_for_backward(softmax, local_target, outside)

@@ -76,7 +76,9 @@ while engine.global_steps < steps:
 
 def state_digest() -> str:
     h = hashlib.sha1()
-    tensors = [p.detach() for p in engine.module.parameters()]
+    # the model's parameters where this rank holds them (ZeRO 3 frees those not gathered), then
+    # what the optimizer steps (ZeRO 1-3: this rank's shard) and its state
+    tensors = [p.detach() for p in engine.module.parameters() if p.untyped_storage().nbytes()]
     tensors += [p.detach() for g in engine.optimizer.param_groups for p in g["params"]]
     for state in engine.optimizer.state.values():
         tensors += [v for _, v in sorted(state.items()) if torch.is_tensor(v)]
