@@ -16,8 +16,9 @@ A survivor:
 3. **agree**: every member says its completed step; survivors that disagree cannot roll back to
    one state (the fault came between their optimizer steps): the rank exits with
    ``REFUSED_EXIT`` and the launcher falls back to restarting every rank;
-4. **state transfer**: the first survivor broadcasts the state a checkpoint would hold (module,
-   optimizer with its fp32 masters, scheduler, loss scaler, counters); survivors already hold it;
+4. **state transfer**: the first survivor (under AutoTP the first of the newcomer's TP rank)
+   broadcasts the state a checkpoint would hold (module, optimizer with its fp32 masters,
+   scheduler, loss scaler, counters); survivors already hold it;
 5. **roll back**: the interrupted step is abandoned (its gradients dropped, no optimizer step, no
    step counted) and the script's loop goes on from the next ``forward`` at the same step.
 
@@ -31,10 +32,21 @@ optimizer) and at stages 1-3, where each rank also keeps a copy of one other ran
 ``offload_optimizer`` the host-side masters and moments) and the state moves through
 ``recover_shards``. At stage 3 forward gathers parameters too, so a fault
 can surface there (``guarded_forward``), and the forwards of an abandoned step run dry (no
-collective: a replacement makes the new group's first ones). Other layouts refuse (parameters
-offloaded to NVMe keep no copies; ZeRO++'s hpZ, MiCS and quantized groups, pipeline,
-tensor and expert parallel groups are not rebuilt): the rank exits ``REFUSED_EXIT`` and the job
-restarts.
+collective: a replacement makes the new group's first ones).
+
+AutoTP engines (``tensor_parallel.autotp_size``) too, at ZeRO 0-3, with DP >= 2 and a world that
+keeps its size (``tp_recovery.py``): ``_take_world`` makes the data x model grid's groups again
+on the new world and re-points every holder of the old ones (``tp_recovery.rebuild_grid``); a
+replacement builds alone on a planned grid whose TP group is a stand-in, which the same rebuild
+replaces; its state comes from a survivor of its own TP rank (``_state_sources``: a
+data-parallel replica holds the same slices), at ZeRO 1-3 its shard from the copies within its
+data group (``recover_shards`` gathers over the strategy's group); an abandoned step's forwards
+make no TP collective either (``_dry_forward``).
+
+Other layouts refuse (parameters offloaded to NVMe keep no copies; ZeRO++'s hpZ, MiCS and
+quantized groups, pipeline, sequence and expert parallel groups and tensor-parallel groups of a
+script's own mpu are not rebuilt; AutoTP at DP 1 has no live copy of a lost rank's slices, and
+changes no world size): the rank exits ``REFUSED_EXIT`` and the job restarts.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ as a plain replacement's is). It joins, makes the real groups in the same order 
 survivors, and the same ``repoint`` replaces the stand-ins.
 
 Its state comes from a survivor of the same TP rank (``slice_of``): a data-parallel replica holds
-the same slices (and at ZeRO 0 the same optimizer state; at ZeRO 1-2 the shards come from its
+the same slices (and at ZeRO 0 the same optimizer state; at ZeRO 1-3 the shards come from its
 data group's shard copies). Hence refused: TP x DP 1 (no live peer holds a lost rank's slices),
 a world that changes size (the grid would change), pipeline or sequence axes, and TP engines
 whose groups are not AutoTP's grid (an mpu of the script's own).
