@@ -26,6 +26,7 @@ import sys
 import time
 
 import torch
+from state_digest import state_digest
 
 import dslaunch
 
@@ -108,19 +109,4 @@ while engine.global_steps < steps:
             shrink()
 
 
-def state_digest() -> str:
-    import hashlib
-
-    h = hashlib.sha1()
-    # the model's parameters where this rank holds them (ZeRO 3 frees those not gathered), then
-    # what the optimizer steps (ZeRO 1-3: this rank's shard of the weights or fp32 masters)
-    tensors = [p.detach() for p in engine.module.parameters() if p.untyped_storage().nbytes()]
-    tensors += [p.detach() for g in engine.optimizer.param_groups for p in g["params"]]
-    for state in engine.optimizer.state.values():
-        tensors += [v for _, v in sorted(state.items()) if torch.is_tensor(v)]
-    for t in tensors:
-        h.update(t.contiguous().float().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-print(f"rank {engine.global_rank} pid {os.getpid()} done {state_digest()}", flush=True)
+print(f"rank {engine.global_rank} pid {os.getpid()} done {state_digest(engine)}", flush=True)
