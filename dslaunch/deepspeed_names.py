@@ -109,8 +109,8 @@ NAMES: list[Name] = [
     _present("deepspeed.tp_model_init", "dslaunch.engine.autotp:tp_model_init",
              "records tp_size (and casts to dtype); initialize splits the model's attention and "
              "MLP linears (Llama, Qwen2/3, Mistral, Gemma, Phi, GPT-2, GPT-NeoX) over the data x "
-             "model grid; tp_group= refused; ZeRO-3 composes (its checkpoints resume at their "
-             "own TP size, over any number of data ranks)"),
+             "model grid; tp_group= refused; ZeRO-3 composes (its checkpoints resume at any TP "
+             "and data-parallel size, and convert with to-fp32 / to-universal)"),
     _missing("deepspeed.init_inference", INFERENCE),
     # -- deepspeed.zero ---------------------------------------------------------------------------
     _present("deepspeed.zero", "dslaunch.zero"),
