@@ -336,7 +336,8 @@ def test_zero3_with_autotp_trains_saves_resumes_and_reshapes(job_cache, tmp_path
     model; the checkpoint resumes at TP 2 x DP 2 with the reference's next 4 losses (at TP 2 x DP
     1: test_tp2_checkpoint_resumes_at_another_data_parallel_size). Its TP slices are put back
     together per TP rank from the shards: ``to-fp32`` (and the standalone zero_to_fp32.py saved
-    beside it) gives exactly the weights save_16bit_model wrote; it resumes at TP 1 (ZeRO 3) and,
+    beside it) gives exactly the weights save_16bit_model wrote; a ZeRO 1 engine at TP 2 loads
+    exactly those weights (load_optimizer_states=False); it resumes at TP 1 (ZeRO 3) and,
     converted to a universal checkpoint, at TP 1 ZeRO 1, with the reference's next 4 losses."""
     import subprocess
     import sys
@@ -371,6 +372,13 @@ def test_zero3_with_autotp_trains_saves_resumes_and_reshapes(job_cache, tmp_path
                    check=True, capture_output=True)
     script = torch.load(tmp_path / "script.bin", weights_only=True)
     assert all(torch.equal(script[k], whole[k]) for k in whole)
+    # its weights alone into a ZeRO 1 engine at the same TP size: each rank its own TP rank's
+    # (the rank files of another TP rank hold slices under the same names)
+    weights = job_cache.run("autotp4_z3_weights_z1", "autotp_load_weights.py", "--ckpt",
+                            run.dir / "ckpts", "--tag", "z3", "--stage", 1, "--out", "{dir}/o",
+                            nproc=4, timeout=300)
+    assert weights.ok, weights.log[-4000:]
+    assert [r["max_diff"] for r in results(weights.dir / "o", 4)] == [0.0] * 4
     to_universal(run.dir / "ckpts", tmp_path / "u", tag="z3")
     resumes = {f"autotp4_z3_resume_tp1_{tag}": (
         "--ckpt", src, "--tag", tag, "--stage", stage, "--out", "{dir}/o", "--tp", 1, "--start",

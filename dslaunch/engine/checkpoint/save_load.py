@@ -73,7 +73,6 @@ from .zero3_module import (
 )
 from .zero3_module import shapes as zero3_shapes
 from .zero_shards import STAGING
-from .zero_to_fp32_script import autotp_checkpoint
 
 # -- save --------------------------------------------------------------------------------------
 
@@ -333,8 +332,7 @@ def _load(engine, path, strict, load_optimizer_states, load_lr_scheduler_states,
     if part and tp_size_changed(engine, meta):
         # stage 3 + AutoTP at another TP size: the TP slices put back whole from each TP
         # rank's shards (the fp32 masters), then cut as this job splits them
-        whole = autotp_checkpoint(path, meta) if meta.get("autotp") else \
-            full_module_state(path, int(meta.get("world_size", 1)), module_sd, part)
+        whole = full_module_state(path, meta, module_sd, part)
         module_sd, part = slice_tp_state(whole, engine.module), {}
     elif part:  # stage 3: a partitioned weight's shards already hold this TP rank's slices
         whole = {k: v for k, v in module_sd.items() if k not in part}
@@ -382,8 +380,8 @@ def _load_module(engine, path: str, meta: dict, module_sd: dict, part: dict, str
             engine.module.load_state_dict({k: v for k, v in module_sd.items() if k not in part},
                                           strict=False)
         return
-    if part:
-        module_sd = full_module_state(path, world, module_sd, part)
+    if part:  # (under AutoTP: whole, then this rank's slices)
+        module_sd = slice_tp_state(full_module_state(path, meta, module_sd, part), engine.module)
     engine.strategy.load_module_state_dict(module_sd, strict=strict)
     engine.strategy.sync_from_model()
 

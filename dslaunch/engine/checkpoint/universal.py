@@ -288,7 +288,7 @@ class _DslaunchShards:
         from .zero_shards import _old_index
 
         self.path = path
-        meta = read_meta(path)
+        self.meta = meta = read_meta(path)
         if meta.get("expert_parallel"):
             raise CheckpointError(f"{path}: an MoE checkpoint; universal conversion of expert "
                                   "parameters is not supported")
@@ -353,13 +353,10 @@ class _DslaunchShards:
     def module_state_dict(self) -> dict:
         if self.stage == 3:
             from .zero3_module import PARTITIONED, full_module_state
-            from .zero_to_fp32_script import autotp_checkpoint
 
             part = self.model.get(PARTITIONED) or {}
-            if part and self.tp > 1:  # placeholders of TP slices, partitioned per TP rank
-                return autotp_checkpoint(self.path, read_meta(self.path))
             if part:
-                return full_module_state(self.path, self.world, self.model["module"], part)
+                return full_module_state(self.path, self.meta, self.model["module"], part)
         return self.model["module"]
 
 

@@ -15,8 +15,9 @@ Readers of such a ``module``:
 - a stage-3 training engine (``load_shard_weights``): this rank's shard of the weights, read
   piece by piece from the old shards whatever world size or bucket layout saved them; the
   optimizer state is left alone (``load_module_only``, ``load_optimizer_states=False``);
-- any other engine (stages 0-2, a forward-only stage 3): ``full_module_state``, each placeholder
-  filled with its whole parameter gathered from the shards;
+- any other engine (stages 0-2, a forward-only stage 3, another AutoTP size):
+  ``full_module_state``, each placeholder filled with its whole parameter gathered from the
+  shards (under AutoTP from each TP rank's shards, slices put back together);
 - consolidation (``zero_to_fp32_script.zero_checkpoint``, torch only) reads the list itself.
 A strategy whose rank files hold no shards (forward-only stage 3) saves the whole weights.
 """
@@ -64,12 +65,19 @@ def shapes(part: dict) -> dict:
     return {k: tuple(shape) for k, (_, shape) in part.items()}
 
 
-def full_module_state(path: str, world: int, module: dict, part: dict) -> dict:
+def full_module_state(path: str, meta: dict, module: dict, part: dict) -> dict:
     """``module`` with every placeholder replaced by its whole parameter (the shards' values:
-    fp32 masters), read from the ``world`` rank files (mapped: only what is copied is read)."""
+    fp32 masters), read from the checkpoint's rank files (mapped: only what is copied is read).
+    Under AutoTP each rank file holds a partition of its TP rank's slices, not of the whole
+    model: the slices are gathered per TP rank and put back whole
+    (``zero_to_fp32_script.autotp_checkpoint``); a caller that holds slices cuts its own."""
     from .consolidate import _gather_master, _shard_index
+    from .zero_to_fp32_script import autotp_checkpoint, autotp_size
 
-    files = RankFiles(path, world)
+    if autotp_size(meta) > 1:
+        whole = autotp_checkpoint(path, meta)
+        return {**module, **{k: whole[k] for k in part}}
+    files = RankFiles(path, int(meta.get("world_size", 1)))
     where = _shard_index(files.zero(0))
     out = dict(module)
     for k, (name, shape) in part.items():

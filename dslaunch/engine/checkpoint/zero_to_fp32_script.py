@@ -265,10 +265,12 @@ def autotp_checkpoint(path, meta, exclude=(), alloc=None):
     part = model.obj.get("zero3_partitioned") or {}
 
     def whole_shape(key, saved):
-        shape = list(part[key][1]) if key in part else list(saved.shape)
-        split = splits.get(part[key][0] if key in part else key)
-        if split is None or key not in part:
-            return tuple(shape)  # (ZeRO 1-2 saves the split ones whole)
+        if key not in part:  # saved whole (ZeRO 1-2 gathers the split ones on save)
+            return tuple(saved.shape)
+        name, shape = part[key][0], list(part[key][1])
+        split = splits.get(name)
+        if split is None:
+            return tuple(shape)
         shape[split["dim"]] = split["full"]
         return tuple(reversed(shape)) if split.get("conv1d") else tuple(shape)
 
