@@ -193,9 +193,11 @@ def test_fault_in_the_scripts_own_allreduce_is_recovered_in_process(tmp_path):
     training loops log); rank 2 dies right after step 4, so the survivors meet the fault in that
     all-reduce, not in the engine: the bootstrap's wrapper (torch_progress.SCRIPT_HOOKS) starts
     the same recovery, and the job ends as the fault-free one, rank by rank (ZeRO 2, gradient
-    accumulation 2: the replacement's shard from its buddy's copy)."""
+    accumulation 2: the replacement's shard from its buddy's copy). The loop also all-reduces a
+    stop flag before each iteration's first forward: the replacement, starting at the loop's top,
+    must skip that one as the survivors do (it once met their first forward instead)."""
     marker, env = marker_env()
-    env["RECOVER_LOG_ALLREDUCE"] = "1"
+    env.update(RECOVER_LOG_ALLREDUCE="1", RECOVER_STOP_CHECK="1")
     config = json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2})
     r = dslaunch("run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
                  "--log-dir", tmp_path / "logs", "--inject", "kill:rank=2,step=4", SCRIPT, 8,

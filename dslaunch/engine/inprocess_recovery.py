@@ -276,8 +276,10 @@ class ScriptCollectives:
     all-reduce most training loops log with. One that fails on a lost peer starts the same
     recovery as the engine's own, and returns with its outputs as they were (a value logged for
     that step is then this rank's own). After a recovery the script's collectives are skipped
-    until its next step's ``forward``: the survivors finish the abandoned iteration of their loop
-    while a replacement starts at the top of it, where it makes none of them."""
+    until its next step's ``forward``, on every member: the survivors finish the abandoned
+    iteration of their loop while a replacement starts at the top of it, and neither makes the
+    collectives the other would not (a replacement's before its first forward, such as a stop
+    check, are skipped too)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -662,6 +664,10 @@ def join(engine, word: dict) -> None:
     engine.strategy.zero_grad()
     if engine._recovery is not None:
         engine._recovery.joined = True
+        # the survivors skip the script's collectives until their next forward; so does the
+        # replacement, which starts at the top of the loop (a stop check or a broadcast made
+        # there would otherwise meet a survivor's first forward)
+        engine._recovery.script_skip = True
     if path:
         write_json(ack_path(path), {"epoch": word["epoch"], "status": "joined",
                                      "step": engine.global_steps,

@@ -9,6 +9,8 @@ and every rank prints ``rank R pid P start`` once and ``rank R pid P done`` at t
 - ``RECOVER_SLEEP=SECONDS``: sleep after each step (a fault then lands mid-job);
 - ``RECOVER_LOG_ALLREDUCE=1``: after each step every rank all-reduces its loss with
   ``torch.distributed`` itself, as most training loops log (a collective of the script's own);
+- ``RECOVER_STOP_CHECK=1``: at the top of each iteration, before its first forward, every rank
+  all-reduces a stop flag (as loops with a time budget or an early stop do);
 - ``RECOVER_REFERENCE=4@0,2@7``: no launcher, one process trains on the whole global batch of
   each step, with the world size that step had (4 from step 0, 2 from step 7): the reference a
   job whose world shrank at step 7 must match (the mean loss over the ranks' equal shares is the
@@ -42,6 +44,7 @@ reference = [tuple(map(int, part.split("@"))) for part in
 sleep = float(os.environ.get("RECOVER_SLEEP", "0"))
 shrink_at = int(os.environ.get("RECOVER_SHRINK_AT", "-1"))
 log_allreduce = os.environ.get("RECOVER_LOG_ALLREDUCE") == "1"
+stop_check = os.environ.get("RECOVER_STOP_CHECK") == "1"
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 engine, *_ = dslaunch.initialize(model=model, config=config)
@@ -88,7 +91,14 @@ def batch(step: int, micro_step: int):
     return x[share], y[share], slice(0, micro)
 
 
-while engine.global_steps < steps:
+def stop_requested() -> bool:
+    flag = torch.zeros(1)  # never set here: the collective is what the check is for
+    if stop_check:
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+while engine.global_steps < steps and not stop_requested():
     step = engine.global_steps
     losses = []
     for m in range(gas):
