@@ -91,12 +91,9 @@ def _layout(model, mpu, batch_counts_tp=False):
 def _world_size() -> int:
     """The job's world size; for a replacement rank of an in-process recovery, built alone
     before it joins, the world it joins (engine/inprocess_recovery.py)."""
-    import torch.distributed as dist
+    from .inprocess_recovery import job_world_size
 
-    from .inprocess_recovery import join_word
-
-    word = join_word()
-    return int(word["world_size"]) if word else dist.get_world_size()
+    return job_world_size()
 
 
 def resolve_engine_config(source, model, mpu=None, origin=None):

@@ -308,15 +308,9 @@ def autotp_mpu(source, model, mpu, sequence: int = 1):
             raise ValueError(f"tensor_parallel.autotp_size: {size} but the mpu's tensor-parallel "
                              f"size is {have}; make them agree (or pass no mpu)")
         return mpu, size, False
-    from .inprocess_recovery import join_word
-
-    word = join_word()
-    if word:  # a replacement rank, built alone before it joins: the grid it will have
-        from .tp_recovery import planned_grid
-
-        return planned_grid(size, sequence, word), size, True
     from .topology import build_grid
 
+    # (a replacement rank, built alone before it joins: the planned grid it will have)
     return build_grid(model=size, sequence=sequence), size, True
 
 

@@ -247,7 +247,7 @@ def spec_plan(model: nn.Module, specs: list, strict: bool, linear_like,
 
 class _SumOverGroup:
     """The gradient hook of ``sum_grads_over``; kept on the parameter (``ds_tp_grad_sum``) so
-    that in-process recovery can point it at the rebuilt group (``engine/tp_recovery.py``)."""
+    that in-process recovery can point it at the rebuilt group (``engine/grid_recovery.py``)."""
 
     def __init__(self, group):
         self.group = group

@@ -133,6 +133,11 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
         return
     if dist_init_required is False:
         return
+    from dslaunch.engine.inprocess_recovery import init_private_world, join_word
+
+    if join_word():  # a replacement rank: builds alone first, then joins the survivors' group
+        init_private_world()
+        return
     env_rank, env_size, local, source = env_layout()
     rank = env_rank if rank < 0 else rank
     world_size = env_size if world_size < 0 else world_size

@@ -402,19 +402,10 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
         """DeepSpeed's; ``async_save`` / ``keep_last`` (dslaunch's, default: the config's
         ``checkpoint.async_save`` / ``checkpoint.keep_last``): write in the background
         (``wait_checkpoint()``), keep only the newest N checkpoints."""
-        with inprocess_recovery.engine_call(self):
-            try:
-                return ckpt.save_checkpoint(self, save_dir, tag=tag,
-                                            client_state=client_state or {},
-                                            save_latest=save_latest,
-                                            exclude_frozen_parameters=exclude_frozen_parameters,
-                                            async_save=async_save, keep_last=keep_last)
-            except RuntimeError as exc:
-                # in-process recovery: a peer lost during the save; the save is abandoned
-                # (``latest`` moves only once every rank wrote) and training goes on
-                if not inprocess_recovery.recover_between_steps(self, exc):
-                    raise
-                return False
+        return inprocess_recovery.abandonable_save(self, lambda: ckpt.save_checkpoint(
+            self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest,
+            exclude_frozen_parameters=exclude_frozen_parameters, async_save=async_save,
+            keep_last=keep_last))
 
     def wait_checkpoint(self) -> None:
         """Every rank calls it: an asynchronous save in flight is written and ``latest`` moved
@@ -431,10 +422,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
-        if self._recovery is not None and self._recovery.joined:
-            # a replacement of an in-process recovery took the live state from its peers; the
-            # script's load at start must neither replace it nor make collectives they do not
-            self._recovery.joined = False  # (a later load is the whole job's again)
+        if inprocess_recovery.holds_live_state(self):
             return None, {}
         with inprocess_recovery.engine_call(self):
             loaded = ckpt.load_checkpoint(self, load_dir, tag=tag, strict=load_module_strict,

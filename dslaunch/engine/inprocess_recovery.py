@@ -16,11 +16,12 @@ A survivor:
 3. **agree**: every member says its completed step; survivors that disagree cannot roll back to
    one state (the fault came between their optimizer steps): the rank exits with
    ``REFUSED_EXIT`` and the launcher falls back to restarting every rank;
-4. **state transfer**: the first survivor (under AutoTP the first of the newcomer's TP rank)
-   broadcasts the state a checkpoint would hold (module, optimizer with its fp32 masters,
-   scheduler, loss scaler, counters); survivors already hold it;
+4. **state transfer**: the first survivor (under AutoTP the first of the newcomer's TP rank, in
+   a pipeline of its stage) broadcasts the state a checkpoint would hold (module, optimizer with
+   its fp32 masters, scheduler, loss scaler, counters); survivors already hold it;
 5. **roll back**: the interrupted step is abandoned (its gradients dropped, no optimizer step, no
-   step counted) and the script's loop goes on from the next ``forward`` at the same step.
+   step counted) and the script's loop goes on from the next ``forward`` at the same step (a
+   pipeline's ``train_batch`` runs the batch again itself: ``pipe_recovery.py``).
 
 A replacement builds its engine in a one-rank world of its own (so building makes no collective
 the survivors would have to mirror), with the config resolved for the real world size, then joins
@@ -34,19 +35,24 @@ optimizer) and at stages 1-3, where each rank also keeps a copy of one other ran
 can surface there (``guarded_forward``), and the forwards of an abandoned step run dry (no
 collective: a replacement makes the new group's first ones).
 
-AutoTP engines (``tensor_parallel.autotp_size``) too, at ZeRO 0-3, with DP >= 2 and a world that
-keeps its size (``tp_recovery.py``): ``_take_world`` makes the data x model grid's groups again
-on the new world and re-points every holder of the old ones (``tp_recovery.rebuild_grid``); a
-replacement builds alone on a planned grid whose TP group is a stand-in, which the same rebuild
-replaces; its state comes from a survivor of its own TP rank (``_state_sources``: a
-data-parallel replica holds the same slices), at ZeRO 1-3 its shard from the copies within its
-data group (``recover_shards`` gathers over the strategy's group); an abandoned step's forwards
-make no TP collective either (``_dry_forward``).
+Engines on a process grid, with DP >= 2 and a world that keeps its size (``grid_recovery.py``:
+``_take_world`` makes the grid's groups again on the new world and re-points every holder of the
+old ones; a replacement builds alone on a planned grid of stand-in groups, which the same rebuild
+replaces; its state comes from a survivor holding the same part of the model, ``_state_sources``:
+a data-parallel replica, at ZeRO 1-3 its shard from the copies within its data group,
+``recover_shards`` gathering over the strategy's group):
+
+- AutoTP engines (``tensor_parallel.autotp_size``, ``tp_recovery.py``) at ZeRO 0-3; an abandoned
+  step's forwards make no TP collective either (``_dry_forward``);
+- pipeline engines (``PipelineModule`` + ``train_batch``, ``pipe_recovery.py``) at ZeRO 0-1: the
+  fault surfaces inside ``train_batch`` before any rank's update, which runs the batch again on
+  the micro-batches it had pulled; a replacement's own loader is moved on to the step.
 
 Other layouts refuse (parameters offloaded to NVMe keep no copies; ZeRO++'s hpZ, MiCS and
-quantized groups, pipeline, sequence and expert parallel groups and tensor-parallel groups of a
-script's own mpu are not rebuilt; AutoTP at DP 1 has no live copy of a lost rank's slices, and
-changes no world size): the rank exits ``REFUSED_EXIT`` and the job restarts.
+quantized groups, sequence and expert parallel groups, tensor or sequence axes in a pipeline and
+tensor-parallel groups of a script's own mpu are not rebuilt; AutoTP or a pipeline at DP 1 has
+no live copy of a lost rank's slices or stage, and neither changes its world size): the rank
+exits ``REFUSED_EXIT`` and the job restarts.
 """
 
 from __future__ import annotations
@@ -313,6 +319,30 @@ def recover_between_steps(engine, exc: BaseException) -> bool:
     return True
 
 
+def abandonable_save(engine, save):
+    """``save()``, a checkpoint save, as the engine's own call: a peer lost during it is
+    recovered, the save abandoned (False: ``latest`` moves only once every rank wrote) and
+    training goes on."""
+    with engine_call(engine):
+        try:
+            return save()
+        except RuntimeError as exc:
+            if not recover_between_steps(engine, exc):
+                raise
+            return False
+
+
+def holds_live_state(engine) -> bool:
+    """True (once) for a replacement that took the live state from its peers: the script's load
+    at start must neither replace it nor make collectives they do not (a later load is the
+    whole job's again)."""
+    watch = engine._recovery
+    if watch is None or not watch.joined:
+        return False
+    watch.joined = False
+    return True
+
+
 def watch_script_collectives(engine) -> None:
     """Recover from faults in the script's own collectives too (the bootstrap's wrappers must be
     installed: they are whenever the agent keeps a progress record)."""
@@ -334,9 +364,17 @@ def unsupported(engine) -> str | None:
 
 
 def _layout_refused(engine) -> str | None:
-    if type(engine).__name__ != "DSLaunchEngine" or engine._dp_rank is not None:
-        return "pipeline, tensor and sequence parallel groups are not rebuilt in process"
-    if getattr(engine, "mpu", None) is not None:  # tensor parallel: only AutoTP's grid
+    from .pipe_recovery import pipe_grid
+
+    if pipe_grid(engine) is not None:  # a pipeline: PP x DP with DP >= 2
+        from .pipe_recovery import refused
+
+        why = refused(engine)
+        if why:
+            return why
+    elif type(engine).__name__ != "DSLaunchEngine" or engine._dp_rank is not None:
+        return "tensor and sequence parallel groups are not rebuilt in process"
+    elif getattr(engine, "mpu", None) is not None:  # tensor parallel: only AutoTP's grid
         from .tp_recovery import refused
 
         why = refused(engine)
@@ -450,20 +488,24 @@ def load_engine_state(engine, state: dict) -> None:
 
 
 def _take_world(engine) -> None:
-    """The engine's view of the (new) group: rank, size, the strategy's hooks; an AutoTP
-    engine's TP and data groups made again on it first (``tp_recovery.py``)."""
-    from .tp_recovery import rebuild_grid, tp_grid
+    """The engine's view of the (new) group: rank, size, the strategy's hooks; an AutoTP or
+    pipeline engine's grid made again on it first (``grid_recovery.py``; a pipeline's tied
+    weights' groups and p2p channels too, ``pipe_recovery.py``)."""
+    from .grid_recovery import engine_grid, rebuild_grid
+    from .pipe_recovery import pipe_grid, rebuild
 
     comm = engine.comm
     before = comm.world_size
-    autotp = tp_grid(engine) is not None
-    if autotp:  # (its world keeps its size: tp_recovery.world_change_refused)
+    grid = engine_grid(engine)
+    if grid is not None:  # (its world keeps its size: grid_recovery.world_change_refused)
         rebuild_grid(engine)
+        if pipe_grid(engine) is not None:
+            rebuild(engine)
     comm.rebind()
-    if comm.world_size != before and not autotp:
+    if comm.world_size != before and grid is None:
         _resize_batch(engine)
-    # comm is the data group under AutoTP, the world otherwise
-    engine.global_rank, engine.world_size = dist_rank_and_size() if autotp else \
+    # comm is the grid's data group, the world otherwise
+    engine.global_rank, engine.world_size = dist_rank_and_size() if grid is not None else \
         (comm.rank, comm.world_size)
     engine.dp_world_size = comm.world_size
     engine.strategy.rebind_world()
@@ -502,7 +544,7 @@ def _rendezvous(engine, joining: bool) -> tuple:
     (why the members cannot go on from one state or None, the members, the state or None)."""
     import torch.distributed as dist
 
-    from .tp_recovery import slice_of
+    from .grid_recovery import slice_of
 
     step = -1 if joining else engine.global_steps
     # a ZeRO 1-2 update between its local step and the end of its all-gather is neither before
@@ -531,8 +573,9 @@ def _rendezvous(engine, joining: bool) -> tuple:
 
 def _state_sources(members: list) -> tuple:
     """({slice a newcomer needs: the survivor that sends it}, why not or None). A slice is the
-    TP rank whose weights a member holds (AutoTP), else None (every member holds the same);
-    the first survivor holding it sends it (rank 0 itself may be the one replaced)."""
+    part of the model a member holds (``grid_recovery.slice_of``: its TP rank, its pipeline
+    stage), else None (every member holds the same); the first survivor holding it sends it
+    (rank 0 itself may be the one replaced)."""
     sources = {}
     for m in members:
         if not m["joining"] or m["slice"] in sources:
@@ -540,7 +583,7 @@ def _state_sources(members: list) -> tuple:
         src = next((r for r, s in enumerate(members)
                     if not s["joining"] and s["slice"] == m["slice"]), None)
         if src is None:
-            return {}, (f"no live peer holds TP rank {m['slice']}'s slices (every data-parallel "
+            return {}, (f"no live peer holds {m['slice']} of the model (every data-parallel "
                         "replica of it was lost)")
         sources[m["slice"]] = src
     return sources, None
@@ -610,7 +653,7 @@ def _refuse(watch_or_path, why: str) -> None:
 def recover(engine, watch: Watch) -> None:
     """A survivor's recovery (the module docstring's steps 2-5); the rank exits ``REFUSED_EXIT``
     when it cannot."""
-    from .tp_recovery import world_change_refused
+    from .grid_recovery import world_change_refused
 
     word = watch.word
     why = unsupported(engine) or world_change_refused(engine, word)
@@ -662,6 +705,10 @@ def join(engine, word: dict) -> None:
         if why:
             _refuse(path, why)
     engine.strategy.zero_grad()
+    from .pipe_recovery import pipe_grid, position_loader
+
+    if pipe_grid(engine) is not None:  # its own loader at the survivors' step
+        position_loader(engine)
     if engine._recovery is not None:
         engine._recovery.joined = True
         # the survivors skip the script's collectives until their next forward; so does the
@@ -715,6 +762,15 @@ def await_promotion() -> None:
 def join_word() -> dict | None:
     text = os.environ.get(JOIN_ENV)
     return json.loads(text) if text else None
+
+
+def job_world_size() -> int:
+    """The job's world size; for a replacement rank, built alone before it joins, the world it
+    joins."""
+    import torch.distributed as dist
+
+    word = join_word()
+    return int(word["world_size"]) if word else dist.get_world_size()
 
 
 def init_private_world() -> None:

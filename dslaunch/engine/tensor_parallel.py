@@ -41,9 +41,10 @@ import torch.nn.functional as F
 
 class PlannedGroup:
     """A stand-in for a process group that cannot be made yet: a replacement rank of an
-    in-process recovery builds its engine alone before it joins (``engine/tp_recovery.py``), and
-    splitting its model needs only the group's size and this rank's place in it. Replaced by the
-    real group once the rank has joined; a collective on it is an error."""
+    in-process recovery builds its engine alone before it joins (``engine/grid_recovery.py``),
+    and splitting its model (or placing its pipeline stage) needs only the group's size and this
+    rank's place in it. Replaced by the real group once the rank has joined; a collective on it
+    is an error."""
 
     def __init__(self, ranks: list, global_rank: int):
         self.ranks = list(ranks)

@@ -143,6 +143,10 @@ class ProcessGrid:
 
     Axes that the topology lacks have size 1 (a group of this rank alone)."""
 
+    # a replacement rank's grid while it builds alone, its groups stand-ins until it joins
+    # (engine/grid_recovery.py)
+    planned = False
+
     def __init__(self, topology: ProcessTopology, rank: int | None = None):
         self.topology = topology
         self.global_rank = dist.get_rank() if rank is None else rank
@@ -156,7 +160,7 @@ class ProcessGrid:
     def make_groups(self, new_group) -> None:
         """Create the process group of every axis with ``new_group(ranks)`` (every rank creates
         every group, in the same order). Called again by in-process recovery on a new world
-        (``engine/tp_recovery.py``): the grid object stays, so whoever holds it sees the new
+        (``engine/grid_recovery.py``): the grid object stays, so whoever holds it sees the new
         groups."""
         world = self.topology.world_size()
         self.groups, self.group_ranks = {}, {}
@@ -307,16 +311,25 @@ _GRIDS: dict = {}
 def get_grid(topology: ProcessTopology) -> ProcessGrid:
     """The grid of ``topology``, created once per process (``new_group`` is collective, so a
     second PipelineModule or TP helper on the same layout reuses the groups)."""
+    from .inprocess_recovery import join_word
+
     key = (tuple(topology.axes), tuple(topology.dims))
     if key not in _GRIDS:
-        _GRIDS[key] = ProcessGrid(topology)
+        word = join_word()  # a replacement rank of an in-process recovery, built alone
+        if word and dist.get_world_size() != topology.world_size():
+            from .grid_recovery import planned_grid
+
+            _GRIDS[key] = planned_grid(topology, word)
+        else:
+            _GRIDS[key] = ProcessGrid(topology)
     return _GRIDS[key]
 
 
 def build_grid(pipe: int = 1, model: int = 1, sequence: int = 1) -> ProcessGrid:
-    """Initialise torch.distributed if needed and return the grid for this job's world size."""
+    """Initialise torch.distributed if needed and return the grid for this job's world size
+    (a replacement rank built alone: the world it joins)."""
     from .comm import init_distributed
+    from .inprocess_recovery import job_world_size
 
     init_distributed()
-    return get_grid(make_topology(dist.get_world_size(), pipe=pipe, model=model,
-                                  sequence=sequence))
+    return get_grid(make_topology(job_world_size(), pipe=pipe, model=model, sequence=sequence))

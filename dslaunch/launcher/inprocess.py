@@ -16,8 +16,8 @@ A hung rank (the watchdog's verdict naming one rank stuck outside any collective
 Falls back to restarting every rank (the controller's ordinary failure path) when in-process
 recovery cannot run: a lost host would leave fewer than MIN hosts, a second fault comes during a
 recovery, no restart is left, a rank refuses (its engine cannot: offloaded optimizer or
-parameters on NVMe, experts, ZeRO++ or hpZ, pipeline groups, tensor groups other than AutoTP's
-at DP >= 2, no dslaunch engine; the
+parameters on NVMe, experts, ZeRO++ or hpZ, tensor groups other than AutoTP's at DP >= 2, a
+pipeline at DP 1 or with tensor axes, no dslaunch engine; the
 survivors disagree on the last completed step) or the ranks do not all answer within
 ``RECOVER_TIMEOUT``. The failure's text says which.
 

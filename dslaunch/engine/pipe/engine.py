@@ -23,6 +23,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from .. import inprocess_recovery
 from ..dataloader import RepeatingLoader
 from ..engine import DSLaunchEngine
 from .batch_state import BatchState, OpClock, PostedReceives
@@ -103,15 +104,21 @@ class PipelineEngine(DSLaunchEngine):
         batch's mean loss (a 0-dim tensor) on every stage."""
         self._states.check_loaded("train_batch()")
         data_iter = self._data_iter(data_iter)
+        if self._recovery is not None:  # --recover in-process: a lost peer is survived
+            from ..pipe_recovery import train_batch
+
+            return train_batch(self, data_iter)
+        return self._run_batch(data_iter)
+
+    def _run_batch(self, data_iter):
         self.module.train()
         self.tput_timer.start()
         schedule = get_schedule(self.pipe_schedule)
         instrs = schedule(self.num_stages, self.stage_id, self.micro_batches)
         self._applied = False
-        losses = self._execute(instrs, data_iter, train=True)  # its "step" steps the optimizer
-        # the loss broadcast syncs the stages: after the step, so that the last stage's
-        # optimizer step overlaps the first stage's last backward
-        loss = self._aggregate(losses)
+        # its "step" aggregates the loss (_batch_loss), then steps the optimizer
+        self._execute(instrs, data_iter, train=True)
+        loss = self._batch_loss
         self._losses = [loss.detach()]
         self._after_step(self._applied)
         self.tput_timer.stop(global_step=True)
@@ -128,32 +135,35 @@ class PipelineEngine(DSLaunchEngine):
         self.module.eval()
         self._eval_outputs = []
         self._compute_loss = compute_loss
-        try:
-            with torch.no_grad():
+        try:  # (its collectives are the engine's: a lost peer here is not recovered)
+            with torch.no_grad(), inprocess_recovery.engine_call(self):
                 losses = self._execute(inference(self.num_stages, self.stage_id,
                                                  self.micro_batches), data_iter, train=False)
+                loss = self._aggregate(losses) if compute_loss else None
         finally:
             self.module.train(was_training)
             self._compute_loss = True
-        loss = self._aggregate(losses) if compute_loss else None
         return (loss, self._eval_outputs) if return_logits else loss
 
     # -- checkpoints: one file per (stage, TP rank) + metadata (checkpoint/pipeline.py) -------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
         from ..checkpoint import pipeline as pipe_ckpt
-        return pipe_ckpt.save(self, save_dir, tag=tag, client_state=client_state,
-                              save_latest=save_latest,
-                              exclude_frozen_parameters=exclude_frozen_parameters)
+        return inprocess_recovery.abandonable_save(self, lambda: pipe_ckpt.save(
+            self, save_dir, tag=tag, client_state=client_state, save_latest=save_latest,
+            exclude_frozen_parameters=exclude_frozen_parameters))
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
         from ..checkpoint import pipeline as pipe_ckpt
-        loaded = pipe_ckpt.load(self, load_dir, tag=tag, strict=load_module_strict,
-                                load_optimizer_states=load_optimizer_states,
-                                load_lr_scheduler_states=load_lr_scheduler_states,
-                                load_module_only=load_module_only)
+        if inprocess_recovery.holds_live_state(self):
+            return None, {}
+        with inprocess_recovery.engine_call(self):
+            loaded = pipe_ckpt.load(self, load_dir, tag=tag, strict=load_module_strict,
+                                    load_optimizer_states=load_optimizer_states,
+                                    load_lr_scheduler_states=load_lr_scheduler_states,
+                                    load_module_only=load_module_only)
         self._publish_step_state(overflow=False)  # the loss scale may have been restored
         return loaded
 
@@ -295,6 +305,10 @@ class PipelineEngine(DSLaunchEngine):
             grad_of=(lambda p: views.get(p)) if views is not None else None)
 
     def _op_step(self, st: BatchState, m: int) -> None:
+        # the loss first: then every collective of a batch comes before its update, and a lost
+        # peer interrupts a batch that no rank has stepped yet (pipe_recovery.py). The stages
+        # meet here anyway: the step's gradient norm is all-reduced over the world (grad_norm.py)
+        self._batch_loss = self._aggregate(st.losses)
         self._applied = self._optimizer_step()
 
     # op -> method(self, batch state, micro-batch); the ops are schedule.py's

@@ -46,9 +46,10 @@ def counted_params(model, tp_rank: int, tp_world: int, tied_duplicates: set) -> 
 def tied_duplicate_params(model) -> set:
     """ids of tied weights held here whose first owner is another stage."""
     groups = getattr(model, "tied_groups", None) or {}
+    rank = model.grid.global_rank if groups else None  # (a replacement built alone: not dist's)
     out = set()
     for key, (_, ranks) in groups.items():
-        if ranks[0] != dist.get_rank():
+        if ranks[0] != rank:
             out.update(id(p) for p in model._tied_params(key))
     return out
 

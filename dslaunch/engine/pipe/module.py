@@ -131,7 +131,7 @@ class PipelineModule(nn.Module):
         self.tied_weight_attrs: dict = {}
         self.forward_funcs: list = []
         self._build()
-        self.tied_groups = self._tie_groups()
+        self.tied_groups = self.make_tied_groups(self._new_group())
 
     # -- partitioning --------------------------------------------------------------------------
     def _partition(self, method) -> list:
@@ -196,9 +196,19 @@ class PipelineModule(nn.Module):
                                 "nn.Module or a callable")
 
     # -- tied weights --------------------------------------------------------------------------
-    def _tie_groups(self) -> dict:
+    def _new_group(self):
+        """How this rank makes groups: ``dist.new_group``, or stand-ins while it is a replacement
+        rank of an in-process recovery building alone (its grid is planned: grid_recovery.py)."""
+        if self.grid.planned:
+            from ..grid_recovery import stand_ins
+
+            return stand_ins(self.grid.global_rank)
+        return dist.new_group
+
+    def make_tied_groups(self, new_group) -> dict:
         """{key: (group, owner global ranks)} for keys owned by more than one stage and held
-        here; every rank creates every group (new_group is collective)."""
+        here; every rank creates every group with ``new_group`` (collective). Called again by
+        in-process recovery on a new world (engine/pipe_recovery.py)."""
         owners: dict = {}
         for s in range(self.num_stages):
             for idx in self.stage_layers(s):
@@ -214,7 +224,7 @@ class PipelineModule(nn.Module):
                 continue
             for pipe_ranks in self._topo.get_axis_comm_lists("pipe"):
                 ranks = [pipe_ranks[s] for s in stages]
-                group = dist.new_group(ranks)
+                group = new_group(ranks)
                 if self.grid.global_rank in ranks:
                     mine[key] = (group, ranks)
         return mine
@@ -230,7 +240,10 @@ class PipelineModule(nn.Module):
         return out
 
     def sync_tied_weights(self) -> None:
-        """Make every owner start from the first owner stage's tied weights."""
+        """Make every owner start from the first owner stage's tied weights (not a replacement
+        rank building alone: it takes its weights from a live replica once it joins)."""
+        if self.grid.planned:
+            return
         with torch.no_grad():
             for key, (group, ranks) in self.tied_groups.items():
                 for p in self._tied_params(key):

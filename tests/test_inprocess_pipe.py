@@ -1,0 +1,85 @@
+"""In-process recovery of pipeline jobs (``dslaunch run --recover in-process``,
+engine/pipe_recovery.py): real jobs on this host, real gloo groups, the tiny GPT of
+tests/scripts/pipe_model.py as a PipelineModule over PP 2 x DP 2, its embedding tied to the head
+(tests/scripts/inprocess_pipe_train.py). A killed rank is replaced while the others keep their
+processes; the survivors meet the fault inside the next train_batch, rebuild the grid's groups,
+and train that batch again; the replacement takes its stage from a data-parallel replica (at
+ZeRO 1 its optimizer shard from its data group's shard copies), and the job trains to the
+fault-free run's losses and per-rank state. PP x DP 1 refuses: no live peer holds the lost
+stage."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from test_inprocess_autotp import _incidents, _losses, _rank_digests, _starts
+from test_launch import assert_no_leftovers, marker_env
+
+from helpers import SCRIPTS, dslaunch
+
+SCRIPT = SCRIPTS / "inprocess_pipe_train.py"
+STEPS = 6
+
+
+@pytest.mark.parametrize("stage,lost,data", [(0, 3, "iter"), (1, 1, "loader")],
+                         ids=["zero0-last-stage-lost", "zero1-first-stage-lost-own-loader"])
+def test_pipeline_rank_is_replaced_in_process(tmp_path, stage, lost, data):
+    """PP 2 x DP 2, gradient accumulation 2, a rank killed right after its update of step 3:
+    the survivors meet the fault inside the next train_batch (p2p, gradient or loss
+    collectives), recover and train that batch again; the other ranks keep their processes, the
+    replacement takes its stage (weights, Adam state or at ZeRO 1 its shard, counters) from its
+    data-parallel replica, and every step's loss and every rank's final state equal the
+    fault-free run's, bit for bit. ZeRO 0 with a step-indexed iterator given to train_batch, the
+    last stage lost; ZeRO 1 with the engine's own loader (the replacement's moved on to its
+    step), the first stage lost."""
+    marker, env = marker_env()
+    env = {**env, "PIPE_DATA": data}
+    config = json.dumps({"zero_optimization": {"stage": stage}})
+    logs = tmp_path / "logs"
+    r = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, "--recover", "in-process",
+                 "--max-restarts", 1, "--log-dir", logs, "--inject", f"kill:rank={lost},step=3",
+                 SCRIPT, STEPS, config, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (f"recovering in process: the other 3 ranks keep running, rank {lost} starts again"
+            in r.stderr), r.stderr[-3000:]
+    assert "recovered in process" in r.stderr and "restarting" not in r.stderr, \
+        r.stderr[-3000:] + r.stdout[-3000:]
+    starts = _starts(r.stdout)
+    assert all(len(starts[k]) == 1 for k in range(4) if k != lost)  # the survivors: one each
+    assert len(starts[lost]) == 2 and starts[lost][0] != starts[lost][1]
+    assert re.search(rf"rank {lost} pid \d+ start at step 3", r.stdout)  # joined at the step
+    ref = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, SCRIPT, STEPS, config,
+                   env={**os.environ, "PIPE_DATA": data}, timeout=180)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    losses = _losses(r.stdout)
+    assert sorted(losses) == list(range(1, STEPS + 1))  # no step redone, none missing
+    assert losses == _losses(ref.stdout)
+    digests = _rank_digests(ref.stdout)
+    assert _rank_digests(r.stdout) == digests
+    # the stages differ (and at ZeRO 1 the data ranks' shards): a real check
+    assert len(set(digests.values())) == (2 if stage == 0 else 4)
+    [inc] = _incidents(logs)
+    assert inc["action"] == "in-process" and inc["culprit_rank"] == lost
+    assert inc["steps_redone"] == 0 and inc["world_size_after"] == 4
+    print(f"seconds to training again: {inc['seconds_to_training']}")
+    assert_no_leftovers(marker)
+
+
+def test_pipeline_without_a_data_parallel_replica_refuses(tmp_path):
+    """PP 2 x DP 1: no live peer holds the lost rank's stage; the survivor says so and the
+    launcher restarts every rank, which then finishes."""
+    marker, env = marker_env()
+    r = dslaunch("run", "--nproc-per-node", 2, "--omp-threads", 1, "--recover", "in-process",
+                 "--max-restarts", 1, "--log-dir", tmp_path / "logs", "--inject",
+                 "kill:rank=1,step=2", SCRIPT, 4, env=env, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    why = "at PP 2 x DP 1 no live peer holds a lost rank's pipeline stage"
+    assert f"in-process recovery refused: {why}" in r.stdout + r.stderr, r.stderr[-3000:]
+    assert "restarting the whole job (restart 1 of 1)" in r.stderr
+    [inc] = _incidents(tmp_path / "logs")
+    assert inc["action"] == "restart" and why in inc["reason"]
+    assert sorted(_losses(r.stdout)) == list(range(1, 5))
+    assert_no_leftovers(marker)
