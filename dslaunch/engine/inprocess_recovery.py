@@ -751,6 +751,11 @@ def await_promotion() -> None:
     os.environ.update(word["env"])
     del os.environ[STANDBY_ENV]
     standby_priority.restore()
+    # a standby had no progress record, so the script's torch.distributed calls were not wrapped:
+    # wrap them now (the hang watchdog, and recovery from a fault in a collective of the script's)
+    from dslaunch import torch_progress
+
+    torch_progress.install_on_import()
     import sys
 
     injected = sys.modules.get("dslaunch.engine.fault_injection")
