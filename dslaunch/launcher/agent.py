@@ -124,13 +124,19 @@ def node_lock(path: str, wait: float, on_wait=None):
 
 
 class Agent:
-    def __init__(self, plan: WorldPlan, node_rank: int, restart_count: int = 0, out=None,
-                 join: dict | None = None):
+    def __init__(self, plan: WorldPlan, node_rank: int | None, restart_count: int = 0, out=None,
+                 join: dict | None = None, warm_spare: dict | None = None):
         self.plan, self.node_rank, self.restart_count = plan, node_rank, restart_count
         # in-process recovery onto a spare host: our ranks start as replacements that join the
         # survivors' new group (the launcher's recover word for them), not as a new job
         self.join = join
-        self.node = plan.node(node_rank)
+        # a warm spare (``warm_spare``: {"host", "slots"} of this spare host): no node and no
+        # rank of its own, only standby processes, until the launcher gives it a lost host's
+        # node (``adopt``)
+        self.warm = warm_spare is not None
+        self.node = (plan.node(node_rank) if not self.warm else
+                     {"host": warm_spare["host"], "slots": list(warm_spare["slots"]), "ranks": [],
+                      "node_rank": None})
         self.host = self.node["host"]
         self.out = out or sys.stdout.buffer
         self.out_lock = threading.Lock()
@@ -151,7 +157,9 @@ class Agent:
         self.awaiting_word = False
         self.pending_acks: dict = {}  # local rank -> (rank, epoch)
         self.started_acks: dict = {}  # local rank -> the epoch whose "recovering" went out
-        self.standby: Rank | None = None  # a warm process that becomes a lost rank at once
+        # warm processes, each of which becomes a lost rank at once (one per node; a warm
+        # spare's: one per rank of the largest node, as many as its slots allow)
+        self.standby_pool: list[Rank] = []
         self.standbys = 0  # how many were started (their file names)
 
     # ---- output ----------------------------------------------------------------------------------
@@ -209,7 +217,7 @@ class Agent:
         ``torch.distributed.is_torchelastic_launched()`` is True and frameworks that detect
         torchrun see it), and DeepSpeed's launch.py names."""
         plan, node = self.plan, self.node
-        local_ranks = len(node["ranks"])
+        local_ranks = len(node["ranks"]) or self._warm_count()
         env = dict(os.environ)
         env.update(plan.env)
         env.update(
@@ -410,8 +418,7 @@ class Agent:
                 pass
 
     def _stop(self, dump: bool) -> None:
-        if self.standby is not None:
-            self._signal_groups(signal.SIGKILL, [self.standby])
+        self._signal_groups(signal.SIGKILL, self.standby_pool)
         alive = self._alive()
         if dump and alive and not self.escalate.is_set():
             for r in alive:  # the rank itself only: its children may not handle SIGUSR1
@@ -528,7 +535,8 @@ class Agent:
         threading.Thread(target=self._read_stdin, daemon=True).start()
         # Heartbeats from the start: GPU detection (nvidia-smi) alone can take seconds.
         threading.Thread(target=self._heartbeat, daemon=True).start()
-        self._await_previous_attempt()  # heartbeats go on meanwhile: the launcher sees us alive
+        if not self.warm:  # (a warm spare has no node of its own to lock)
+            self._await_previous_attempt()  # heartbeats go on meanwhile: the launcher sees us alive
         try:
             self.start()
         except (OSError, RuntimeError) as exc:
@@ -536,12 +544,12 @@ class Agent:
             self.stop(dump=False, kill=True)
             self._reap_all()
             return 2
-        self._start_standby()
+        self._start_standby(self._warm_count() if self.warm else 1)
         faults = inject.HostFaults.from_env(self, {**os.environ, **self.plan.env})
         if faults is not None:
             faults.start()
         returncodes: dict = {}  # index in self.ranks -> exit code (a replacement is a new entry)
-        while len(returncodes) < len(self.ranks) or self.awaiting_word:
+        while len(returncodes) < len(self.ranks) or self.awaiting_word or self.warm:
             if self.silent:
                 break
             if self.signalled:
@@ -566,6 +574,8 @@ class Agent:
             if item in (events.CMD_KILL, events.CMD_STOP_FAILURE, events.CMD_STOP, "eof") \
                     or item.startswith(events.CMD_RECOVER):
                 self.awaiting_word = False  # the launcher's word after a failed rank
+                if not item.startswith(events.CMD_RECOVER):
+                    self.warm = False  # a warm spare the job ends without: its loop ends too
             if item == events.CMD_KILL:
                 self.stop(dump=False, kill=True)
             elif item == events.CMD_STOP_FAILURE:
@@ -577,6 +587,8 @@ class Agent:
                 threading.Thread(target=self.dump_stacks, args=(wanted,), daemon=True).start()
             elif item.startswith(events.CMD_RECOVER):
                 self._recover(item[len(events.CMD_RECOVER):].strip())
+            elif item.startswith(events.CMD_ADOPT):
+                self._adopt(item[len(events.CMD_ADOPT):].strip())
             elif item.startswith(events.CMD_KILL_RANKS):
                 wanted = {int(w) for w in item[len(events.CMD_KILL_RANKS):].split() if w.isdigit()}
                 self._signal_groups(signal.SIGKILL, [r for r in self._alive() if r.rank in wanted])
@@ -610,6 +622,30 @@ class Agent:
             path = self.recover_file(r.local_rank)
             self.pending_acks[r.local_rank] = (r.rank, epoch)
             recover_files.write_json(path, {**word, "rank": r.rank})
+        self._start_replacements(word)
+
+    def _adopt(self, text: str) -> None:
+        """A warm spare becomes the agent of a lost host's node (``adopt {"node_rank": n, "word":
+        recover word}``): that node's ranks start here from the standbys already waiting, as
+        replacements that join the survivors."""
+        try:
+            msg = json.loads(text)
+            n, word = int(msg["node_rank"]), msg["word"]
+            node = self.plan.node(n)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            self.event(events.ERROR, message=f"unreadable adopt word: {exc}: {text[:200]}")
+            return
+        slots = self.node["slots"]
+        node["host"], node["slots"] = self.host, slots[:len(node["ranks"])]
+        self.node, self.node_rank, self.warm = node, n, False
+        self.say(f"taking over node {n} (ranks {', '.join(map(str, node['ranks']))}) from its "
+                 f"{len(self.standby_pool)} warm standby process(es)")
+        self._start_replacements(word)
+
+    def _start_replacements(self, word: dict) -> None:
+        """Each rank of ours the recover ``word`` lists under ``replace`` starts again as a new
+        process (a standby promoted when one waits) that joins the survivors."""
+        epoch = int(word["epoch"])
         for new in word.get("replace", []):
             if int(new["node_rank"]) != self.node_rank:
                 continue
@@ -641,23 +677,34 @@ class Agent:
                 # --inject faults are per attempt: the replacement must not meet its own again
                 "DSLAUNCH_RESTART_COUNT": str(self.restart_count + epoch)}
 
-    def _start_standby(self) -> None:
-        """With in-process recovery, one warm process per node (DSLAUNCH_RECOVER_STANDBY=0: none):
-        a lost rank of this node is replaced without a process start, torch import and model
-        build on the recovery's path."""
+    def _warm_count(self) -> int:
+        """A warm spare's standbys: enough for the largest node's ranks, within its slots."""
+        if not self.warm:
+            return 0
+        return max(1, min(len(self.node["slots"]) or 1,
+                          max(len(n["ranks"]) for n in self.plan.nodes)))
+
+    def _start_standby(self, count: int = 1) -> None:
+        """With in-process recovery, warm processes (one per node, ``count`` on a warm spare;
+        DSLAUNCH_RECOVER_STANDBY=0: none): a lost rank is replaced without a process start, torch
+        import and model build on the recovery's path."""
         if self.plan.recover != "in-process" or self.stopping.is_set() or \
                 {**os.environ, **self.plan.env}.get(recover_files.STANDBY_SWITCH_ENV) == "0":
             return
-        try:
-            self.standby = self._start_rank(-1, 0, standby=True)
-        except (OSError, RuntimeError) as exc:
-            self.say(f"no standby process for in-process recovery: {exc}")
+        for _ in range(count):
+            try:
+                self.standby_pool.append(self._start_rank(-1, 0, standby=True))
+            except (OSError, RuntimeError) as exc:
+                self.say(f"no standby process for in-process recovery: {exc}")
+                return
 
     def _promote(self, rank: int, local_rank: int, extra: dict) -> Rank | None:
-        """The standby becomes ``rank`` (None: there is none alive)."""
-        r, self.standby = self.standby, None
-        if r is None or r.proc.poll() is not None:
+        """A standby becomes ``rank`` (None: there is none alive)."""
+        while self.standby_pool and self.standby_pool[0].proc.poll() is not None:
+            self.standby_pool.pop(0)  # (one that died waiting)
+        if not self.standby_pool:
             return None
+        r = self.standby_pool.pop(0)
         env = self.rank_env(rank, local_rank, self.gpus)
         env.update(extra)
         env.pop(STACK_FILE_ENV, None)  # its faulthandler already writes to its own file
@@ -682,7 +729,7 @@ class Agent:
                 continue
             del self.pending_acks[local_rank]
             self.event(events.RECOVER_ACK, rank=rank, **{**ack, "epoch": epoch})
-            if ack.get("status") == "joined" and self.standby is None:
+            if ack.get("status") == "joined" and not self.standby_pool:
                 self._start_standby()  # for the next fault, once this one is over (CPU)
 
     def _fence(self) -> None:
@@ -699,7 +746,7 @@ class Agent:
 
     def _reap_all(self) -> None:
         # A rank's leftover children (same process group) must not outlive the job.
-        self._signal_groups(signal.SIGKILL, self.ranks + ([self.standby] if self.standby else []))
+        self._signal_groups(signal.SIGKILL, self.ranks + self.standby_pool)
 
 
 def _read_new(path: str, start: int) -> str:
@@ -745,15 +792,21 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--restart-count", type=int, default=0)
     p.add_argument("--join", default=None,
                    help="JSON recover word: the ranks start as in-process replacements")
+    p.add_argument("--warm-spare", default=None, metavar="JSON",
+                   help='{"host": H, "slots": [...]}: this spare host\'s standbys only, until '
+                        "the launcher gives it a node")
     args = p.parse_args(argv)
     try:
         plan = WorldPlan.decode(args.plan)
-        plan.node(args.node_rank)
+        warm = json.loads(args.warm_spare) if args.warm_spare else None
+        if warm is None:
+            plan.node(args.node_rank)
         join = json.loads(args.join) if args.join else None
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         sys.stderr.write(f"dslaunch agent: bad plan, node rank or join word: {exc}\n")
         return 2
-    return Agent(plan, args.node_rank, args.restart_count, join=join).run()
+    node_rank = None if warm is not None else args.node_rank
+    return Agent(plan, node_rank, args.restart_count, join=join, warm_spare=warm).run()
 
 
 if __name__ == "__main__":

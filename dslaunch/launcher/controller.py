@@ -64,6 +64,7 @@ class AgentProcess:
     last_line: float = 0.0  # when it last read a line (any line: the agent is alive)
     writing_since: float | None = None  # it is writing a rank's line to our stdout since then
     resumed_at: float = 0.0  # when a write blocked for STALL s or more ended
+    warm_host: str | None = None  # a warm spare's host, until it adopts a lost host's node
 
 
 def _whole_lines(stream, demux, name: str):
@@ -213,6 +214,7 @@ class JobController:
         owner = {n: a for a in agents for n in a.node_ranks}
         node_done: set = set()
         exits: dict = {}  # rank -> exit event
+        agents += self.in_process.warm_spares(attempt)
         for a in agents:
             self._start_agent(a)
 
@@ -222,6 +224,7 @@ class JobController:
             self._check_interrupts(agents)
             self._ping(agents)
             self.in_process.tick(agents)
+            self.in_process.release_warm_spares(agents)
             self._watch(agents)
             self._publish()
             now = time.monotonic()
@@ -250,13 +253,16 @@ class JobController:
                         for a in agents:  # the old agent's end (EOF) is no node's any more
                             if n in a.node_ranks:
                                 a.node_ranks = [m for m in a.node_ranks if m != n]
-                        new = self._spare_agent(n, spare[1], attempt)
-                        agents.append(new)
+                        # its warm agent's standbys take them, else a new agent starts them
+                        new = self.in_process.adopt(n, spare[1], agents)
+                        if new is None:
+                            new = self._spare_agent(n, spare[1], attempt)
+                            agents.append(new)
+                            self._start_agent(new)
                         owner[n], last_seen[n] = new, time.monotonic()
                         lost.discard(n)
                         heard.discard(n)  # a new agent: the start timeout applies again
                         self.prefixes = self.plan.prefixes()
-                        self._start_agent(new)
             if self.stop_deadline is not None and now > self.stop_deadline:
                 for a in agents:
                     if not a.finished:
@@ -338,6 +344,15 @@ class JobController:
         self.runner.hand_over(a)
         threading.Thread(target=self._read_stdout, args=(a,), daemon=True).start()
         threading.Thread(target=self._read_stderr, args=(a,), daemon=True).start()
+
+    def warm_spare_agent(self, host: str, slots: list, attempt: int) -> AgentProcess:
+        """An agent on spare ``host`` that starts standby processes only, ready to take a lost
+        host's ranks (``adopt``); it carries no node's events until then."""
+        node = {"node_rank": -1, "host": host, "slots": list(slots), "ranks": []}
+        argv = self.runner.agent_argv(node, attempt) + [
+            "--warm-spare", json.dumps({"host": host, "slots": list(slots)})]
+        return AgentProcess(argv=self.runner.wrap(node, argv), node_ranks=[],
+                            label=f"{host} (warm spare)", warm_host=host)
 
     def _spare_agent(self, n: int, word: dict, attempt: int) -> AgentProcess:
         """The agent for node ``n`` on the spare host the plan now gives it, its ranks started as

@@ -57,6 +57,7 @@ CMD_DUMP_STACKS = "dump stacks"
 CMD_RECOVER = "recover"  # recover {json}: in-process recovery (agent.py, engine/inprocess_recovery.py)
 CMD_KILL_RANKS = "kill ranks"  # kill ranks R..: SIGKILL these ranks (a hung one, before recovering)
 CMD_PING = "ping"  # the controller is there (fencing: an agent that stops hearing it stops)
+CMD_ADOPT = "adopt"  # adopt {json}: a warm spare agent becomes a lost host's node (agent.py)
 
 
 def format_event(event: str, **fields) -> bytes:

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 
 from dslaunch.launcher import errors, events
-from dslaunch.recover_files import REFUSED_EXIT
+from dslaunch.recover_files import REFUSED_EXIT, STANDBY_SWITCH_ENV
 
 RECOVER_TIMEOUT = 90.0  # seconds for every rank to answer (a replacement imports torch first)
 START_SLACK = 2.0  # beyond the hang timeout, for a survivor to say it took the word (the agents'
@@ -202,6 +203,40 @@ class InProcessRecovery:
                f"host {spare}, the other {plan.world_size - len(node['ranks'])} ranks keep running")
         return True
 
+    # ---- warm spares: standbys on the spare hosts, started with the job ---------------------------
+    def warm_spares(self, attempt: int) -> list:
+        """An agent for each spare host of the hostfile, whose standby processes (torch imported,
+        waiting at dslaunch's first call) take a lost host's ranks without a process start
+        (DSLAUNCH_RECOVER_STANDBY=0: none, as for the nodes' own standbys)."""
+        c = self.c
+        if not self.enabled or not getattr(c.runner, "adds_agents", False) or \
+                {**os.environ, **c.plan.env}.get(STANDBY_SWITCH_ENV) == "0":
+            return []
+        return [c.warm_spare_agent(host, slots, attempt) for host, slots in c.plan.spares.items()
+                if host not in c.lost_hosts and slots]
+
+    def adopt(self, n: int, word: dict, agents):
+        """Node ``n``'s ranks start on the spare host's warm agent, if one runs there: it is
+        told to take node ``n`` (``adopt``) and carries its events from now on. None: no warm
+        agent there (the controller starts a new one)."""
+        host = self.c.plan.node(n)["host"]  # (the spare: _onto_spare moved the node there)
+        for a in agents:
+            if a.warm_host == host and not a.finished and a.proc is not None \
+                    and a.proc.poll() is None:
+                msg = json.dumps({"node_rank": n, "word": word}, separators=(",", ":"))
+                self.c.runner.send(a, f"{events.CMD_ADOPT} {msg}")
+                a.warm_host, a.node_ranks, a.label = None, [n], host
+                return a
+        return None
+
+    def release_warm_spares(self, agents) -> None:
+        """The job's own agents are done: the warm spares' standbys are not needed any more."""
+        warm = [a for a in agents if a.warm_host and not a.finished]
+        if warm and all(a.finished for a in agents if not a.warm_host):
+            for a in warm:
+                self.c.runner.send(a, events.CMD_STOP)
+                a.warm_host = None  # (once)
+
     def take_spare_start(self) -> tuple | None:
         """(node rank, recover word) of an agent the controller must start on a spare now, once."""
         start, self.spare_start = self.spare_start, None
@@ -217,7 +252,7 @@ class InProcessRecovery:
         flight until all ``world_size`` ranks answer."""
         line = f"{events.CMD_RECOVER} {json.dumps(word, separators=(',', ':'))}"
         for a in agents:
-            if not a.finished and lost_node not in a.node_ranks:
+            if not a.finished and lost_node not in a.node_ranks and not a.warm_host:
                 self.c.runner.send(a, line)
         now = time.monotonic()
         self.inflight = InFlight(word["epoch"], failure, time.time(), now + RECOVER_TIMEOUT,

@@ -128,9 +128,9 @@ def test_hung_rank_on_host2_replaced_then_checkpoints_go_on(cluster, jobdir):
 
 def test_powered_off_host_moves_to_the_spare_in_process(cluster, jobdir):
     """host2 powered off mid-job, host4 a spare of the hostfile and MIN 2 hosts: host1's ranks keep
-    their processes, host2's ranks 2 and 3 start again on host4 as replacements (an agent started
-    there with the recover word) and take their state from the survivors (at ZeRO 2 their
-    optimizer shards from the copies on host1). The world keeps its size, so the losses are the
+    their processes, host2's ranks 2 and 3 start again on host4 as replacements (the standby
+    processes host4's warm agent started with the job, torch already imported) and take their
+    state from the survivors (at ZeRO 2 their optimizer shards from the copies on host1). The world keeps its size, so the losses are the
     fault-free run's, float for float. (ZeRO 0 passes too; ZeRO 2 moves more state.)"""
     config = '{"zero_optimization": {"stage": 2}}'
     hf = jobdir / "hostfile"
@@ -144,6 +144,7 @@ def test_powered_off_host_moves_to_the_spare_in_process(cluster, jobdir):
     assert rc == 0, out[-3000:] + err[-3000:]
     assert "start again on the spare host host4" in err, err[-3000:]
     assert "replaced on the spare host host4" in err and "restarting" not in err, err[-5000:]
+    assert "taking over node 1 (ranks 2, 3) from its 2 warm standby process(es)" in err, err[-5000:]
     starts = re.findall(r"\[host(\d):\d\] rank (\d) pid \d+ start", out)
     assert sorted(starts) == [("1", "0"), ("1", "1"), ("2", "2"), ("2", "3"), ("4", "2"), ("4", "3")]
     losses = _losses(out)
