@@ -5,8 +5,8 @@ tests/scripts/pipe_model.py as a PipelineModule over PP 2 x DP 2, its embedding 
 processes; the survivors meet the fault inside the next train_batch, rebuild the grid's groups,
 and train that batch again; the replacement takes its stage from a data-parallel replica (at
 ZeRO 1 its optimizer shard from its data group's shard copies), and the job trains to the
-fault-free run's losses and per-rank state. PP x DP 1 refuses: no live peer holds the lost
-stage."""
+fault-free run's losses and per-rank state. PP x DP 1 refuses (no live peer holds the lost
+stage), and so does a world that changes size."""
 
 from __future__ import annotations
 
@@ -83,3 +83,15 @@ def test_pipeline_without_a_data_parallel_replica_refuses(tmp_path):
     assert inc["action"] == "restart" and why in inc["reason"]
     assert sorted(_losses(r.stdout)) == list(range(1, 5))
     assert_no_leftovers(marker)
+
+
+def test_pipeline_world_that_shrinks_refuses():
+    """The ranks' side of a lost host (the word says one rank fewer; shrink_world.py drives it):
+    a pipeline job refuses to go on at another size."""
+    env = dict(os.environ, PIPE_SHRINK_AT="2")
+    r = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, SCRIPT, 3, env=env,
+                 timeout=180)
+    assert r.returncode != 0
+    assert ("in-process recovery refused: the world of a pipeline job cannot change size in "
+            "process (4 -> 3 ranks: the PP 2 x DP 2 grid and its stages would change)"
+            in r.stdout + r.stderr), r.stderr[-3000:]

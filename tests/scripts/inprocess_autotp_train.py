@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+import shrink_world
 import torch
 from autotp_train import SEQ, VOCAB, build
 from state_digest import state_digest
@@ -37,22 +38,6 @@ dp_rank, dp_world = engine.mpu.get_data_parallel_rank(), engine.mpu.get_data_par
 shrink_at = int(os.environ.get("AUTOTP_SHRINK_AT", "-1"))
 
 
-def shrink() -> None:
-    """The last rank leaves; the others are told to go on one smaller (recover_train.py's)."""
-    import tempfile
-
-    from dslaunch.engine import inprocess_recovery
-
-    if rank == engine.world_size - 1:
-        sys.stdout.flush()
-        os._exit(0)
-    watch = inprocess_recovery.Watch(os.path.join(tempfile.mkdtemp(), "word"))
-    watch.word = {"epoch": 1, "rank": rank, "world_size": engine.world_size - 1,
-                  "master_addr": os.environ["MASTER_ADDR"],
-                  "master_port": int(os.environ["MASTER_PORT"]) + 1}
-    inprocess_recovery.recover(engine, watch)
-
-
 def batch(step: int, micro_step: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * step + micro_step)
     ids = torch.randint(0, VOCAB, (micro * dp_world, SEQ), generator=g)
@@ -71,7 +56,7 @@ while engine.global_steps < steps:
     if engine.global_steps == step + 1 and rank == 0:  # (not rolled back by a recovery)
         print(f"step {engine.global_steps} loss {torch.stack(losses).mean().item()!r}", flush=True)
     if engine.global_steps == shrink_at:
-        shrink()
+        shrink_world.shrink(engine)
 
 
 print(f"rank {engine.global_rank} pid {os.getpid()} done {state_digest(engine)}", flush=True)

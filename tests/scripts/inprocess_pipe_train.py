@@ -9,12 +9,17 @@ data rank its rows); with ``PIPE_DATA=loader`` the engine's own loader serves th
 step by the engine). So a job that loses a rank and recovers sees the batches of a fault-free
 one. Rank 0 prints ``step S loss L`` (the batch loss, full precision), every rank ``rank R pid
 P start at step S`` once and ``rank R pid P done DIGEST`` at the end (its stage's weights and
-optimizer state)."""
+optimizer state).
+
+``PIPE_SHRINK_AT=S`` (under a plain ``dslaunch run``): after step S the last rank exits and the
+others recover in process with the word a lost host would bring (one rank fewer), which a
+pipeline job refuses (``grid_recovery.world_change_refused``)."""
 
 import json
 import os
 import sys
 
+import shrink_world
 import torch
 from pipe_model import CFG, layer_list, loss_fn, pipe_specs
 from state_digest import state_digest
@@ -28,6 +33,7 @@ config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
           "gradient_clipping": 0.5, "steps_per_print": 10 ** 6, **config}
 own_loader = os.environ.get("PIPE_DATA", "iter") == "loader"
+shrink_at = int(os.environ.get("PIPE_SHRINK_AT", "-1"))
 SEQ, ROWS = CFG.seq_len, 64  # the loader's dataset: 64 rows, served in order, epoch after epoch
 
 
@@ -63,5 +69,7 @@ while engine.global_steps < steps:
     loss = engine.train_batch(None if own_loader else micro_batches(engine.global_steps))
     if rank == 0:
         print(f"step {engine.global_steps} loss {loss.item()!r}", flush=True)
+    if engine.global_steps == shrink_at:
+        shrink_world.shrink(engine)
 
 print(f"rank {rank} pid {os.getpid()} done {state_digest(engine)}", flush=True)

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 
+import shrink_world
 import torch
 from state_digest import state_digest
 
@@ -59,17 +60,7 @@ if shrink_at >= 0:
 
 def shrink() -> None:
     """The last rank leaves; the others rebuild the group one smaller and re-partition."""
-    import tempfile
-
-    if engine.global_rank == engine.world_size - 1:
-        sys.stdout.flush()
-        os._exit(0)
-    word = {"epoch": 1, "rank": engine.global_rank, "world_size": engine.world_size - 1,
-            "master_addr": os.environ["MASTER_ADDR"],
-            "master_port": int(os.environ["MASTER_PORT"]) + 1}
-    watch = inprocess_recovery.Watch(os.path.join(tempfile.mkdtemp(), "word"))
-    watch.word = word
-    inprocess_recovery.recover(engine, watch)
+    shrink_world.shrink(engine)
     print(f"rank {engine.global_rank} goes on in a world of {engine.world_size}", flush=True)
 
 
