@@ -36,7 +36,10 @@ its own stage.
 Refused, with the reason printed: PP x DP 1 (no live peer holds a lost rank's stage), a world
 that changes size (``grid_recovery.world_change_refused``), tensor or sequence parallel axes in
 the pipeline (not rebuilt), and a fault inside ``eval_batch`` is not recovered (the rank fails
-and the job restarts).
+and the job restarts). A replacement's script sees a world of 1 until it joins: a topology sized
+with ``dist.get_world_size()`` before ``initialize`` fails there (``num_stages=`` does not). A
+hung rank restarts the job: the hang watchdog's verdict does not follow p2p waits, so it names no
+rank stuck outside any collective to kill.
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ grid's data-parallel ``Comm``. The batch loss (mean over micro-batches, averaged
 ranks) is returned on every stage.
 
 Everything else (optimizer, precision, LR schedule, counters, monitors) is ``DSLaunchEngine``'s.
+
+Under ``dslaunch run --recover in-process`` a lost peer met inside ``train_batch`` is recovered
+there and the batch runs again (``engine/pipe_recovery.py``); for that the batch loss is
+aggregated at the ``step`` instruction, before the update, so that every collective of a batch
+comes before any rank's update.
 """
 
 from __future__ import annotations
