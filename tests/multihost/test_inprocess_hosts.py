@@ -130,8 +130,9 @@ def test_powered_off_host_moves_to_the_spare_in_process(cluster, jobdir):
     """host2 powered off mid-job, host4 a spare of the hostfile and MIN 2 hosts: host1's ranks keep
     their processes, host2's ranks 2 and 3 start again on host4 as replacements (the standby
     processes host4's warm agent started with the job, torch already imported) and take their
-    state from the survivors (at ZeRO 2 their optimizer shards from the copies on host1). The world keeps its size, so the losses are the
-    fault-free run's, float for float. (ZeRO 0 passes too; ZeRO 2 moves more state.)"""
+    state from the survivors (at ZeRO 2 their optimizer shards from the copies on host1). The
+    world keeps its size, so the losses are the fault-free run's, float for float. (ZeRO 0
+    passes too; ZeRO 2 moves more state.)"""
     config = '{"zero_optimization": {"stage": 2}}'
     hf = jobdir / "hostfile"
     hf.write_text("host1 slots=2\nhost2 slots=2\nhost4 slots=2 spare\n")
