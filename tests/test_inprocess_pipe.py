@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
-from test_inprocess_autotp import _incidents, _losses, _rank_digests, _starts
+from inprocess_checks import assert_replaced_in_process, assert_trained_as_fault_free, incidents, losses
 from test_launch import assert_no_leftovers, marker_env
 
 from helpers import SCRIPTS, dslaunch
@@ -42,29 +41,11 @@ def test_pipeline_rank_is_replaced_in_process(tmp_path, stage, lost, data):
     r = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, "--recover", "in-process",
                  "--max-restarts", 1, "--log-dir", logs, "--inject", f"kill:rank={lost},step=3",
                  SCRIPT, STEPS, config, env=env, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert (f"recovering in process: the other 3 ranks keep running, rank {lost} starts again"
-            in r.stderr), r.stderr[-3000:]
-    assert "recovered in process" in r.stderr and "restarting" not in r.stderr, \
-        r.stderr[-3000:] + r.stdout[-3000:]
-    starts = _starts(r.stdout)
-    assert all(len(starts[k]) == 1 for k in range(4) if k != lost)  # the survivors: one each
-    assert len(starts[lost]) == 2 and starts[lost][0] != starts[lost][1]
-    assert re.search(rf"rank {lost} pid \d+ start at step 3", r.stdout)  # joined at the step
+    assert_replaced_in_process(r, lost, step=3)
     ref = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, SCRIPT, STEPS, config,
                    env={**os.environ, "PIPE_DATA": data}, timeout=180)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    losses = _losses(r.stdout)
-    assert sorted(losses) == list(range(1, STEPS + 1))  # no step redone, none missing
-    assert losses == _losses(ref.stdout)
-    digests = _rank_digests(ref.stdout)
-    assert _rank_digests(r.stdout) == digests
     # the stages differ (and at ZeRO 1 the data ranks' shards): a real check
-    assert len(set(digests.values())) == (2 if stage == 0 else 4)
-    [inc] = _incidents(logs)
-    assert inc["action"] == "in-process" and inc["culprit_rank"] == lost
-    assert inc["steps_redone"] == 0 and inc["world_size_after"] == 4
-    print(f"seconds to training again: {inc['seconds_to_training']}")
+    assert_trained_as_fault_free(r, ref, logs, lost, STEPS, distinct=2 if stage == 0 else 4)
     assert_no_leftovers(marker)
 
 
@@ -79,9 +60,9 @@ def test_pipeline_without_a_data_parallel_replica_refuses(tmp_path):
     why = "at PP 2 x DP 1 no live peer holds a lost rank's pipeline stage"
     assert f"in-process recovery refused: {why}" in r.stdout + r.stderr, r.stderr[-3000:]
     assert "restarting the whole job (restart 1 of 1)" in r.stderr
-    [inc] = _incidents(tmp_path / "logs")
+    [inc] = incidents(tmp_path / "logs")
     assert inc["action"] == "restart" and why in inc["reason"]
-    assert sorted(_losses(r.stdout)) == list(range(1, 5))
+    assert sorted(losses(r.stdout)) == list(range(1, 5))
     assert_no_leftovers(marker)
 
 
