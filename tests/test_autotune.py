@@ -2,12 +2,12 @@
 each trial outcome from a real process, and one end-to-end search of examples/train_gpt.py on 2
 ranks that is killed with SIGKILL mid-trial, resumed, and finds the best of its space.
 
-The best is known by construction, not by timing: of the space (stage 2, 1) x (no offload, NVMe)
-x micro-batch (1, 2, 4), micro-batch 4 is over ``max_train_batch_size``, stage 1 without offload
-does not fit ``--memory-per-rank`` (the memory estimator), every NVMe trial fails (no
-``nvme_path``: the trial's ``dslaunch run`` refuses its config), which leaves stage 2 at
-micro-batch 1 and 2; on the tiny model a step costs about the same at both, so micro-batch 2 has
-about twice the throughput (samples/s).
+Which trials run is known by construction, not by timing: of the space (stage 2, 1) x (no
+offload, NVMe) x micro-batch (1, 2, 4), micro-batch 4 is over ``max_train_batch_size``, stage 1
+without offload does not fit ``--memory-per-rank`` (the memory estimator), every NVMe trial fails
+(no ``nvme_path``: the trial's ``dslaunch run`` refuses its config), which leaves stage 2 at
+micro-batch 1 and 2; the best is the one of those two whose measured throughput is higher (which
+one that is depends on the host, so the test reads the measurements rather than assuming).
 """
 
 import json
@@ -228,11 +228,15 @@ def test_autotune_example_kill9_resume_finds_best(tmp_path):
                       "z2_mbs2": "ok", "z2_oo-nvme_mbs1": "failed", "z2_oo-nvme_mbs2": "failed"}
     assert "nvme_path" in next(t for t in after if t["status"] == "failed")["error"]
     body = json.loads(trials.read_text())
-    assert body["best"] == "z2_mbs2"
+    # the best of the two that ran, by the throughput each measured (which one is faster depends
+    # on the host: on an AVX-512 host a step of micro-batch 2 costs twice one of micro-batch 1)
+    fastest = max((t for t in after if t["status"] == "ok"), key=lambda t: t["metrics"]["throughput"])
+    assert body["best"] == fastest["name"]
     not_run = {t["name"]: t["reason"] for t in body["not_run"]}
     assert "model states" in not_run["z1_mbs1"] and "max_train_batch_size" in not_run["z2_mbs4"]
     best = json.loads((tmp_path / "res" / "ds_config_optimal.json").read_text())
-    assert best["zero_optimization"]["stage"] == 2 and best["train_micro_batch_size_per_gpu"] == 2
+    assert best["zero_optimization"]["stage"] == 2
+    assert f"mbs{best['train_micro_batch_size_per_gpu']}" == fastest["name"].rsplit("_", 1)[1]
     assert "metric_path" not in best["autotuning"] and best["autotuning"]["enabled"] is False
     summary = (tmp_path / "res" / "summary.txt").read_text()
     assert all(name in summary for name in names) and "pruned" in summary
