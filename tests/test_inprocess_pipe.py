@@ -23,24 +23,26 @@ SCRIPT = SCRIPTS / "inprocess_pipe_train.py"
 STEPS = 6
 
 
-@pytest.mark.parametrize("stage,lost,data", [(0, 3, "iter"), (1, 1, "loader")],
-                         ids=["zero0-last-stage-lost", "zero1-first-stage-lost-own-loader"])
-def test_pipeline_rank_is_replaced_in_process(tmp_path, stage, lost, data):
-    """PP 2 x DP 2, gradient accumulation 2, a rank killed right after its update of step 3:
-    the survivors meet the fault inside the next train_batch (p2p, gradient or loss
-    collectives), recover and train that batch again; the other ranks keep their processes, the
-    replacement takes its stage (weights, Adam state or at ZeRO 1 its shard, counters) from its
-    data-parallel replica, and every step's loss and every rank's final state equal the
-    fault-free run's, bit for bit. ZeRO 0 with a step-indexed iterator given to train_batch, the
-    last stage lost; ZeRO 1 with the engine's own loader (the replacement's moved on to its
-    step), the first stage lost."""
+@pytest.mark.parametrize("stage,fault,lost,data", [(0, "hang", 2, "iter"), (1, "kill", 1, "loader")],
+                         ids=["zero0-last-stage-hung", "zero1-first-stage-killed-own-loader"])
+def test_pipeline_rank_is_replaced_in_process(tmp_path, stage, fault, lost, data):
+    """PP 2 x DP 2, gradient accumulation 2, a rank lost in its update of step 3: the survivors
+    meet the fault inside the next train_batch (p2p, gradient or loss collectives), recover and
+    train that batch again; the other ranks keep their processes, the replacement takes its stage
+    (weights, Adam state or at ZeRO 1 its shard, counters) from its data-parallel replica, and
+    every step's loss and every rank's final state equal the fault-free run's, bit for bit.
+    ZeRO 0 with a step-indexed iterator given to train_batch, a last-stage rank hung (the hang
+    watchdog names it from its data-parallel partner's wait; the launcher kills it, then
+    recovers); ZeRO 1 with the engine's own loader (the replacement's moved on to its step), a
+    first-stage rank killed."""
     marker, env = marker_env()
     env = {**env, "PIPE_DATA": data}
     config = json.dumps({"zero_optimization": {"stage": stage}})
     logs = tmp_path / "logs"
+    hang = ["--hang-timeout", 4] if fault == "hang" else []
     r = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, "--recover", "in-process",
-                 "--max-restarts", 1, "--log-dir", logs, "--inject", f"kill:rank={lost},step=3",
-                 SCRIPT, STEPS, config, env=env, timeout=240)
+                 "--max-restarts", 1, *hang, "--log-dir", logs, "--inject",
+                 f"{fault}:rank={lost},step=3", SCRIPT, STEPS, config, env=env, timeout=240)
     assert_replaced_in_process(r, lost, step=3)
     ref = dslaunch("run", "--nproc-per-node", 4, "--omp-threads", 1, SCRIPT, STEPS, config,
                    env={**os.environ, "PIPE_DATA": data}, timeout=180)

@@ -263,3 +263,24 @@ def test_an_agent_that_sends_no_idleness_is_never_judged():
         w.event({"event": "heartbeat", "node_rank": 1, "host": "host2", "time": 0.0,
                  "progress": {}}, float(t))
         assert w.poll(t + 0.5) is None
+
+
+def test_pipeline_waits_split_over_groups_name_the_rank_outside_any_call():
+    """A pipeline job's waits split over groups (data groups 'ranks 0,2' and 'ranks 1,3'): rank 0
+    waits in its data group's all-reduce for rank 2, which itself waits in a p2p receive; rank 1
+    waits in its own for rank 3, which is stuck outside any call. Each group has one waiter; the
+    one a member keeps waiting from outside any call is the wait that matters, so rank 3 is named,
+    not rank 2 (which only waits on the pipeline; it was named before)."""
+    w = Watchdog(3.0, HOSTS, now=0.0)
+    idle = 5.0
+    w.event(heartbeat(0, {0: idle, 1: idle}, {
+        0: rec(step=2, op="all_reduce", group="ranks 0,2", seq=7, since=1000.0 - idle),
+        1: rec(step=2, op="all_reduce", group="ranks 1,3", seq=7, since=1000.0 - idle)}), 10.0)
+    w.event(heartbeat(1, {2: idle, 3: idle + 0.5}, {
+        2: rec(step=2, op="recv", group="p2p", seq=11, since=1000.0 - idle),
+        3: rec(step=2, last=("recv", "p2p", 9))}), 10.0)
+    dump = w.poll(10.0)
+    assert dump.kind == "dump" and dump.verdict == "hang" and dump.ranks == [3]
+    report = w.poll(10.0 + watchdog.STACK_WAIT + 0.1)
+    assert report.headline.startswith("rank 3 never entered all_reduce #7 on ranks 1,3 that "
+                                      "rank 1 wait in"), report.headline

@@ -38,8 +38,8 @@ that changes size (``grid_recovery.world_change_refused``), tensor or sequence p
 the pipeline (not rebuilt), and a fault inside ``eval_batch`` is not recovered (the rank fails
 and the job restarts). A replacement's script sees a world of 1 until it joins: a topology sized
 with ``dist.get_world_size()`` before ``initialize`` fails there (``num_stages=`` does not). A
-hung rank restarts the job: the hang watchdog's verdict does not follow p2p waits, so it names no
-rank stuck outside any collective to kill.
+hung rank is found by the hang watchdog from its data-parallel partner's wait (its stage
+neighbours wait in p2p receives, which name no one), killed and replaced the same way.
 """
 
 from __future__ import annotations

@@ -294,11 +294,22 @@ class Watchdog:
         return out
 
     def _main_wait(self):
-        """The collective most running ranks wait in: ((group, seq, op), ranks), or None."""
+        """The collective most running ranks wait in: ((group, seq, op), ranks), or None. One
+        that a member keeps waiting from outside any call comes first: with pipeline stages the
+        waits split over several groups (a stage's data-parallel all-reduce, its neighbour's
+        receive), and only the group the stuck rank belongs to names it."""
         waiting = {k: v for k, v in self._waiting().items() if k[0] != P2P_GROUP}
         if not waiting:
             return None
-        return max(waiting.items(), key=lambda kv: (len(kv[1]), -kv[0][1]))
+        running = self.running()
+
+        def held_from_outside(group, waiters) -> bool:
+            members = group_members(group, list(self.ranks)) or running
+            return any(k in running and k not in waiters
+                       and not (self.ranks[k].record or {}).get("coll_op") for k in members)
+
+        return max(waiting.items(),
+                   key=lambda kv: (held_from_outside(kv[0][0], kv[1]), len(kv[1]), -kv[0][1]))
 
     def suspects(self, now: float) -> list:
         """The ranks that keep the others waiting (their stacks are the report's point)."""
