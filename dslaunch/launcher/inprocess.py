@@ -38,6 +38,7 @@ import os
 import time
 
 from dslaunch.launcher import errors, events
+from dslaunch.launcher.plan import LOCAL_HOSTS, free_port
 from dslaunch.recover_files import REFUSED_EXIT, STANDBY_SWITCH_ENV
 
 RECOVER_TIMEOUT = 90.0  # seconds for every rank to answer (a replacement imports torch first)
@@ -118,7 +119,7 @@ class InProcessRecovery:
         epoch = self.done + 1
         plan = c.plan
         word = {"epoch": epoch, "world_size": plan.world_size, "master_addr": plan.master_addr,
-                "master_port": plan.master_port + epoch,
+                "master_port": self._store_port(epoch),
                 "hosts": sorted({n["host"] for n in plan.nodes}),
                 "replace": [{"rank": rank, "node_rank": ev["node_rank"],
                              "local_rank": ev["local_rank"]}]}
@@ -153,7 +154,7 @@ class InProcessRecovery:
         master = self._store_host(first)
         epoch = self.done + 1
         word = {"epoch": epoch, "world_size": len(survivors), "master_addr": master,
-                "master_port": plan.master_port + epoch,
+                "master_port": self._store_port(epoch),
                 # every host's connections are shut (the lost one's most of all)
                 "hosts": sorted({node["host"] for node in plan.nodes}), "replace": [],
                 "renumber": renumber}
@@ -188,7 +189,7 @@ class InProcessRecovery:
         epoch = self.done + 1
         word = {"epoch": epoch, "world_size": plan.world_size,
                 "master_addr": self._store_host(first),
-                "master_port": plan.master_port + epoch,
+                "master_port": self._store_port(epoch),
                 "hosts": sorted({nd["host"] for nd in plan.nodes} | {spare}),
                 "replace": [{"rank": r, "node_rank": n, "local_rank": i}
                             for i, r in enumerate(node["ranks"])]}
@@ -241,6 +242,15 @@ class InProcessRecovery:
         """(node rank, recover word) of an agent the controller must start on a spare now, once."""
         start, self.spare_start = self.spare_start, None
         return start
+
+    def _store_port(self, epoch: int) -> int:
+        """The new group's store port: on this host one the kernel says is free now (the job's
+        port + epoch was taken once in a loaded test run: gloo's own listeners use the same
+        ephemeral range); on other hosts, where nothing here can ask, the job's port + epoch."""
+        plan = self.c.plan
+        if all(n["host"] in LOCAL_HOSTS for n in plan.nodes):
+            return free_port()
+        return plan.master_port + epoch
 
     def _store_host(self, first: dict) -> str:
         """Where the new group's store goes: the job's master address while node 0 lives, else
