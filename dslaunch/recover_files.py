@@ -27,6 +27,12 @@ STANDBY_SWITCH_ENV = "DSLAUNCH_RECOVER_STANDBY"
 REFUSED_EXIT = 76  # a rank that cannot recover in process exits with this: the job restarts
 
 
+def standbys_off(plan_env: dict) -> bool:
+    """The user's switch (``STANDBY_SWITCH_ENV``), in the launcher's environment or the job's
+    (``plan.env`` wins): no standby process on any host, the spares' included."""
+    return {**os.environ, **plan_env}.get(STANDBY_SWITCH_ENV) == "0"
+
+
 def ack_path(instruction_file: str) -> str:
     return instruction_file + ".ack"
 

@@ -689,7 +689,7 @@ class Agent:
         DSLAUNCH_RECOVER_STANDBY=0: none): a lost rank is replaced without a process start, torch
         import and model build on the recovery's path."""
         if self.plan.recover != "in-process" or self.stopping.is_set() or \
-                {**os.environ, **self.plan.env}.get(recover_files.STANDBY_SWITCH_ENV) == "0":
+                recover_files.standbys_off(self.plan.env):
             return
         for _ in range(count):
             try:

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 
 from dslaunch.launcher import errors, events
 from dslaunch.launcher.plan import LOCAL_HOSTS, free_port
-from dslaunch.recover_files import REFUSED_EXIT, STANDBY_SWITCH_ENV
+from dslaunch.recover_files import REFUSED_EXIT, standbys_off
 
 RECOVER_TIMEOUT = 90.0  # seconds for every rank to answer (a replacement imports torch first)
 START_SLACK = 2.0  # beyond the hang timeout, for a survivor to say it took the word (the agents'
@@ -211,10 +210,10 @@ class InProcessRecovery:
         (DSLAUNCH_RECOVER_STANDBY=0: none, as for the nodes' own standbys)."""
         c = self.c
         if not self.enabled or not getattr(c.runner, "adds_agents", False) or \
-                {**os.environ, **c.plan.env}.get(STANDBY_SWITCH_ENV) == "0":
+                standbys_off(c.plan.env):
             return []
         return [c.warm_spare_agent(host, slots, attempt) for host, slots in c.plan.spares.items()
-                if host not in c.lost_hosts and slots]
+                if slots]
 
     def adopt(self, n: int, word: dict, agents):
         """Node ``n``'s ranks start on the spare host's warm agent, if one runs there: it is
