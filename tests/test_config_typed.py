@@ -49,7 +49,7 @@ def test_every_schema_key_is_a_typed_attribute_with_the_resolved_value():
     assert cfg.train_batch_size == 8 and cfg.gradient_accumulation_steps == 1  # inferred
     assert cfg.zero_optimization.reduce_bucket_size == 5_000_000  # 5e6 written: an int
     assert cfg.zero_optimization.offload_optimizer.device == "cpu"
-    assert cfg.zero_optimization.overlap_comm is False  # DeepSpeed's dynamic default, stage 2
+    assert cfg.zero_optimization.overlap_comm is True  # our default for stage 2 (DeepSpeed: off)
     assert cfg.aio.intra_op_parallelism == 3  # DeepSpeed's older name, folded
     assert cfg.optimizer.type == "AdamW" and dict(cfg.optimizer.params) == {
         "lr": 1e-3, "betas": (0.9, 0.95)}

@@ -179,6 +179,25 @@ def test_build_optimizer_by_name():
         build_optimizer(params(), {"type": "Nope", "params": {}})
 
 
+def test_build_optimizer_defaults_are_deepspeeds():
+    """What a config leaves out is what DeepSpeed 0.19.8 uses: its FusedAdam / DeepSpeedCPUAdam
+    do not decay weights unless told (torch's AdamW would by 0.01; a ported config without
+    weight_decay trained differently, found by bench_train's loss check against DDP), and its
+    Lion defaults to lr 1e-3, betas (0.9, 0.999). ``torch_adam: true`` hands the params to torch's
+    class in DeepSpeed, so torch's defaults hold there."""
+    params = lambda: [torch.nn.Parameter(torch.ones(3))]
+    for kind in ("Adam", "AdamW", "FusedAdam", "CPUAdam"):
+        opt = build_optimizer(params(), {"type": kind, "params": {"lr": 1e-3}})
+        assert opt.defaults["weight_decay"] == 0.0, kind
+    told = build_optimizer(params(), {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}})
+    assert told.defaults["weight_decay"] == 0.1
+    torch_adam = build_optimizer(params(), {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}})
+    assert type(torch_adam) is torch.optim.AdamW and torch_adam.defaults["weight_decay"] == 0.01
+    lion = build_optimizer(params(), {"type": "Lion", "params": {}})
+    assert (lion.defaults["lr"], lion.defaults["betas"], lion.defaults["weight_decay"]) == \
+        (1e-3, (0.9, 0.999), 0.0)
+
+
 @pytest.mark.parametrize("name, lr", [("Lamb", 0.05), ("Lion", 0.05), ("SGD", 0.05),
                                       ("Adagrad", 0.5)])
 def test_small_optimizers_reduce_a_quadratic(name, lr):

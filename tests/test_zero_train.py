@@ -192,6 +192,18 @@ def test_stage2_moves_gradients_by_reduce_scatter(job_cache):
     assert ag["path"] == "pairwise" and ag["sent_bytes"] == ag["bytes"]
 
 
+@pytest.mark.parametrize("name", ["s2", "s2_4ranks", "b2"])
+def test_stage2_overlaps_at_most_two_buckets(job_cache, name):
+    """overlap_comm unset: stage 2 reduce-scatters behind backward (our default; DeepSpeed's is
+    off), never more than IN_FLIGHT_BUCKETS at once, whatever the number of buckets (the losses
+    are test_fp32_loss_trajectory_equals_stage0's)."""
+    from dslaunch.engine.zero.stage12 import IN_FLIGHT_BUCKETS
+
+    out = run(job_cache, name)
+    assert out["buckets"] > IN_FLIGHT_BUCKETS
+    assert out["most_in_flight"] == IN_FLIGHT_BUCKETS
+
+
 @pytest.mark.parametrize("name", RESUMED)
 def test_resume_is_bit_identical(job_cache, name):
     full = run(job_cache, name)["losses"]

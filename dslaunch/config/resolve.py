@@ -228,8 +228,11 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
         for section in ("offload_optimizer", "offload_param"):
             if sources.get(f"zero_optimization.{section}.pin_memory") == "default":
                 zero[section]["pin_memory"] = True
-    if zero["overlap_comm"] is None:  # DeepSpeed's dynamic default
-        zero["overlap_comm"] = zero["stage"] == 3
+    if zero["overlap_comm"] is None:
+        # DeepSpeed: on for stage 3 only, since its overlap doubles a reduce_bucket_size buffer.
+        # Ours costs at most IN_FLIGHT_BUCKETS capped buckets (zero/stage12.py) and gives the same
+        # numbers, so stage 2 overlaps too (stage 1 reduces at the boundary either way)
+        zero["overlap_comm"] = zero["stage"] >= 2
         sources["zero_optimization.overlap_comm"] = "default"
 
     for section in ("offload_optimizer", "offload_param"):

@@ -52,6 +52,8 @@ if rank == 0:
     Path(a.out).write_text(json.dumps({
         "losses": losses, "numel": numel, "memory": engine.memory_breakdown(),
         "comm": engine.comm_stats(), "world": world,
-        "optimizer": type(engine.optimizer).__name__}))
+        "optimizer": type(engine.optimizer).__name__,
+        "most_in_flight": getattr(engine.strategy, "most_in_flight", None),
+        "buckets": sum(len(g.layout.buckets) for g in getattr(engine.strategy, "groups", []))}))
 dist.barrier()
 dist.destroy_process_group()

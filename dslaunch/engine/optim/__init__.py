@@ -3,7 +3,12 @@
 - ``Adam`` (also ``FusedAdam``, ``CPUAdam``): DeepSpeed's ``adam_w_mode`` defaults to true, so the
   config type "Adam" means decoupled weight decay (AdamW) unless ``adam_w_mode: false`` (then L2
   weight decay added to the gradient, torch's Adam). ``AdamW`` is always decoupled.
-- ``SGD``, ``Adagrad``: torch's. ``Lamb``, ``Lion``: small reference implementations here.
+  ``weight_decay`` left out means 0, as DeepSpeed's FusedAdam and DeepSpeedCPUAdam default
+  (torch's AdamW would decay by 0.01); with ``torch_adam: true`` DeepSpeed hands the params to
+  torch's class, so torch's defaults apply, here too.
+- ``SGD``, ``Adagrad``: torch's. ``Lamb``, ``Lion``: small reference implementations here, with
+  DeepSpeed's defaults for what the config leaves out (Lion: lr 1e-3, betas (0.9, 0.999), no
+  weight decay, as its FusedLion and DeepSpeedCPULion).
 - ``Muon``: Muon for the hidden matrices with an auxiliary AdamW for the rest (``muon.py``; the
   model's parameters are tagged ``use_muon`` by DeepSpeed's rule; ZeRO 1-3: ``muon_zero.py``).
 - ``OneBitAdam``, ``ZeroOneAdam``, ``OneBitLamb``: ``engine/onebit/`` (``build_onebit``).
@@ -54,6 +59,8 @@ def build_optimizer(model_parameters, optimizer_cfg, model=None) -> torch.optim.
         if params.get("bias_correction", True) is False:
             raise ValueError(f"optimizer.params.bias_correction: false is not supported for {name}")
         kw = {k: v for k, v in params.items() if k not in _DS_ONLY}
+        if not params.get("torch_adam", False):
+            kw.setdefault("weight_decay", 0.0)  # DeepSpeed's fused / CPU Adam default
         cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
         if device.type in ("cpu", "cuda") and "fused" not in kw and "foreach" not in kw:
             kw["fused"] = True
@@ -66,8 +73,9 @@ def build_optimizer(model_parameters, optimizer_cfg, model=None) -> torch.optim.
         kw = {k: v for k, v in params.items() if k not in ("legacy_fusion",)}
         return Lamb(model_parameters, **kw)
     if kind == "lion":
-        return Lion(model_parameters, **{k: v for k, v in params.items() if k in
-                                         ("lr", "betas", "weight_decay")})
+        kw = {"lr": 1e-3, "betas": (0.9, 0.999), "weight_decay": 0.0}  # DeepSpeed's Lion defaults
+        kw.update({k: v for k, v in params.items() if k in kw})
+        return Lion(model_parameters, **kw)
     if kind == "sgd":
         return torch.optim.SGD(model_parameters, **{k: v for k, v in params.items()
                                                     if k not in _DS_ONLY})

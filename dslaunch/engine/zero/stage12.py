@@ -16,8 +16,8 @@ optimizer param group, see ``partition.py``) but owns one chunk of every bucket:
   (and freed), reduce-scattered, and this rank's chunk is added to its gradient shard: the only
   gradient memory that lasts is the shard, and accumulation over micro-steps is exact. A
   post-accumulate hook per parameter stages gradients as they appear; a full bucket is
-  reduce-scattered right there (synchronously), or with ``overlap_comm`` asynchronously (waited at
-  the end of backward: waiting inside autograd hooks made gloo abort at exit now and then);
+  reduce-scattered right there, synchronously with ``overlap_comm: false``, else asynchronously
+  with at most ``IN_FLIGHT_BUCKETS`` in flight (our default for stage 2; DeepSpeed's is off);
 - stage 3 (``stage3.py``) builds on the stage-2 path and frees the flat parameter storage at rest;
 - buckets hold at most ``reduce_bucket_size`` elements, capped at ``COMM_BUCKET_CAP`` (see there).
   ``allgather_bucket_size`` is accepted; the all-gather uses the same buckets.
@@ -57,6 +57,11 @@ from dslaunch.engine.zero.zero_init import register_strategy
 # 0.11 s in 16 pieces; all_gather 0.53 s vs 0.09 s), so buckets are capped here whatever
 # reduce_bucket_size says (DeepSpeed's default 5e8 would make one bucket of most models).
 COMM_BUCKET_CAP = 1 << 21
+# stage 2 with overlap_comm: reduce-scatters in flight behind backward at once. Two keep the
+# exchange off the critical path (a bucket's backward takes far longer than its exchange) and
+# cost two staging buffers; overlap took 27M fp32 on 2 gloo ranks from 730-760 to 660-690 ms of
+# backward a step (bench_train's GPT, 2-core host)
+IN_FLIGHT_BUCKETS = 2
 
 
 class _Group:
@@ -103,6 +108,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
     version = 0
     updating = False
     host = None  # offload_optimizer: the pipelined copies (offload_pipeline.HostOffload)
+    most_in_flight = 0  # the most overlapped reduce-scatters seen in flight at once (a check)
 
     def __init__(self, stage, model, optimizer, zero, comm=None, precision=None, aio=None):
         """``zero``: the typed ``zero_optimization`` section; ``aio``: the typed ``aio`` section
@@ -127,11 +133,9 @@ class ZeroStage12Strategy(OptimizerStrategy):
         broadcast_model(model, comm)  # every rank starts from rank 0's weights
         self._partition(optimizer, cast=True)
         if stage >= 2:
-            # A bucket is reduced as soon as its gradients exist (synchronously from the hook
-            # without overlap_comm), so whole gradients never exist for the whole model: that is
-            # stage 2's memory saving during backward, not only after it. (Hooks that *wait on
-            # async* gloo work made ranks abort at exit now and then; overlap keeps its waits in
-            # after_backward, and the bootstrap no longer runs gloo's teardown at exit.)
+            # A bucket is reduced as soon as its gradients exist (at most IN_FLIGHT_BUCKETS
+            # still in flight with overlap_comm), so whole gradients never exist for the whole
+            # model: that is stage 2's memory saving during backward, not only after it.
             for gi, g in enumerate(self.groups if stage == 2 else []):
                 for name, p in g.params.items():
                     self._hooks.append(p.register_post_accumulate_grad_hook(
@@ -359,10 +363,13 @@ class ZeroStage12Strategy(OptimizerStrategy):
             work = g.comm.reduce_scatter_tensor(out, send, async_op=True,
                                                      input_is_scratch=True)
             self._in_flight.append((g, bi, work, out, staging))
-            # No wait here: waiting on (or polling) async gloo work from inside the autograd
-            # hook made the process abort at interpreter exit now and then ("terminate called
-            # without an active exception"). All waits happen in after_backward; the price is
-            # that in-flight buckets keep their staging buffers until backward ends.
+            # At most IN_FLIGHT_BUCKETS stay in flight (each holds its staging buffer): the
+            # oldest is completed here, in the hook, as the synchronous path completes every
+            # bucket. (Waits in hooks once made gloo abort at interpreter exit; the bootstrap
+            # no longer runs gloo's teardown.) The rest are completed in after_backward.
+            while len(self._in_flight) > IN_FLIGHT_BUCKETS:
+                self._finish(*self._in_flight.pop(0))
+            self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
         else:
             g.comm.reduce_scatter_tensor(out, send, input_is_scratch=True)
             self._finish(g, bi, None, out, staging)
@@ -531,9 +538,16 @@ class ZeroStage12Strategy(OptimizerStrategy):
             self.copies.exchange(self)
 
     def _all_gather_params(self, sources=None):
+        """Every bucket's updated chunks to every rank. The buckets' all-gathers are all posted
+        first and then waited for: one after another, each bucket paid the exchange's latency
+        (27M fp32 parameters, 2 ranks on gloo: 58 ms in turn, 33 ms posted together). Chunks
+        read from an NVMe swap file are valid only until the next is read, so those go one by
+        one."""
+        swapped = sources is None and self.need_master and self._masters_swapped()
         if sources is None:
             sources = self._master_chunks() if self.need_master else (
                 (gi, bi, c) for gi, g in enumerate(self.groups) for bi, c in enumerate(g.chunks))
+        posted = []  # (work, input): an input stays alive until its gather is done
         for gi, bi, src in sources:
             g = self.groups[gi]
             bview = g.buckets[bi]
@@ -546,7 +560,17 @@ class ZeroStage12Strategy(OptimizerStrategy):
             if lo <= inp.data_ptr() < lo + bview.numel() * bview.element_size() and \
                     _aliasing_refused(g.comm, inp):
                 inp = inp.clone()  # gloo's own all-gather: the input must not alias the output
-            g.comm.all_gather_into_tensor(bview, inp)
+            if swapped:
+                g.comm.all_gather_into_tensor(bview, inp)
+            else:
+                posted.append((g.comm.all_gather_into_tensor(bview, inp, async_op=True), inp))
+        for work, _ in posted:
+            work.wait()
+
+    def _masters_swapped(self) -> bool:
+        """Whether the fp32 masters are read from the optimizer's NVMe swap file now."""
+        return bool(getattr(self.optimizer, "swap_params", False)) and \
+            not getattr(self, "masters_resident", False)
 
     def _master_chunks(self):
         """(group index, bucket index, fp32 master chunk), in group and bucket order. When the
@@ -554,7 +578,7 @@ class ZeroStage12Strategy(OptimizerStrategy):
         swapped in, they are read from the file sub-group by sub-group (each chunk is valid until
         the next is taken)."""
         opt = self.optimizer
-        if getattr(opt, "swap_params", False) and not getattr(self, "masters_resident", False):
+        if self._masters_swapped():
             where = {id(sp): (gi, bi) for gi, g in enumerate(self.groups)
                      for bi, sp in enumerate(g.shard_params)}
             expect = [(gi, bi) for gi, g in enumerate(self.groups)
