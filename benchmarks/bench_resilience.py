@@ -345,10 +345,16 @@ def phases(job, t_fault, launcher: str) -> dict:
                                  and REPORT.search(x) is not None) if ours else (None, None)
     t_plan, _ = first_after(job, t_fault, lambda t, s, x: s == "stderr" and x.startswith("dslaunch:")
                             and re.search(r"restart|recover", x, re.I)) if ours else (None, None)
+    # In process, rank 0 may still finish a step after a rank hung, before anyone noticed: not
+    # training again (it read as 0.001 s). Its steps count from the launcher's recover word on.
+    t_from = t_fault
+    if launcher == "dslaunch-in-process":
+        t_word, _ = first_after(job, t_fault, lambda t, s, x: "recovering in process" in x)
+        t_from = max(t_fault, t_word) if t_word is not None else t_fault
     marks = {}
     for _t, _s, x in job.lines:
         r = rank_line(x)
-        if r and r[1] == 0 and r[4] >= first_attempt and r[3] >= t_fault and r[0] not in marks:
+        if r and r[1] == 0 and r[4] >= first_attempt and r[3] >= t_from and r[0] not in marks:
             marks[r[0]] = r[3]
     t_init, t_resumed, t_step = marks.get("INIT"), marks.get("RESUMED"), marks.get("STEP")
 

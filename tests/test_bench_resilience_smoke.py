@@ -78,8 +78,10 @@ def test_part_a_in_process_phases_from_the_stamped_lines():
         br.parse_args(["--a-recover", "elastic"])
     job = br.Job([])
     job.lines = [(99.0, "stdout", "[host1:0] STEP 0 12 99.000 0"),
+                 # a step rank 0 ended just after rank 1 hung, before anyone noticed: not it
+                 (100.001, "stdout", "[host1:0] STEP 0 13 100.001 0"),
                  (104.0, "stderr", "dslaunch: hang: rank 1 never entered all_reduce #40; recovering in process"),
-                 (105.0, "stdout", "[host1:0] STEP 0 13 105.000 0")]
+                 (105.0, "stdout", "[host1:0] STEP 0 14 105.000 0")]
     ip = br.phases(job, 100.0, "dslaunch-in-process")
     assert (ip["detect_s"], ip["replan_s"], ip["recover_s"], ip["training_again_s"]) == (4.0, 0.0, 1.0, 5.0)
     assert br.phases(job, 100.0, "dslaunch")["training_again_s"] is None  # no restarted rank 0
