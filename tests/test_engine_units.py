@@ -57,6 +57,27 @@ def test_warmup_lr_log_and_linear():
     assert _trace(s, opt, 6) == pytest.approx([0.0, 0.0, 0.0025, 0.005, 0.0075, 0.01])
 
 
+def test_warmup_lr_without_a_peak_warms_each_group_to_its_own_lr():
+    """DeepSpeed 0.19.8's WarmupLR: ``warmup_max_lr`` unset is each param group's lr (older
+    DeepSpeed, and dslaunch before, warmed every group to 0.001). The trace below is what
+    DeepSpeed 0.19.8's own WarmupLR gave for the same two groups (peer venv, by hand); the
+    config's resolved default must leave it unset, not fill 0.001."""
+    ps = [torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1))]
+    opt = torch.optim.SGD([{"params": [ps[0]], "lr": 3e-4}, {"params": [ps[1]], "lr": 1e-4}], lr=1.0)
+    cfg = resolve_config({"train_batch_size": 1, "scheduler": {
+        "type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_type": "linear"}}}).typed
+    s = build_scheduler(cfg.scheduler, opt)
+    got = []
+    for _ in range(6):
+        got.append([g["lr"] for g in opt.param_groups])
+        opt.step()
+        s.step()
+    want = [[0.0, 0.0], [0.0, 0.0], [7.5e-05, 2.5e-05], [1.5e-4, 5e-05], [2.25e-4, 7.5e-05],
+            [3e-4, 1e-4]]
+    assert [lr for step in got for lr in step] == pytest.approx(
+        [lr for step in want for lr in step], abs=1e-15)
+
+
 def test_warmup_decay_lr():
     opt = _opt()
     s = WarmupDecayLR(opt, total_num_steps=10, warmup_max_lr=0.01, warmup_num_steps=4,

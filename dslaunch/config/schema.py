@@ -223,7 +223,9 @@ _WARMUP = {
 
 # Scheduler type -> its params (DeepSpeed's lr_schedules.py signatures and defaults).
 SCHEDULER_PARAMS = {
-    "WarmupLR": Section(dict(_WARMUP)),
+    # WarmupLR's warmup_max_lr unset: each param group's own lr (DeepSpeed 0.19.8); WarmupDecayLR
+    # keeps 0.001
+    "WarmupLR": Section({**_WARMUP, "warmup_max_lr": F(None, 0.0)}),
     "WarmupDecayLR": Section({**_WARMUP, "total_num_steps": I(None, 1, required=True)}),
     "WarmupCosineLR": Section({
         "total_num_steps": I(None, 1, required=True),

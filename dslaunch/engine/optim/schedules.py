@@ -72,11 +72,14 @@ class _Schedule:
 
 
 class WarmupLR(_Schedule):
-    def __init__(self, optimizer, warmup_min_lr=0.0, warmup_max_lr=0.001, warmup_num_steps=1000,
+    """``warmup_max_lr`` unset: each param group warms up to its own lr, as in DeepSpeed 0.19.8
+    (older DeepSpeed, and dslaunch before 2026-11-29, warmed every group to 0.001)."""
+
+    def __init__(self, optimizer, warmup_min_lr=0.0, warmup_max_lr=None, warmup_num_steps=1000,
                  warmup_type="log", last_batch_iteration=-1):
         super().__init__(optimizer, last_batch_iteration)
         if warmup_max_lr is None:
-            warmup_max_lr = optimizer.param_groups[0]["lr"]
+            warmup_max_lr = [group["lr"] for group in optimizer.param_groups]
         self.min_lrs = _per_group(optimizer, warmup_min_lr, "warmup_min_lr")
         self.max_lrs = _per_group(optimizer, warmup_max_lr, "warmup_max_lr")
         self.delta_lrs = [hi - lo for hi, lo in zip(self.max_lrs, self.min_lrs)]
