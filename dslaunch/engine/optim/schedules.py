@@ -154,7 +154,9 @@ class WarmupCosineLR(_Schedule):
             return self.warmup_min_ratio + ratio * (1.0 - self.warmup_min_ratio)
         real_step = i - self.warmup_num_steps + 1
         real_total = max(1, self.total_num_steps - self.warmup_num_steps)
-        cosine = (1 + math.cos(math.pi * real_step / real_total)) / 2
+        # past total_num_steps the lr stays at the floor (DeepSpeed 0.19.8 clamps the progress;
+        # the cosine went back up before)
+        cosine = (1 + math.cos(math.pi * min(1.0, real_step / real_total))) / 2
         return max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * cosine)
 
     def get_lr(self):
