@@ -276,7 +276,7 @@ FP16 = Section({
     "fp16_master_weights_and_grads": B(),
 })
 
-BF16 = Section({"enabled": B(), "immediate_grad_update": B(), "check_grad_overflow": B(),
+BF16 = Section({"enabled": B(), "immediate_grad_update": B(), "check_grad_overflow": B(True),
                 "bf16_master_weights_and_grads": B(), "bf16_optimizer_states": B()})
 
 # DeepSpeed's dtype spellings (its DtypeEnum); null: the device's autocast default (bf16 on CPU)
@@ -418,8 +418,9 @@ TOP = Section({
     "zero_optimization": ZERO,
     "zero_allow_untested_optimizer": B(),
     "zero_force_ds_cpu_optimizer": B(True),
-    # Accelerate writes float("inf") to silence the step log (DeepSpeed never prints then)
-    "steps_per_print": I(10, 1, infinity=True),
+    # unset: no step log line, as DeepSpeed 0.19.8 (STEPS_PER_PRINT_DEFAULT = None; older
+    # DeepSpeed printed every 10 steps). Accelerate writes float("inf") for the same
+    "steps_per_print": I(None, 1, infinity=True),
     "wall_clock_breakdown": B(),
     "dump_state": B(),
     "memory_breakdown": B(),

@@ -375,7 +375,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
                 events += self._eigenvalues.summary_events(self.block_eigenvalue,
                                                            self.global_samples)
             self.monitors.write_events(events)
-        if self.global_steps % self.steps_per_print == 0:
+        if self.steps_per_print and self.global_steps % self.steps_per_print == 0:
             now = time.perf_counter()
             t0, tok0, fwd0 = self._last_print
             # every rank of the gradient group counts its own tokens (a sequence shard with SP)
