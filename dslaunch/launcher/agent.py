@@ -36,7 +36,7 @@ from dslaunch.launcher import errors, events, inject
 from dslaunch.launcher.bootstrap import STACK_FILE_ENV
 from dslaunch.launcher.cores import CoreListError, format_cores, rank_cores
 from dslaunch.launcher.idleness import Idleness, cpu_ticks
-from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env
+from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env, free_port
 
 TAIL_LINES = 20
 DUMP_WAIT = 0.5  # seconds between the SIGUSR1 stack dump and SIGTERM (the dump is written at once)
@@ -459,8 +459,11 @@ class Agent:
     def _heartbeat(self) -> None:
         while not self.all_exited.wait(self.plan.heartbeat_interval):
             progress, idle = self.progress()
+            # in-process recovery: a port free on this host now, for a new group's store here
+            # (the launcher cannot ask a remote host at the moment of a fault)
+            extra = {"free_port": free_port()} if self.plan.recover == "in-process" else {}
             self.event(events.HEARTBEAT, time=time.time(), progress=progress, idle=idle,
-                       rss=self.memory())
+                       rss=self.memory(), **extra)
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signal.Signals(signum).name

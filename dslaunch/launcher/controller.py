@@ -306,6 +306,7 @@ class JobController:
                 a.pids.update(ev.get("pids") or {})
             elif name == events.HEARTBEAT:
                 self.recovery.on_progress(ev.get("progress") or {})
+                self.in_process.on_heartbeat(ev)
             elif name == events.EXIT:
                 exits[ev["rank"]] = ev
                 if errors.counts_as_failure(ev) and \

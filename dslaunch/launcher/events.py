@@ -42,7 +42,7 @@ EXIT = "exit"  # rank, local_rank, node_rank, host, returncode, signal, time, st
 # progress {rank: progress_record.read()}; idle {rank: seconds since its record last changed,
 # or, before it wrote one, since its CPU time last advanced}, every running rank, agent's clock;
 # rss {rank: resident bytes} (the live job view's memory column; absent from older agents)
-HEARTBEAT = "heartbeat"  # node_rank, host, time, progress, idle, rss
+HEARTBEAT = "heartbeat"  # node_rank, host, time, progress, idle, rss[, free_port: in-process]
 # stacks {rank: {"python": text}}, then (py-spy installed) a second one {rank: {"native": text}}
 STACKS = "stacks"  # node_rank, host, stacks
 RECOVER_ACK = "recover_ack"  # node_rank, host, rank, epoch, status, why | step, seconds

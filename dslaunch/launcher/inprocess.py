@@ -73,6 +73,7 @@ class InProcessRecovery:
         self.dropped_nodes: set = set()  # nodes of lost hosts the job went on without
         self.dropped_ranks = 0  # their ranks (no exit will come from them)
         self.spare_start: tuple | None = None  # (node, word): an agent to start on a spare host
+        self.free_ports: dict = {}  # node rank -> the free port its agent's last heartbeat named
 
     @property
     def enabled(self) -> bool:
@@ -153,7 +154,7 @@ class InProcessRecovery:
         master = self._store_host(first)
         epoch = self.done + 1
         word = {"epoch": epoch, "world_size": len(survivors), "master_addr": master,
-                "master_port": self._store_port(epoch),
+                "master_port": self._store_port(epoch, first["node_rank"]),
                 # every host's connections are shut (the lost one's most of all)
                 "hosts": sorted({node["host"] for node in plan.nodes}), "replace": [],
                 "renumber": renumber}
@@ -188,7 +189,7 @@ class InProcessRecovery:
         epoch = self.done + 1
         word = {"epoch": epoch, "world_size": plan.world_size,
                 "master_addr": self._store_host(first),
-                "master_port": self._store_port(epoch),
+                "master_port": self._store_port(epoch, first["node_rank"]),
                 "hosts": sorted({nd["host"] for nd in plan.nodes} | {spare}),
                 "replace": [{"rank": r, "node_rank": n, "local_rank": i}
                             for i, r in enumerate(node["ranks"])]}
@@ -242,13 +243,21 @@ class InProcessRecovery:
         start, self.spare_start = self.spare_start, None
         return start
 
-    def _store_port(self, epoch: int) -> int:
-        """The new group's store port: on this host one the kernel says is free now (the job's
-        port + epoch was taken once in a loaded test run: gloo's own listeners use the same
-        ephemeral range); on other hosts, where nothing here can ask, the job's port + epoch."""
+    def on_heartbeat(self, ev: dict) -> None:
+        if ev.get("free_port"):
+            self.free_ports[ev.get("node_rank")] = int(ev["free_port"])
+
+    def _store_port(self, epoch: int, store_node: int = 0) -> int:
+        """The new group's store port, on node ``store_node``'s host. Not the job's port +
+        epoch, which was taken once in a loaded test run (gloo's own listeners use the same
+        ephemeral range): on this host one the kernel says is free now; on another, the one
+        its agent found free at its last heartbeat (a second ago at most); port + epoch only
+        before any heartbeat."""
         plan = self.c.plan
         if all(n["host"] in LOCAL_HOSTS for n in plan.nodes):
             return free_port()
+        if store_node in self.free_ports:
+            return self.free_ports[store_node]
         return plan.master_port + epoch
 
     def _store_host(self, first: dict) -> str:
