@@ -17,7 +17,7 @@ import torch
 from dslaunch import progress_record
 from dslaunch.config import to_dict
 
-from . import experts, fault_injection, inprocess_recovery
+from . import config_accessors, experts, fault_injection, inprocess_recovery
 from .autocast import Autocast
 from .autotuning_meter import TrialMeter
 from .checkpoint import save_load as ckpt
@@ -83,8 +83,8 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
         self._micro_batch = cfg.train_micro_batch_size_per_gpu
         self._gas = cfg.gradient_accumulation_steps
         self._train_batch = cfg.train_batch_size
-        self.gradient_clipping = cfg.gradient_clipping
-        self.steps_per_print = cfg.steps_per_print
+        self._clip = cfg.gradient_clipping  # engine.gradient_clipping() is DeepSpeed's accessor
+        self._print_every = cfg.steps_per_print  # engine.steps_per_print(): the accessor
         self.precision = build_precision(cfg.fp16, cfg.bf16)
         # torch_autocast: forward in the autocast dtype, the safe modules' gradients reduced in
         # it (marked before the strategy lays out its buckets)
@@ -315,7 +315,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
             if self.progressive_layer_drop is not None:  # before the step, as DeepSpeed's order
                 self.progressive_layer_drop.update_state(self.global_steps)
             self._flops.phase_begin()
-            applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
+            applied = self.strategy.step(self._clip, self.precision.scaler)
             self.strategy.zero_grad()
             self._flops.phase_end("step")
             self._record_step(applied)
@@ -375,7 +375,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
                 events += self._eigenvalues.summary_events(self.block_eigenvalue,
                                                            self.global_samples)
             self.monitors.write_events(events)
-        if self.steps_per_print and self.global_steps % self.steps_per_print == 0:
+        if self._print_every and self.global_steps % self._print_every == 0:
             now = time.perf_counter()
             t0, tok0, fwd0 = self._last_print
             # every rank of the gradient group counts its own tokens (a sequence shard with SP)
@@ -433,3 +433,6 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
             if getattr(self.strategy, "copies", None) is not None:  # in-process, ZeRO 1-2
                 self.strategy.copies.exchange(self.strategy)
         return loaded
+
+
+config_accessors.install(DSLaunchEngine)  # engine.gradient_clipping(), engine.zero_*() ...

@@ -344,7 +344,7 @@ class PipelineEngine(DSLaunchEngine):
 
     def _optimizer_step(self) -> bool:
         self.timers.start("step")
-        applied = self.strategy.step(self.gradient_clipping, self.precision.scaler)
+        applied = self.strategy.step(self._clip, self.precision.scaler)
         self.strategy.zero_grad()
         self._record_step(applied)
         if applied:
