@@ -114,6 +114,23 @@ def test_unknown_attributes_come_from_the_module():
         _ = bare.module
 
 
+def test_compile_compiles_the_module_as_accelerate_calls_it():
+    """engine.compile(backend=, compile_kwargs=) (Accelerate's call) compiles the wrapped module
+    once; its forward gives the uncompiled engine's loss, and training goes through it."""
+    tok = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1))
+    plain = _engine()
+    engine = _engine()
+    assert not engine.is_compiled
+    engine.compile(backend="eager", compile_kwargs={"dynamic": False})
+    assert engine.is_compiled and engine.module._compiled_call_impl is not None
+    assert not plain.is_compiled
+    assert engine(tok, tok).item() == plain(tok, tok).item()
+    _train(engine)
+    engine.compile(backend="eager")  # compiled already: nothing more
+    with pytest.raises(NotImplementedError, match="DeepCompile"):
+        plain.compile(schedule=[(0, [])])
+
+
 def test_scheduler_needs_a_step_and_the_optimizer_carries_the_loss_scale():
     from dslaunch.runtime.lr_schedules import VALID_LR_SCHEDULES
 

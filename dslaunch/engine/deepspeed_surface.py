@@ -249,6 +249,29 @@ class DeepSpeedSurface:
     def get_global_grad_norm(self):
         return self.strategy.grad_norm()
 
+    # -- torch.compile -------------------------------------------------------------------------
+    def compile(self, backend=None, compile_kwargs=None, schedule=None,
+                compiled_autograd_enabled=False) -> None:
+        """DeepSpeed's ``engine.compile(backend=, compile_kwargs=)`` (Accelerate calls it when a
+        dynamo backend is set): torch.compile of the wrapped module, once; the engine's own
+        forward, backward and step stay eager. (``nn.Module.compile`` would have compiled the
+        engine's forward and refused ``compile_kwargs``.) DeepCompile's ``schedule`` and
+        compiled autograd are not provided."""
+        if schedule is not None or compiled_autograd_enabled:
+            raise NotImplementedError(
+                "engine.compile(schedule=...) / compiled_autograd_enabled=True are DeepCompile's; "
+                "dslaunch compiles the module with torch.compile only: leave them out")
+        if self.is_compiled:
+            return
+        kwargs = dict(compile_kwargs or {})
+        kwargs["backend"] = backend or "inductor"  # torch.compile's default, as DeepSpeed's CPU/CUDA
+        self.module.compile(**kwargs)
+        self._is_compiled = True
+
+    @property
+    def is_compiled(self) -> bool:
+        return self.__dict__.get("_is_compiled", False)
+
     # -- configuration -------------------------------------------------------------------------
     def fp16_enabled(self) -> bool:
         return self.precision.name == "fp16"
