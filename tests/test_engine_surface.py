@@ -58,6 +58,8 @@ def test_config_is_the_resolved_dict_and_the_accessors_answer():
     assert e.optimizer_name() == "adamw" and e.get_mom() == [(0.9, 0.999)]
     assert e.mp_world_size == 1
     assert e.get_data_parallel_group() is e.data_parallel_group is not None
+    assert (e.get_data_parallel_rank(), e.get_model_parallel_rank(),
+            e.get_tensor_parallel_rank()) == (0, 0, 0)
     e.set_train_batch_size(8)
     assert (e.train_batch_size(), e.gradient_accumulation_steps()) == (8, 4)
     assert e.config["gradient_accumulation_steps"] == 4

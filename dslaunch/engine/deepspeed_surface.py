@@ -316,6 +316,24 @@ class DeepSpeedSurface:
     def data_parallel_group(self):
         return self.get_data_parallel_group()
 
+    def get_data_parallel_rank(self) -> int:
+        return torch.distributed.get_rank(self.get_data_parallel_group())
+
+    def get_model_parallel_rank(self) -> int:
+        from . import parallel_groups
+
+        return parallel_groups._get_model_parallel_rank()
+
+    def get_tensor_parallel_rank(self) -> int:
+        from . import parallel_groups
+
+        return parallel_groups._get_tensor_model_parallel_rank()
+
+    def get_sequence_parallel_group(self):
+        from . import parallel_groups
+
+        return parallel_groups._get_sequence_parallel_group()
+
     # -- ZeRO-3 and life cycle -----------------------------------------------------------------
     def empty_partition_cache(self) -> None:
         """Release the ZeRO-3 parameters gathered now (persistent ones stay); call between
