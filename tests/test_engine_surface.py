@@ -65,6 +65,10 @@ def test_config_is_the_resolved_dict_and_the_accessors_answer():
     assert e.config["gradient_accumulation_steps"] == 4
     with pytest.raises(ValueError, match="not a multiple of micro-batch 2"):
         e.set_train_batch_size(5)
+    e.set_train_micro_batch_size(3)  # the accumulation steps stay (DeepSpeed's rule)
+    assert (e.train_micro_batch_size_per_gpu(), e.gradient_accumulation_steps(),
+            e.train_batch_size()) == (3, 4, 12)
+    assert e.config["train_batch_size"] == 12
 
 
 @pytest.mark.parametrize("stage", [0, 3])

@@ -144,6 +144,17 @@ class DeepSpeedSurface:
         self.config["gradient_accumulation_steps"] = self._gas
         self.tput_timer.batch_size = self._train_batch
 
+    def set_train_micro_batch_size(self, micro_batch_size: int) -> None:
+        """A new micro-batch: the accumulation steps stay, the global batch follows (DeepSpeed's
+        rule). A data loader the engine built keeps its batch size, as in DeepSpeed."""
+        if micro_batch_size <= 0:
+            raise ValueError(f"set_train_micro_batch_size({micro_batch_size}): must be >= 1")
+        self._micro_batch = int(micro_batch_size)
+        self._train_batch = self._micro_batch * self._gas * self.dp_world_size
+        self.config["train_micro_batch_size_per_gpu"] = self._micro_batch
+        self.config["train_batch_size"] = self._train_batch
+        self.tput_timer.batch_size = self._train_batch
+
     def _check_can_train(self, what: str) -> None:
         self._states.check_loaded(what)
         if not self._trains:
