@@ -22,16 +22,9 @@ NOT_COMPARED = {
     "comms_logger.prof_ops",
 }
 def _ours():
-    values = resolve_config({"train_batch_size": 1}).values
-
-    def get(path):
-        cur = values
-        for part in path.split("."):
-            if not isinstance(cur, dict) or part not in cur:
-                return KeyError
-            cur = cur[part]
-        return cur
-    return get
+    """key -> dslaunch's resolved default (KeyError for a key it does not have)."""
+    resolved = resolve_config({"train_batch_size": 1})
+    return lambda path: resolved.get(path, KeyError)
 
 
 def _same(ours, theirs) -> bool:
