@@ -52,6 +52,19 @@ def test_accelerate_deepspeed_plugin_trains_as_plain_accelerate(tmp_path, plain_
     assert got["param_sum"] == plain_accelerate["param_sum"]
 
 
+def test_accelerate_with_a_dynamo_backend_compiles_through_the_engine(tmp_path, plain_accelerate):
+    """Accelerator(dynamo_backend=...) with DeepSpeed calls engine.compile(backend=,
+    compile_kwargs=) (Accelerate 1.15, for DeepSpeed >= 0.14.4): the module is compiled (the
+    eager backend: dynamo's graphs run op by op) and trains to plain Accelerate's losses."""
+    _run(tmp_path, "frameworks_ddp.py", "--framework", "accelerate", "--deepspeed-stage", 2,
+         "--dynamo-backend", "eager", nproc=1)
+    got = results(tmp_path, 1)[0]
+    assert got["detected"]["engine_module"] == "dslaunch.engine.engine"
+    assert got["detected"]["compiled"] is True
+    assert got["losses"][:-1] == plain_accelerate["losses"][:-1]
+    assert got["param_sum"] == pytest.approx(plain_accelerate["param_sum"], rel=1e-6)
+
+
 def test_accelerate_deepspeed_on_two_cpu_processes_is_refused_clearly(tmp_path):
     proc = _run(tmp_path, "frameworks_ddp.py", "--framework", "accelerate", "--deepspeed-stage", 2, nproc=2,
                 check=False)

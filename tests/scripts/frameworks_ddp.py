@@ -2,7 +2,9 @@
 DeepSpeed): run by ``dslaunch run`` and by torchrun, the same losses must come out. With
 ``--deepspeed-stage N``: Accelerate's DeepSpeedPlugin (ZeRO stage N, its "auto" batch sizes
 filled from the DataLoader) on whatever `import deepspeed` gives (dslaunch's engine under
-``dslaunch run --as-deepspeed``); it must train as its DDP does.
+``dslaunch run --as-deepspeed``); it must train as its DDP does. ``--dynamo-backend B`` gives
+Accelerate a dynamo backend: with DeepSpeed it then calls ``engine.compile(backend=,
+compile_kwargs=)``.
 ``--framework lightning|accelerate --out DIR``; each rank writes ``DIR/rank_<r>.json``: its
 per-step losses (this rank's batch; Accelerate's end with the two losses of a save_state /
 load_state round trip), final parameters' sum, and what the framework detected
@@ -22,6 +24,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--framework", choices=["lightning", "accelerate"], required=True)
 parser.add_argument("--out", required=True)
 parser.add_argument("--deepspeed-stage", type=int, default=None)
+parser.add_argument("--dynamo-backend", default=None)
 parser.add_argument("--local_rank", type=int, default=-1)  # DeepSpeed's launchers pass it
 args = parser.parse_args()
 
@@ -76,7 +79,8 @@ def accelerate():
             "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
             "gradient_accumulation_steps": "auto", "gradient_clipping": 0.0,
             "zero_optimization": {"stage": args.deepspeed_stage}})
-    acc = Accelerator(cpu=plugin is None, deepspeed_plugin=plugin)
+    acc = Accelerator(cpu=plugin is None, deepspeed_plugin=plugin,
+                      **({"dynamo_backend": args.dynamo_backend} if args.dynamo_backend else {}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=False)
     ddp, optimizer, loader = acc.prepare(model, optimizer, loader)
@@ -103,7 +107,8 @@ def accelerate():
     return losses, model, {"distributed_type": str(acc.distributed_type), "process_index": acc.process_index,
                            "num_processes": acc.num_processes, "local_process_index": acc.local_process_index,
                            "backend": acc.state.backend, "ddp": type(ddp).__name__,
-                           "engine_module": type(ddp).__module__}
+                           "engine_module": type(ddp).__module__,
+                           "compiled": bool(getattr(ddp, "is_compiled", False))}
 
 
 losses, model, detected = lightning() if args.framework == "lightning" else accelerate()
