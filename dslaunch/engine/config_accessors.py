@@ -5,7 +5,8 @@ engine has some hundred one-line methods that return a config value, and scripts
 the resolved config, so it answers what DeepSpeed's would, defaults included.
 
 ``ACCESSORS``: method name -> the config key it returns (a dotted path of the schema; a section
-comes back as the typed section). ``DERIVED``: the few whose answer is computed from keys.
+comes back as the typed section, None inside an absent one). ``DERIVED``: the few whose answer
+is computed from keys.
 ``install(cls)`` adds them to the engine class; a name the class (or a base) already has is left
 alone.
 """
@@ -23,6 +24,9 @@ ACCESSORS = {
     "zero_force_ds_cpu_optimizer": "zero_force_ds_cpu_optimizer",
     "communication_data_type": "communication_data_type",
     "optimizer_legacy_fusion": "optimizer.legacy_fusion",
+    "optimizer_params": "optimizer.params",
+    "scheduler_name": "scheduler.type",
+    "scheduler_params": "scheduler.params",
     "torch_autocast_enabled": "torch_autocast.enabled",
     "torch_autocast_dtype": "torch_autocast.dtype",
     "use_node_local_storage": "checkpoint.use_node_local_storage",
@@ -92,9 +96,6 @@ def _offload(section: str):
 DERIVED = {
     "postscale_gradients": lambda e: not _read(e, "prescale_gradients"),
     "dynamic_loss_scale": lambda e: _read(e, "fp16.loss_scale") == 0,
-    "optimizer_params": lambda e: None if e._config.optimizer is None else _read(e, "optimizer.params"),
-    "scheduler_name": lambda e: None if e._config.scheduler is None else _read(e, "scheduler.type"),
-    "scheduler_params": lambda e: None if e._config.scheduler is None else _read(e, "scheduler.params"),
     "zero_offload_optimizer": _offload("offload_optimizer"),
     "zero_offload_param": _offload("offload_param"),
     "zero_cpu_offload": lambda e: str(_read(e, _ZERO + "offload_optimizer.device")) == "cpu",
@@ -104,8 +105,12 @@ DERIVED = {
 
 
 def _read(engine, path: str):
+    """The typed config's value at ``path``; None inside an absent section (no ``optimizer`` or
+    ``scheduler``: DeepSpeed answers None too)."""
     value = engine._config
     for part in path.split("."):
+        if value is None:
+            return None
         value = getattr(value, part)
     return value
 
