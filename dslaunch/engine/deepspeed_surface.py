@@ -29,6 +29,7 @@ import torch
 
 from dslaunch.config.enums import OffloadDeviceEnum
 
+from . import parallel_groups
 from .monitor import ThroughputTimer
 from .zero.no_optimizer import NoOptimizerError
 from .zero.offload_states import StateOffloader
@@ -139,20 +140,22 @@ class DeepSpeedSurface:
             raise ValueError(f"set_train_batch_size({train_batch_size}): not a multiple of "
                              f"micro-batch {self._micro_batch} x data-parallel size "
                              f"{self.dp_world_size}")
-        self._train_batch, self._gas = train_batch_size, train_batch_size // per_step
-        self.config["train_batch_size"] = self._train_batch
-        self.config["gradient_accumulation_steps"] = self._gas
-        self.tput_timer.batch_size = self._train_batch
+        self._set_batch(self._micro_batch, train_batch_size // per_step)
 
     def set_train_micro_batch_size(self, micro_batch_size: int) -> None:
         """A new micro-batch: the accumulation steps stay, the global batch follows (DeepSpeed's
         rule). A data loader the engine built keeps its batch size, as in DeepSpeed."""
         if micro_batch_size <= 0:
             raise ValueError(f"set_train_micro_batch_size({micro_batch_size}): must be >= 1")
-        self._micro_batch = int(micro_batch_size)
-        self._train_batch = self._micro_batch * self._gas * self.dp_world_size
-        self.config["train_micro_batch_size_per_gpu"] = self._micro_batch
-        self.config["train_batch_size"] = self._train_batch
+        self._set_batch(int(micro_batch_size), self._gas)
+
+    def _set_batch(self, micro: int, gas: int) -> None:
+        """The batch triad from a micro-batch and accumulation steps, in the engine, its config
+        dict and the throughput timer."""
+        self._micro_batch, self._gas = micro, gas
+        self._train_batch = micro * gas * self.dp_world_size
+        self.config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas,
+                           train_batch_size=self._train_batch)
         self.tput_timer.batch_size = self._train_batch
 
     def _check_can_train(self, what: str) -> None:
@@ -331,18 +334,12 @@ class DeepSpeedSurface:
         return torch.distributed.get_rank(self.get_data_parallel_group())
 
     def get_model_parallel_rank(self) -> int:
-        from . import parallel_groups
-
         return parallel_groups._get_model_parallel_rank()
 
     def get_tensor_parallel_rank(self) -> int:
-        from . import parallel_groups
-
         return parallel_groups._get_tensor_model_parallel_rank()
 
     def get_sequence_parallel_group(self):
-        from . import parallel_groups
-
         return parallel_groups._get_sequence_parallel_group()
 
     # -- ZeRO-3 and life cycle -----------------------------------------------------------------
