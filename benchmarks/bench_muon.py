@@ -174,7 +174,7 @@ def main():
     import torch
 
     torch.set_num_threads(a.threads)
-    from dslaunch.engine.optim.muon import ns_dtype
+    from dslaunch.engine.optim.newton_schulz import ns_dtype
 
     py = None
     if not a.no_peer:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What the ZeRO 1-2 shard copies of in-process recovery cost (engine/zero/shard_copies.py).
+"""What the ZeRO 1-2 shard copies of in-process recovery cost (engine/recovery/shard_copies.py).
 
     .venv/bin/python benchmarks/bench_shard_copies.py              # 2 ranks, ZeRO 2, 2 rounds
     .venv/bin/python benchmarks/bench_shard_copies.py --smoke      # tiny model, 1 round

@@ -110,7 +110,7 @@ class ProgressWriter:
         return seq
 
     def new_groups(self) -> None:
-        """The process groups were made anew (in-process recovery: ``inprocess_recovery``'s
+        """The process groups were made anew (in-process recovery: ``recovery/rejoin.py``'s
         ``_join_group``, on survivors and replacements alike): every group's sequence numbers
         start again at 1, as on every other member. Kept across it, a survivor's numbers ran ahead
         of a replacement's by all the collectives before the fault, and the hang watchdog took

@@ -83,7 +83,7 @@ _LABELS: dict = {}  # group object -> label
 # async Work -> (op, label, seq, nbytes) until its wait()
 _PENDING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _torch = None  # the torch module once installed
-# in-process recovery (engine/inprocess_recovery.ScriptCollectives): what a collective the script
+# in-process recovery (engine/recovery/guard.ScriptCollectives): what a collective the script
 # makes itself does when it fails on a lost peer, or while an abandoned step runs out
 SCRIPT_HOOKS = None
 

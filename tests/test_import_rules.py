@@ -261,7 +261,7 @@ RULES = {
     # only, torch inside functions (the hook runs once the script imports torch.distributed)
     "torch_progress": ("dslaunch.torch_progress", ("dslaunch.progress_record",), "lazy"),
     # (torch_progress, a leaf: in-process recovery hands it the hooks for the script's own
-    # collectives, engine/inprocess_recovery.ScriptCollectives)
+    # collectives, engine/recovery/guard.ScriptCollectives)
     "engine": ("dslaunch.engine", ("dslaunch.engine", "dslaunch.config", "dslaunch.kernels",
                                    "dslaunch.nvme", "dslaunch.accelerator",
                                    "dslaunch.progress_record", "dslaunch.recover_files",

@@ -1,5 +1,5 @@
 """In-process recovery of AutoTP jobs (``dslaunch run --recover in-process``,
-engine/tp_recovery.py): real jobs on this host, real gloo groups, the tiny Llama of
+engine/recovery/tp.py): real jobs on this host, real gloo groups, the tiny Llama of
 tests/scripts/autotp_train.py split over TP 2 (tests/scripts/inprocess_autotp_train.py). A killed
 rank is replaced while the others keep their processes; the survivors rebuild the TP and data
 groups and re-point the split layers and the engine at them, the replacement takes its TP slices

@@ -1,5 +1,5 @@
 """In-process recovery of pipeline jobs (``dslaunch run --recover in-process``,
-engine/pipe_recovery.py): real jobs on this host, real gloo groups, the tiny GPT of
+engine/recovery/pipe.py): real jobs on this host, real gloo groups, the tiny GPT of
 tests/scripts/pipe_model.py as a PipelineModule over PP 2 x DP 2, its embedding tied to the head
 (tests/scripts/inprocess_pipe_train.py). A killed rank is replaced while the others keep their
 processes; the survivors meet the fault inside the next train_batch, rebuild the grid's groups,

@@ -132,7 +132,7 @@ def _zero_config(stage: int, bf16: bool, extra: str = "") -> str:
                               "zero2-fp32-muon"])
 def test_zero_sharded_rank_is_replaced_from_its_buddy_copy(tmp_path, stage, bf16, extra):
     """ZeRO 1-3: the lost rank's shard exists only in its buddy's copy
-    (engine/zero/shard_copies.py); the replacement takes it from there, and every rank ends with
+    (engine/recovery/shard_copies.py); the replacement takes it from there, and every rank ends with
     the digest of its fault-free twin (its shard of fp32 state and Adam moments, bit for bit).
     The kill lands between steps; with gradient accumulation 2 the survivors then fail inside
     the next step's first micro-batch (stage 2 reduces there, stage 3 gathers in its forward:

@@ -1,4 +1,4 @@
-"""In-process recovery makes the process group anew (``engine/inprocess_recovery._join_group``, on
+"""In-process recovery makes the process group anew (``engine/recovery/rejoin.join_group``, on
 survivors and replacements alike): the progress record's per-group collective sequence numbers
 start again at 1 there. Kept, a survivor's numbers ran ahead of a replacement's by all the
 collectives made before the fault, and the hang watchdog, which compares the collectives ranks
@@ -38,10 +38,10 @@ def test_joining_the_new_group_restarts_the_numbers(tmp_path, monkeypatch):
     import torch.distributed as dist
 
     from dslaunch import progress_record
-    from dslaunch.engine import inprocess_recovery
+    from dslaunch.engine.recovery import rejoin
 
     monkeypatch.setenv(progress_record.ENV, str(tmp_path / "progress.bin"))
-    # _join_group sets these four in os.environ: setenv first, so that monkeypatch puts the
+    # join_group sets these four in os.environ: setenv first, so that monkeypatch puts the
     # environment back as it found it (a bare delenv of an absent key records nothing, and
     # the test's MASTER_ADDR/PORT leaked into later tests' subprocesses: EADDRINUSE there)
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
@@ -53,7 +53,7 @@ def test_joining_the_new_group_restarts_the_numbers(tmp_path, monkeypatch):
         w.leave()
     word = {"master_addr": "127.0.0.1", "master_port": _free_port(), "rank": 0, "world_size": 1}
     try:
-        inprocess_recovery._join_group(word)
+        rejoin.join_group(word)
         assert dist.get_world_size() == 1
         assert w.enter("all_gather_obj", "world") == 1
     finally:

@@ -27,7 +27,8 @@ import torch
 from dslaunch.config import resolve_config
 from dslaunch.config.errors import ConfigError
 from dslaunch.engine.optim import build_optimizer
-from dslaunch.engine.optim.muon import Muon, build_muon, newton_schulz, tag_muon_params
+from dslaunch.engine.optim.muon import Muon, build_muon, tag_muon_params
+from dslaunch.engine.optim.newton_schulz import newton_schulz
 
 A, B, C = 3.4445, -4.7750, 2.0315
 

@@ -31,7 +31,7 @@ def to_fp32_cmd(ckpt_dir, out, tag, safe_serialization, max_shard_size):
     above the shard size (default 5GB), as DeepSpeed's zero_to_fp32.py writes."""
     from dslaunch.engine.checkpoint.consolidate import pipe_to_fp32, to_fp32
     from dslaunch.engine.checkpoint.files import CheckpointError
-    from dslaunch.engine.checkpoint.pipeline import is_pipe_checkpoint
+    from dslaunch.engine.checkpoint.pipe_files import is_pipe_checkpoint
 
     try:
         if is_pipe_checkpoint(ckpt_dir, tag):
@@ -59,7 +59,7 @@ def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
 
     Not needed to resume ZeRO 1-3 or stage 0 at another size: load_checkpoint reshards itself."""
     from dslaunch.engine.checkpoint.files import CheckpointError
-    from dslaunch.engine.checkpoint.pipeline import is_pipe_checkpoint
+    from dslaunch.engine.checkpoint.pipe_files import is_pipe_checkpoint
     from dslaunch.engine.checkpoint.reshape import reshape
 
     try:

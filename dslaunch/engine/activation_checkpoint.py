@@ -121,9 +121,9 @@ def _tp_rank() -> int:
         return fn()
     if not dist.is_initialized():
         return 0
-    from .parallel_groups import _get_tensor_model_parallel_rank
+    from .parallel_groups import tensor_model_parallel_rank
 
-    return _get_tensor_model_parallel_rank()
+    return tensor_model_parallel_rank()
 
 
 def model_parallel_cuda_manual_seed(seed: int) -> None:

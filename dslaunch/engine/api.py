@@ -9,7 +9,8 @@ import argparse
 import os
 
 from .comm import init_distributed
-from .log import log_dist
+from .engine_config import resolve
+from .membership import await_promotion, init_private_world, join_word
 
 CONFIG_ENV = "DSLAUNCH_CONFIG"
 
@@ -68,55 +69,6 @@ def _config_origin(label: str):
     return os.environ.get("DSLAUNCH_CONFIG_PATH") if label == CONFIG_ENV else None
 
 
-def _layout(model, mpu, batch_counts_tp=False):
-    """(data-parallel size, pipeline stages or None, tensor-parallel size or None) of this job.
-    ``batch_counts_tp``: AutoTP on the grid ``initialize`` built, whose batch triad counts the
-    tensor-parallel ranks as DeepSpeed's does (``autotp.autotp_mpu``)."""
-
-    from .pipe.module import PipelineModule
-
-    if batch_counts_tp:
-        tp = mpu.get_model_parallel_world_size()
-        return mpu.get_data_parallel_world_size() * tp, None, tp
-
-    if isinstance(model, PipelineModule):
-        grid = model.grid
-        return grid.dp_world_size, model.num_stages, grid.tp_world_size
-    if mpu is not None:  # (DeepSpeed's sequence-parallel mpu has no tensor-parallel accessors)
-        tp = getattr(mpu, "get_model_parallel_world_size", None)
-        return mpu.get_data_parallel_world_size(), None, tp() if tp is not None else None
-    return _world_size(), None, None
-
-
-def _world_size() -> int:
-    """The job's world size; for a replacement rank of an in-process recovery, built alone
-    before it joins, the world it joins (engine/inprocess_recovery.py)."""
-    from .inprocess_recovery import job_world_size
-
-    return job_world_size()
-
-
-def resolve_engine_config(source, model, mpu=None, origin=None):
-    """The typed config of this rank (``dslaunch.config.sections``), resolved once with the
-    job's real data-parallel size and parallel layout: a written batch size that does not fit
-    it, or a ZeRO stage the layout cannot run, is a ``ConfigError`` naming the key."""
-    return _resolve(source, model, mpu, origin).typed
-
-
-def _resolve(source, model, mpu=None, origin=None, batch_counts_tp=False):
-
-    from dslaunch.config import resolve_config
-
-    dp, stages, tp = _layout(model, mpu, batch_counts_tp)
-    resolved = resolve_config(source, world_size=_world_size(), dp_world_size=dp,
-                              model_num_params=sum(p.numel() for p in model.parameters()),
-                              pipeline_stages=stages, tensor_parallel_size=tp, origin=origin,
-                              fills={"hidden_size": model_hidden_size(model)})
-    for line in resolved.rewrites:  # dotted top-level keys (TRL's): say how they were read
-        log_dist(f"config: {line}", ranks=[0])
-    return resolved
-
-
 def _configure_activation_checkpointing(resolved, layout) -> None:
     """A config that writes a key of ``activation_checkpointing`` configures
     ``dslaunch.checkpointing`` for this job (its tensor-parallel group from the job's layout);
@@ -149,21 +101,6 @@ def _resplit_parameters(model, model_parameters):
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def model_hidden_size(model):
-    """The hidden size a Hugging Face-style model declares (``config.hidden_size``, the largest of
-    ``hidden_sizes``, or its ``text_config``'s), which fills the ZeRO bucket sizes written "auto"
-    as Transformers and Accelerate fill them; None for a model without one."""
-    config = getattr(model, "config", None)
-    for cfg in (config, getattr(config, "text_config", None)):
-        size = getattr(cfg, "hidden_size", None)
-        if isinstance(size, int) and size > 0:
-            return size
-        sizes = getattr(cfg, "hidden_sizes", None)
-        if isinstance(sizes, (list, tuple)) and sizes and all(isinstance(x, int) for x in sizes):
-            return max(sizes)
-    return None
-
-
 _BF16_WARNED = []
 
 
@@ -187,6 +124,22 @@ def warn_slow_bf16_on_cpu() -> str | None:
     return message
 
 
+def _prewarm() -> None:
+    """What a standby process imports while it waits to be promoted (``membership.await_promotion``):
+    torch's compiler, which torch.optim's first Optimizer imports, and the engine's modules."""
+    try:  # only a head start: the real imports report any error
+        import torch._dynamo  # noqa: F401
+
+        from dslaunch import config  # noqa: F401
+
+        from .engine import DSLaunchEngine  # noqa: F401
+        from .pipe.engine import PipelineEngine  # noqa: F401
+        from .recovery.inprocess import InProcessRecovery  # noqa: F401
+        from .sequence.layout import sequence_parallel_mpu  # noqa: F401
+    except Exception:
+        pass
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None):
@@ -197,13 +150,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     or a dict; ``config_params=`` is another name for ``config=``."""
     if model is None:
         raise ValueError("dslaunch.initialize: model= is required")
-    from . import inprocess_recovery
-
-    inprocess_recovery.await_promotion()  # a standby process: until it replaces a lost rank
+    await_promotion(prewarm=_prewarm)  # a standby process: until it replaces a lost rank
     source, label = _config_source(args, config, config_params)
-    joining = inprocess_recovery.join_word()  # a replacement rank: built alone, then joins
-    if joining:
-        inprocess_recovery.init_private_world()
+    if join_word():  # a replacement rank: built alone, then joins the survivors (recovery.start)
+        init_private_world()
     init_distributed(dist_init_required=dist_init_required)
     from .autotp import autotp_mpu
     from .sequence.layout import config_sequence_parallel_size, sequence_parallel_mpu
@@ -212,7 +162,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # (the batch triad counts all N x data ranks, as DeepSpeed's; tp ranks share their samples)
     mpu, autotp, grid_ours = autotp_mpu(source, model, mpu, config_sequence_parallel_size(source))
     mpu = sequence_parallel_mpu(source, model, mpu)  # sequence_parallel_size: its grid
-    resolved = _resolve(source, model, mpu, _config_origin(label), batch_counts_tp=grid_ours)
+    resolved = resolve(source, model, mpu, _config_origin(label), batch_counts_tp=grid_ours)
     cfg = resolved.typed
     if autotp > 1:  # the model's attention and MLP linears split over the grid's model group
         from .autotp import apply_autotp
@@ -227,10 +177,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
         model_parameters = autoep_from_config(model, cfg.expert_parallel, model_parameters)
     from .pipe.module import PipelineModule
+    from .recovery.inprocess import recovery_for_this_rank
 
+    recovery = recovery_for_this_rank()  # handed to the engine, which calls it at its seams
     common = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
                   training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
-                  cfg=cfg)
+                  cfg=cfg, recovery=recovery)
     if isinstance(model, PipelineModule):
         from .pipe.engine import PipelineEngine
 
@@ -244,6 +196,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         from .engine import DSLaunchEngine
 
         engine = DSLaunchEngine(comm=Comm(), **common)
+    recovery.attach(engine)
     from .parallel_groups import set_layout
 
     # dslaunch.utils.groups answers for the layout of the last engine built
@@ -251,7 +204,5 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     set_layout(layout)
     _configure_activation_checkpointing(resolved, layout)
     engine._config_source = (source, _config_origin(label))  # an in-process resize re-reads it
-    if joining:
-        inprocess_recovery.join(engine, joining)
-    inprocess_recovery.watch_script_collectives(engine)
+    recovery.start(engine)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -45,9 +45,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .autotp_layers import column, fused3, linear_like, row
 from .autotp_shards import ShardRule, kv_heads
-from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, _rank, _world
-from .tp_plan import apply_tp_plan, stacked_rows
+from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, group_world
+from .tp_plan import apply_tp_plan
 
 # the model's last leaf name -> style; "c_proj" is row in both of GPT-2's blocks
 COLUMN = ("q_proj", "k_proj", "v_proj", "query_key_value", "gate_proj", "up_proj", "fc1",
@@ -58,80 +59,9 @@ ROW = ("o_proj", "down_proj", "dense", "fc2", "dense_4h_to_h", "c_proj")
 _RECORDED_ATTR = "ds_autotp_tp_size"  # tp_model_init's record on the model
 
 
-def _is_conv1d(m) -> bool:
-    return type(m).__name__ == "Conv1D" and hasattr(m, "nf") and getattr(m, "weight", None) \
-        is not None and m.weight.dim() == 2
-
-
-def _as_linear(m) -> nn.Linear:
-    """An ``nn.Linear`` view of a linear layer (a GPT-2 ``Conv1D`` transposed into one)."""
-    if isinstance(m, nn.Linear):
-        return m
-    if _is_conv1d(m):
-        w = m.weight  # [in, out]
-        lin = nn.Linear(w.shape[0], w.shape[1], bias=m.bias is not None, device="meta")
-        lin.weight = nn.Parameter(w.detach().t().contiguous())
-        if m.bias is not None:
-            lin.bias = nn.Parameter(m.bias.detach().clone())
-        lin.tp_conv1d = True
-        return lin
-    raise TypeError(f"AutoTP: {type(m).__name__} is not a linear layer")
-
-
-_MARKS = ("tensor_model_parallel", "partition_dim", "tp_full", "tp_ranges")
-
-
-def _keep_params(new, lin, orig):
-    """``new`` (the parallel layer) holding ``orig``'s own Parameter objects, their data now this
-    rank's slices: an optimizer or param groups built before ``initialize`` (the Hugging Face
-    Trainer builds its own after ``tp_model_init``) still name the trained tensors."""
-    for attr in ("weight", "bias"):
-        old, part = getattr(orig, attr, None), getattr(new, attr, None)
-        if not isinstance(old, nn.Parameter) or not isinstance(part, nn.Parameter):
-            continue
-        old.data = part.data
-        for mark in _MARKS:
-            if hasattr(part, mark):
-                setattr(old, mark, getattr(part, mark))
-        if attr == "weight" and getattr(lin, "tp_conv1d", False):
-            old.tp_conv1d = True  # held [out, in] now; saved back as the model's [in, out]
-        new._parameters[attr] = old
-    return new
-
-
-def _span(rule, name, total, group):
-    return rule.span(name, total, _world(group), _rank(group))
-
-
-def _column(m, group, rule=None, name=""):
-    lin = _as_linear(m)
-    rows = None
-    if rule is not None:
-        rows = torch.arange(*_span(rule, name, lin.out_features, group), device="cpu")
-    return _keep_params(ColumnParallelLinear.from_linear(lin, group, rows=rows), lin, m)
-
-
-def _fused3(m, group, rule=None, name=""):
-    """Three stacked equal parts (q | k | v), each cut alike."""
-    lin = _as_linear(m)
-    span = None if rule is None else (lambda size: _span(rule, name, size, group))
-    rows = stacked_rows(lin.out_features, (-1, -1, -1), group, span=span)
-    return _keep_params(ColumnParallelLinear.from_linear(lin, group, rows=rows), lin, m)
-
-
-def _row(m, group, rule=None, name=""):
-    lin = _as_linear(m)
-    cols = _span(rule, name, lin.in_features, group) if rule is not None else None
-    return _keep_params(RowParallelLinear.from_linear(lin, group, cols=cols), lin, m)
-
-
 def _cut_by(plan: dict, rule: ShardRule) -> dict:
     """The built-in styles of ``plan``, each told its layer's name and the shard rule."""
     return {name: functools.partial(style, rule=rule, name=name) for name, style in plan.items()}
-
-
-def _linear_like(m) -> bool:
-    return isinstance(m, nn.Linear) or _is_conv1d(m)
 
 
 def autotp_plan(model: nn.Module) -> dict:
@@ -140,17 +70,17 @@ def autotp_plan(model: nn.Module) -> dict:
     attention / MLP are left out)."""
     plan = {}
     for name, m in model.named_modules():
-        if not name or not _linear_like(m):
+        if not name or not linear_like(m):
             continue
         leaf = name.rpartition(".")[2]
         if "lm_head" in name or "embed" in name:
             continue
         if leaf in FUSED3:
-            plan[name] = _fused3
+            plan[name] = fused3
         elif leaf in COLUMN:
-            plan[name] = _column
+            plan[name] = column
         elif leaf in ROW:
-            plan[name] = _row
+            plan[name] = row
     if not plan:
         raise ValueError(f"AutoTP: found no attention or MLP linear layer to split in "
                          f"{type(model).__name__} (known names: {', '.join(COLUMN + FUSED3 + ROW)})"
@@ -201,14 +131,14 @@ def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
     ``preset_model`` and ``tp_grain_size``: ``autotp_specs.py``)."""
     from .autotp_specs import spec_plan, specs_from_config, sum_grads_over
 
-    tp = _world(group)
+    tp = group_world(group)
     given = specs_from_config(section) if section is not None else None
     check_heads(model, tp)
     rule = ShardRule(kv_heads(_model_config(model)), _grain(section))
     # partition_config / preset_model: their specs alone decide which layers split (DeepSpeed's
     # rule); the cut is the same either way
     if given:
-        plan, summed = spec_plan(model, *given, _linear_like, rule)
+        plan, summed = spec_plan(model, *given, linear_like, rule)
     else:
         plan, summed = _cut_by(autotp_plan(model), rule), []
     apply_tp_plan(model, plan, group)
@@ -234,7 +164,7 @@ def apply_autotp(model: nn.Module, group, section=None) -> nn.Module:
 def _gathered_layout(model: nn.Module, group, tp: int) -> dict | None:
     """Every TP rank's rows of every split parameter; None for a replacement rank built alone
     (a planned group: no collective yet), which takes the layout from a live peer when it joins
-    (``inprocess_recovery.load_engine_state``)."""
+    (``recovery/state.load_engine_state``)."""
     from .tensor_parallel import PlannedGroup
 
     if isinstance(group, PlannedGroup):
@@ -323,7 +253,7 @@ def has_tp_splits(module: nn.Module) -> bool:
 
 def _tp_group_of(module: nn.Module):
     for m in module.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and _world(m.group) > 1:
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and group_world(m.group) > 1:
             return m.group
     return None
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .tensor_parallel import ColumnParallelLinear, _rank, _world, vocab_parallel_cross_entropy
+from .tensor_parallel import ColumnParallelLinear, group_rank, group_world, vocab_parallel_cross_entropy
 
 HEAD_NAMES = ("lm_head", "embed_out")  # Llama-style / GPT-NeoX's
 
@@ -78,8 +78,8 @@ def _vocab_rows(head: nn.Linear, group, grain: int):
     even in grains (``autotp_shards.py``; by grains, never by heads)."""
     from .autotp_shards import ShardRule
 
-    rule, w = ShardRule(kv=None, grain=grain or 1), _world(group)
-    start, stop = rule.span("lm_head", head.out_features, w, _rank(group))
+    rule, w = ShardRule(kv=None, grain=grain or 1), group_world(group)
+    start, stop = rule.span("lm_head", head.out_features, w, group_rank(group))
     return torch.arange(start, stop, device="cpu"), rule.sizes("lm_head", head.out_features, w)
 
 
@@ -90,10 +90,10 @@ def gather_lm_head(model: nn.Module, group, grain: int = 1) -> bool:
     name, head = _head(model)
     if head is None or _tied(model, head):
         return False
-    from .autotp import _keep_params
+    from .autotp_layers import keep_params
 
     rows, sizes = _vocab_rows(head, group, grain)
-    setattr(model, name, _keep_params(ColumnParallelLinear.from_linear(
+    setattr(model, name, keep_params(ColumnParallelLinear.from_linear(
         head, group, gather_output=True, rows=rows, gather_sizes=sizes), head, head))
     return True
 
@@ -108,10 +108,10 @@ def split_lm_head(model: nn.Module, group, grain: int = 1) -> bool:
         _refuse("the LM head is tied to the input embedding (tie_word_embeddings)")
     if not hasattr(type(model), "loss_function"):
         _refuse(f"{type(model).__name__} computes no Hugging Face loss_function to replace")
-    from .autotp import _keep_params  # the head keeps its own Parameter objects
+    from .autotp_layers import keep_params  # the head keeps its own Parameter objects
 
     rows, _ = _vocab_rows(head, group, grain)
-    split = _keep_params(ColumnParallelLinear.from_linear(head, group, rows=rows), head, head)
+    split = keep_params(ColumnParallelLinear.from_linear(head, group, rows=rows), head, head)
     setattr(model, name, split)
     start = split.weight.tp_ranges[0][0]
     model.loss_function = VocabParallelCausalLMLoss(group, start)

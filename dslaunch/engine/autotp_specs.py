@@ -186,23 +186,23 @@ def specs_from_config(section) -> tuple[list, bool] | None:
 def style_of(spec: Spec, rule: ShardRule, name: str):
     """The plan style (``(module, group) -> module``) of a column or row spec for layer
     ``name``, cut by ``rule``."""
-    from .autotp import _as_linear, _column, _keep_params, _row, _span
+    from .autotp_layers import as_linear, column, keep_params, row, span
 
     if spec.kind == "row":
-        return functools.partial(_row, rule=rule, name=name)
+        return functools.partial(row, rule=rule, name=name)
     if spec.parts is None and not spec.gather_output:
-        return functools.partial(_column, rule=rule, name=name)
+        return functools.partial(column, rule=rule, name=name)
 
     def column(m, group):
-        lin = _as_linear(m)
+        lin = as_linear(m)
         try:  # each stacked part cut by the rule as a layer of its own (DeepSpeed's sub-parameters)
             rows = stacked_rows(lin.out_features, spec.parts or (-1,), group,
-                                span=lambda size: _span(rule, name, size, group))
+                                span=lambda size: span(rule, name, size, group))
         except ValueError as e:
             raise ValueError(f"{KEY}: {name}: {e}") from None
         layer = ColumnParallelLinear.from_linear(lin, group, gather_output=spec.gather_output,
                                                  rows=rows)
-        return _keep_params(layer, lin, m)
+        return keep_params(layer, lin, m)
 
     return column
 
@@ -247,7 +247,7 @@ def spec_plan(model: nn.Module, specs: list, strict: bool, linear_like,
 
 class _SumOverGroup:
     """The gradient hook of ``sum_grads_over``; kept on the parameter (``ds_tp_grad_sum``) so
-    that in-process recovery can point it at the rebuilt group (``engine/grid_recovery.py``)."""
+    that in-process recovery can point it at the rebuilt group (``engine/recovery/grid.py``)."""
 
     def __init__(self, group):
         self.group = group

@@ -65,8 +65,10 @@ import torch.distributed as dist
 
 from dslaunch import progress_record
 from dslaunch.engine import comm_hier, comm_pairwise
+from dslaunch.engine.comm_hier import INTER, INTRA
 from dslaunch.engine.comms_logger import COMMS_LOGGER
-from dslaunch.engine.host_groups import INTER, INTRA
+from dslaunch.engine.comms_logger import configure as configure_comms_logger
+from dslaunch.engine.membership import await_promotion, init_private_world, join_word
 
 # torch 2.13 renamed the flat collectives (the old names warn, FutureWarning); older torch has only
 # the old names. Same signatures.
@@ -122,19 +124,13 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     """Initialise torch.distributed once (DeepSpeed's signature). Does nothing if already done.
     ``config`` (a config dict): its ``comms_logger`` section switches the comms logger, as
     DeepSpeed's (the byte accounting below is always on)."""
-    from dslaunch.engine.inprocess_recovery import await_promotion
-
     await_promotion()  # a standby process: until it replaces a lost rank (before any group)
     if isinstance(config, dict) and config.get("comms_logger") is not None:
-        from dslaunch.engine.comm_api import configure
-
-        configure(config)
+        configure_comms_logger(config)
     if dist.is_initialized():
         return
     if dist_init_required is False:
         return
-    from dslaunch.engine.inprocess_recovery import init_private_world, join_word
-
     if join_word():  # a replacement rank: builds alone first, then joins the survivors' group
         init_private_world()
         return
@@ -301,7 +297,7 @@ class Comm:
 
     def rebind(self) -> None:
         """Read the group's rank, size and backend (again: in-process recovery replaced the world
-        under this object, engine/inprocess_recovery.py)."""
+        under this object, engine/recovery/)."""
         group = self.group
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import Comm, all_gather_single, init_distributed, local_rank  # noqa: F401
-from .comms_logger import COMMS_LOGGER
+from .comms_logger import COMMS_LOGGER, configure  # noqa: F401  (deepspeed.comm.configure)
 
 # torch's own objects: DeepSpeed's ReduceOp members have the same names (SUM, MAX, ...)
 ReduceOp = dist.ReduceOp
@@ -282,27 +282,6 @@ def _min_over_ranks(values: list) -> list:
                      device=get_accelerator().current_device_name())
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return t.tolist()
-
-
-def configure(deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None,
-              debug=None):
-    """DeepSpeed's switches of the comms logger: from a config (its ``comms_logger`` section:
-    a config dict, the engine's typed config, or the section itself) and/or one by one."""
-    if deepspeed_config is not None:
-        section = (deepspeed_config.get("comms_logger") if isinstance(deepspeed_config, dict)
-                   else getattr(deepspeed_config, "comms_logger", deepspeed_config))
-        if section is not None:
-            COMMS_LOGGER.configure(section)
-    if enabled is not None:
-        COMMS_LOGGER.enabled = bool(enabled)
-    if prof_all is not None:
-        COMMS_LOGGER.prof_all = bool(prof_all)
-    if prof_ops is not None:
-        COMMS_LOGGER.prof_ops = list(prof_ops)
-    if verbose is not None:
-        COMMS_LOGGER.verbose = bool(verbose)
-    if debug is not None:
-        COMMS_LOGGER.debug = bool(debug)
 
 
 def reset_log() -> None:

@@ -37,6 +37,10 @@ DIRECT_TAG = 0x10000 + 3  # the first half, posted by the caller
 RELAY_TAG = 0x10000 + 4  # the second half, posted by the relay thread
 
 
+# the two kinds of link a group spans (a ``Comm``'s ``link``; host_groups.py says which)
+INTRA, INTER = "intra_host", "inter_host"
+
+
 class HostRanks:
     """The group's ranks by host: ``hosts[h][l]`` is the group rank of local index ``l`` on host
     ``h`` (every host the same number of ranks)."""

@@ -221,6 +221,27 @@ class CommsLogger:
 COMMS_LOGGER = CommsLogger()  # the process's one logger (DeepSpeed's deepspeed.comm.comms_logger)
 
 
+def configure(deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None,
+              debug=None):
+    """DeepSpeed's switches of the comms logger: from a config (its ``comms_logger`` section:
+    a config dict, the engine's typed config, or the section itself) and/or one by one."""
+    if deepspeed_config is not None:
+        section = (deepspeed_config.get("comms_logger") if isinstance(deepspeed_config, dict)
+                   else getattr(deepspeed_config, "comms_logger", deepspeed_config))
+        if section is not None:
+            COMMS_LOGGER.configure(section)
+    if enabled is not None:
+        COMMS_LOGGER.enabled = bool(enabled)
+    if prof_all is not None:
+        COMMS_LOGGER.prof_all = bool(prof_all)
+    if prof_ops is not None:
+        COMMS_LOGGER.prof_ops = list(prof_ops)
+    if verbose is not None:
+        COMMS_LOGGER.verbose = bool(verbose)
+    if debug is not None:
+        COMMS_LOGGER.debug = bool(debug)
+
+
 def _table(per_op: dict, columns) -> str:
     """DeepSpeed's printed layout: 20-wide columns, the op on its own line, then one row per
     message size: size, count, and ``columns`` ((title, record key) of floats, 2 decimals)."""

@@ -17,7 +17,7 @@ import torch
 from dslaunch import progress_record
 from dslaunch.config import to_dict
 
-from . import config_accessors, experts, fault_injection, inprocess_recovery
+from . import config_accessors, experts, fault_injection
 from .autocast import Autocast
 from .autotuning_meter import TrialMeter
 from .checkpoint import save_load as ckpt
@@ -34,6 +34,7 @@ from .optim.schedules import build_scheduler
 from .precision import build_precision
 from .progressive_layer_drop import ProgressiveLayerDrop
 from .random_ltd.engine_surface import RandomLTDSurface
+from .recovery_seams import NoRecovery
 from .zero import build_optimizer_strategy
 
 
@@ -53,10 +54,14 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
     that ``set_gradient_accumulation_boundary`` marks (Accelerate's)."""
 
     _shuffle_training_data = True  # training_data= is served shuffled (DeepSpeed's engine)
+    pipeline_parallelism = False  # DeepSpeed's engine attribute: True on the pipeline engine
 
     def __init__(self, args, model, optimizer, model_parameters, training_data, lr_scheduler,
-                 collate_fn, cfg, comm, data_parallel=None):
+                 collate_fn, cfg, comm, data_parallel=None, recovery=None):
         super().__init__()
+        # in-process recovery's seams (initialize hands them in: recovery/inprocess.py); off: each
+        # call runs as it is
+        self._recovery = recovery if recovery is not None else NoRecovery()
         self.args = args
         self.module = model
         self._config = cfg  # the typed, frozen config (dslaunch.config.sections), resolved once
@@ -64,7 +69,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
         self.comm = comm
         record_comm(comm)  # the script's dslaunch.comm calls on this group book here too
         if cfg.comms_logger.enabled:  # DeepSpeed's engine switches its comms logger on here
-            from .comm_api import configure as configure_comms_logger
+            from .comms_logger import configure as configure_comms_logger
 
             configure_comms_logger(cfg)
         self.global_rank = comm.rank
@@ -171,10 +176,6 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
         self.compression_scheduler = _compression_scheduler(model, cfg.compression_training)
         self._init_surface(client_optimizer_name)
         self._init_random_ltd()  # data_efficiency.data_routing.random_ltd (random_ltd/)
-        # dslaunch run --recover in-process: a lost peer is survived inside backward()/step()
-        self._recovery = inprocess_recovery.Watch.from_env()
-        if self._recovery is not None:  # ZeRO 1-2: a copy of each rank's shard on another
-            inprocess_recovery.keep_shard_copies(self)
 
     # -- measurements ----------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
@@ -205,8 +206,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
     # -- the loop ------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         self._states.check_loaded("forward()")
-        if self._recovery is not None and not self._recovery.abandoning:
-            self._recovery.script_skip = False  # a step starts: the script's collectives count
+        self._recovery.forward_starts()
         self.timers.start("forward")
         self.tput_timer.start()
         args = self.precision.cast_inputs(args)
@@ -231,10 +231,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
             sched.step(step_zero_check=True)
         with self.autocast.region(), (self._eigenvalues.forward_region() if self._eigenvalues
                                       else contextlib.nullcontext()):
-            if self._recovery is not None:  # ZeRO 3 gathers in forward: a lost peer fails it
-                out = inprocess_recovery.guarded_forward(self, lambda: self.module(*args, **kwargs))
-            else:
-                out = self.module(*args, **kwargs)
+            out = self._recovery.forward(self, lambda: self.module(*args, **kwargs))
         self._flops.forward_end()
         if self._trains and torch.is_grad_enabled():
             self._direct_backward.attach(out)
@@ -246,10 +243,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
         ``scale_wrt_gas=False`` the caller divided by the accumulation steps itself, as
         Transformers' Trainer does); at a boundary the strategy then reduces the gradients over
         the data-parallel ranks."""
-        if self._recovery is not None:
-            return inprocess_recovery.guarded(self, "backward", self._backward, loss,
-                                              retain_graph, scale_wrt_gas)
-        return self._backward(loss, retain_graph, scale_wrt_gas)
+        return self._recovery.backward(self, self._backward, loss, retain_graph, scale_wrt_gas)
 
     def _backward(self, loss, retain_graph, scale_wrt_gas):
         self.timers.start("backward")
@@ -290,9 +284,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
 
     def step(self, lr_kwargs=None):
         """Optimizer step at an accumulation boundary; in between only counts the micro-step."""
-        if self._recovery is not None:
-            return inprocess_recovery.guarded(self, "step", self._step_call, lr_kwargs)
-        return self._step_call(lr_kwargs)
+        return self._recovery.step(self, self._step_call, lr_kwargs)
 
     def _step_call(self, lr_kwargs):
         self._check_step_allowed()
@@ -350,7 +342,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
 
     def _abandon_step(self) -> None:
         """In-process recovery: drop the interrupted step (gradients, losses, micro-steps); the
-        next forward starts the same step again (inprocess_recovery.py)."""
+        next forward starts the same step again (engine/recovery/)."""
         self.strategy.abandon()  # gradients (ZeRO 1-2: and collectives in flight)
         self._losses.clear()
         self._unmanaged_backwards = 0
@@ -402,7 +394,7 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
         """DeepSpeed's; ``async_save`` / ``keep_last`` (dslaunch's, default: the config's
         ``checkpoint.async_save`` / ``checkpoint.keep_last``): write in the background
         (``wait_checkpoint()``), keep only the newest N checkpoints."""
-        return inprocess_recovery.abandonable_save(self, lambda: ckpt.save_checkpoint(
+        return self._recovery.save(self, lambda: ckpt.save_checkpoint(
             self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest,
             exclude_frozen_parameters=exclude_frozen_parameters, async_save=async_save,
             keep_last=keep_last))
@@ -422,9 +414,9 @@ class DSLaunchEngine(RandomLTDSurface, DataSamplingSurface, DeepSpeedSurface, to
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
-        if inprocess_recovery.holds_live_state(self):
+        if self._recovery.holds_live_state(self):
             return None, {}
-        with inprocess_recovery.engine_call(self):
+        with self._recovery.engine_call(self):
             loaded = ckpt.load_checkpoint(self, load_dir, tag=tag, strict=load_module_strict,
                                           load_optimizer_states=load_optimizer_states,
                                           load_lr_scheduler_states=load_lr_scheduler_states,

@@ -42,6 +42,12 @@ def _age() -> float:
 _T0 = time.monotonic() - _age()
 
 
+def restart_clock() -> None:
+    """A promoted standby's life starts now ("after=" counts from its promotion)."""
+    global _T0
+    _T0 = time.monotonic()
+
+
 def _injected_hang(announce: str) -> None:
     """Blocks forever outside any collective: the name is what a stack dump shows. The
     announcement is written from inside, so whoever reads it and dumps the stack finds this frame."""

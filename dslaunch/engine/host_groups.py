@@ -41,10 +41,10 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from dslaunch.engine.comm_hier import HostRanks
+from dslaunch.engine.comm import Comm
+from dslaunch.engine.comm_hier import INTER, INTRA, HostRanks
 
 FAKE_HOSTS_ENV = "DSLAUNCH_FAKE_HOSTS"
-INTRA, INTER = "intra_host", "inter_host"
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,6 @@ def topology() -> HostTopology:
 def comm_of(all_groups: list, what: str):
     """A ``Comm`` over the group of ``all_groups`` (a partition of the world into rank lists)
     that holds this rank; every group is made on every rank (torch's rule), once."""
-    from dslaunch.engine.comm import Comm
-
     topo = topology()
     key = (what, tuple(tuple(g) for g in all_groups))
     if key not in _GROUPS:

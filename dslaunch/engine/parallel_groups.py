@@ -26,7 +26,7 @@ def set_layout(mpu) -> None:
     _LAYOUT = mpu
 
 
-def _self_group():
+def self_group():
     """A group of this rank alone, made once per process group; only this rank takes part in
     making it (``use_local_synchronization``), so it is safe to make on first use."""
     world = dist.group.WORLD
@@ -68,7 +68,7 @@ def _get_data_parallel_rank() -> int:
 # -- model (tensor) parallel ----------------------------------------------------------------------
 
 def _get_model_parallel_group():
-    return _or(_ask("get_model_parallel_group", "get_tensor_model_parallel_group"), _self_group)
+    return _or(_ask("get_model_parallel_group", "get_tensor_model_parallel_group"), self_group)
 
 
 def _get_model_parallel_world_size() -> int:
@@ -88,14 +88,18 @@ def _get_tensor_model_parallel_world_size() -> int:
     return _or(_ask("get_tensor_model_parallel_world_size"), _get_model_parallel_world_size)
 
 
-def _get_tensor_model_parallel_rank() -> int:
+def tensor_model_parallel_rank() -> int:
+    """This rank's place in its tensor-parallel group (0 without one)."""
     return _or(_ask("get_tensor_model_parallel_rank"), _get_model_parallel_rank)
+
+
+_get_tensor_model_parallel_rank = tensor_model_parallel_rank  # DeepSpeed's name (the face's)
 
 
 # -- pipeline parallel ----------------------------------------------------------------------------
 
 def _get_pipe_parallel_group():
-    return _or(_ask("get_pipe_parallel_group", "get_pipeline_model_parallel_group"), _self_group)
+    return _or(_ask("get_pipe_parallel_group", "get_pipeline_model_parallel_group"), self_group)
 
 
 def _get_pipe_parallel_world_size() -> int:
@@ -110,7 +114,7 @@ def _get_pipe_parallel_rank() -> int:
 # -- sequence parallel (Ulysses) -------------------------------------------------------------------
 
 def _get_sequence_parallel_group():
-    return _or(_ask("get_sequence_parallel_group"), _self_group)
+    return _or(_ask("get_sequence_parallel_group"), self_group)
 
 
 def _get_sequence_parallel_world_size() -> int:

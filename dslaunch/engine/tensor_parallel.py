@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 class PlannedGroup:
     """A stand-in for a process group that cannot be made yet: a replacement rank of an
-    in-process recovery builds its engine alone before it joins (``engine/grid_recovery.py``),
+    in-process recovery builds its engine alone before it joins (``engine/recovery/grid.py``),
     and splitting its model (or placing its pipeline stage) needs only the group's size and this
     rank's place in it. Replaced by the real group once the rank has joined; a collective on it
     is an error."""
@@ -51,23 +51,23 @@ class PlannedGroup:
         self.rank = self.ranks.index(global_rank)
 
 
-def _world(group) -> int:
+def group_world(group) -> int:
     if isinstance(group, PlannedGroup):
         return len(group.ranks)
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
-def _rank(group) -> int:
+def group_rank(group) -> int:
     if isinstance(group, PlannedGroup):
         return group.rank
     return dist.get_rank(group) if dist.is_initialized() else 0
 
 
 def _split_last(x: torch.Tensor, group) -> torch.Tensor:
-    w = _world(group)
+    w = group_world(group)
     if x.shape[-1] % w:
         raise ValueError(f"tensor parallel: last dim {x.shape[-1]} is not divisible by {w}")
-    return x.chunk(w, dim=-1)[_rank(group)].contiguous()
+    return x.chunk(w, dim=-1)[group_rank(group)].contiguous()
 
 
 _DRY: list = []  # non-empty inside ``dry_collectives``
@@ -77,7 +77,7 @@ _DRY: list = []  # non-empty inside ``dry_collectives``
 def dry_collectives():
     """The forward collectives of the split layers made locally: a sum is this rank's own part,
     a gather leaves the other ranks' features zero. For the forwards of a step in-process
-    recovery abandoned (``inprocess_recovery.guarded_forward``): a replacement makes the new
+    recovery abandoned (``recovery/guard.guarded_forward``): a replacement makes the new
     TP group's first collectives, and such a forward's output only carries the script to the
     end of that step (its backward and step are skipped)."""
     _DRY.append(True)
@@ -94,11 +94,11 @@ def _forward_all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> None:
 
 def _gather_last(x: torch.Tensor, group) -> torch.Tensor:
     if _DRY:  # this rank's features in its place, the others' zero
-        w, r = _world(group), _rank(group)
+        w, r = group_world(group), group_rank(group)
         return F.pad(x, (r * x.shape[-1], (w - 1 - r) * x.shape[-1]))
     # one flat all-gather (rank-major) and one copy into place; a list all-gather then cat
     # copies the gathered bytes twice more (gloo stages a list output in a flat buffer)
-    w, x = _world(group), x.contiguous()
+    w, x = group_world(group), x.contiguous()
     flat = x.new_empty((w * x.shape[0], *x.shape[1:]))
     dist.all_gather_into_tensor(flat, x, group=group)
     return flat.view(w, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], w * x.shape[-1])
@@ -151,7 +151,7 @@ class _GatherFromTP(torch.autograd.Function):
     def backward(ctx, grad):
         if ctx.sizes is None:
             return _split_last(grad, ctx.group), None, None
-        r = _rank(ctx.group)
+        r = group_rank(ctx.group)
         start = sum(ctx.sizes[:r])
         return grad[..., start:start + ctx.sizes[r]].contiguous(), None, None
 
@@ -168,13 +168,13 @@ class _ScatterToTP(torch.autograd.Function):
 
 
 def copy_to_tp(x, group):
-    return x if _world(group) == 1 else _CopyToTP.apply(x, group)
+    return x if group_world(group) == 1 else _CopyToTP.apply(x, group)
 
 
 def reduce_from_tp(x, group, inplace=False):
     """Sum ``x`` over the group (backward: identity). ``inplace``: all-reduce ``x`` itself, for
     a caller whose ``x`` is a fresh product read by nothing else (a row-parallel matmul's)."""
-    return x if _world(group) == 1 else _ReduceFromTP.apply(x, group, inplace)
+    return x if group_world(group) == 1 else _ReduceFromTP.apply(x, group, inplace)
 
 
 # per group: the last input copied into the region (weakly), its version and the copy (a view
@@ -188,7 +188,7 @@ def shared_copy_to_tp(x, group):
     the sum of their input gradients once instead of once per layer. An input changed in place
     (its version moved) is copied anew. Between a forward and its backward the cache holds the
     last copy, a view of an input the graph keeps anyway."""
-    if _world(group) == 1 or not (torch.is_grad_enabled() and x.requires_grad):
+    if group_world(group) == 1 or not (torch.is_grad_enabled() and x.requires_grad):
         return x  # no input gradient to reduce
     key = id(group)
     hit = _last_copy.get(key)
@@ -201,11 +201,11 @@ def shared_copy_to_tp(x, group):
 
 def gather_from_tp(x, group, sizes=None):
     """All-gather the last dim; ``sizes``: every rank's share when they differ."""
-    return x if _world(group) == 1 else _GatherFromTP.apply(x, group, sizes)
+    return x if group_world(group) == 1 else _GatherFromTP.apply(x, group, sizes)
 
 
 def scatter_to_tp(x, group):
-    return x if _world(group) == 1 else _ScatterToTP.apply(x, group)
+    return x if group_world(group) == 1 else _ScatterToTP.apply(x, group)
 
 
 def _ranges(index) -> list:
@@ -232,7 +232,7 @@ def _block(n_per_rank: int, rank: int) -> list:
     return [[rank * n_per_rank, (rank + 1) * n_per_rank]]
 
 
-def _divide(n: int, w: int, what: str) -> int:
+def divide(n: int, w: int, what: str) -> int:
     if n % w:
         raise ValueError(f"tensor parallel: {what} ({n}) is not divisible by the tensor-parallel "
                          f"size {w}")
@@ -249,7 +249,7 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.group, self.gather_output = group, gather_output
         self.in_features, self.out_features = in_features, out_features
-        self.out_per_rank = _divide(out_features, _world(group), "output features")
+        self.out_per_rank = divide(out_features, group_world(group), "output features")
         self.gather_sizes = None  # even: every rank's share is out_per_rank
         self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features, dtype=dtype,
                                                device=device))
@@ -259,10 +259,10 @@ class ColumnParallelLinear(nn.Module):
             init_method(self.weight)
         else:
             nn.init.normal_(self.weight, std=0.02)
-        self._mark(_block(self.out_per_rank, _rank(group)))
+        self._mark(_block(self.out_per_rank, group_rank(group)))
 
     def _mark(self, ranges):
-        if _world(self.group) > 1:
+        if group_world(self.group) > 1:
             mark_split(self.weight, 0, self.out_features, ranges)
             if self.bias is not None:
                 mark_split(self.bias, 0, self.out_features, ranges)
@@ -274,14 +274,14 @@ class ColumnParallelLinear(nn.Module):
         tensor, as many on every rank or not: AutoTP's uneven splits); default the rank's
         contiguous block of an even split. With ``gather_output`` and uneven rows,
         ``gather_sizes`` lists every rank's count (contiguous blocks in rank order)."""
-        w = _world(group)
+        w = group_world(group)
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.group, layer.gather_output = group, gather_output
         layer.in_features, layer.out_features = linear.in_features, linear.out_features
         if rows is None:
-            layer.out_per_rank = _divide(linear.out_features, w, "output features")
-            r = _rank(group)
+            layer.out_per_rank = divide(linear.out_features, w, "output features")
+            r = group_rank(group)
             rows = torch.arange(r * layer.out_per_rank, (r + 1) * layer.out_per_rank,
                                 device="cpu")
         layer.out_per_rank = len(rows)
@@ -318,7 +318,7 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         self.group, self.input_is_parallel = group, input_is_parallel
         self.in_features, self.out_features = in_features, out_features
-        self.in_per_rank = _divide(in_features, _world(group), "input features")
+        self.in_per_rank = divide(in_features, group_world(group), "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank, dtype=dtype,
                                                device=device))
         self.bias = (nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
@@ -331,22 +331,22 @@ class RowParallelLinear(nn.Module):
 
     def _mark(self, ranges=None):
         # the bias is replicated (added once after the all-reduce): not marked
-        if _world(self.group) > 1:
+        if group_world(self.group) > 1:
             mark_split(self.weight, 1, self.in_features,
-                       ranges or _block(self.in_per_rank, _rank(self.group)))
+                       ranges or _block(self.in_per_rank, group_rank(self.group)))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, input_is_parallel=True, cols=None):
         """Slice a full ``nn.Linear``: this rank keeps the input features ``cols`` (a range
         ``[start, stop)``, as long on every rank or not: AutoTP's uneven head splits); default
         the rank's block of an even split."""
-        w, r = _world(group), _rank(group)
+        w, r = group_world(group), group_rank(group)
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.group, layer.input_is_parallel = group, input_is_parallel
         layer.in_features, layer.out_features = linear.in_features, linear.out_features
         if cols is None:
-            per = _divide(linear.in_features, w, "input features")
+            per = divide(linear.in_features, w, "input features")
             cols = (r * per, (r + 1) * per)
         elif not input_is_parallel:
             raise ValueError("tensor parallel: an uneven row split needs input_is_parallel")
@@ -375,14 +375,14 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.group = group
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        per = _divide(num_embeddings, _world(group), "vocabulary size")
-        self.vocab_start, self.vocab_end = _rank(group) * per, (_rank(group) + 1) * per
+        per = divide(num_embeddings, group_world(group), "vocabulary size")
+        self.vocab_start, self.vocab_end = group_rank(group) * per, (group_rank(group) + 1) * per
         self.weight = nn.Parameter(torch.empty(per, embedding_dim, dtype=dtype, device=device))
         (init_method or (lambda t: nn.init.normal_(t, std=0.02)))(self.weight)
         self._mark()
 
     def _mark(self):
-        if _world(self.group) > 1:
+        if group_world(self.group) > 1:
             mark_split(self.weight, 0, self.num_embeddings, [[self.vocab_start, self.vocab_end]])
 
     @classmethod
@@ -391,15 +391,15 @@ class VocabParallelEmbedding(nn.Module):
         nn.Module.__init__(layer)
         layer.group = group
         layer.num_embeddings, layer.embedding_dim = emb.num_embeddings, emb.embedding_dim
-        per = _divide(emb.num_embeddings, _world(group), "vocabulary size")
-        layer.vocab_start, layer.vocab_end = _rank(group) * per, (_rank(group) + 1) * per
+        per = divide(emb.num_embeddings, group_world(group), "vocabulary size")
+        layer.vocab_start, layer.vocab_end = group_rank(group) * per, (group_rank(group) + 1) * per
         with torch.no_grad():
             layer.weight = nn.Parameter(emb.weight[layer.vocab_start:layer.vocab_end].clone())
         layer._mark()
         return layer
 
     def forward(self, tokens):
-        if _world(self.group) == 1:
+        if group_world(self.group) == 1:
             return F.embedding(tokens, self.weight)
         outside = (tokens < self.vocab_start) | (tokens >= self.vocab_end)
         local = (tokens - self.vocab_start).masked_fill(outside, 0)
@@ -441,8 +441,8 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
     """Per-position cross-entropy (shape of ``target``) of logits split over the vocabulary:
     ``logits[..., V/tp]`` holds this rank's range (``vocab_start`` defaults to rank * V/tp)."""
     if vocab_start is None:
-        vocab_start = _rank(group) * logits.shape[-1]
-    if _world(group) == 1:
+        vocab_start = group_rank(group) * logits.shape[-1]
+    if group_world(group) == 1:
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1),
                                reduction="none").view_as(target)
     return _VocabParallelCrossEntropy.apply(logits, target, group, vocab_start)
@@ -487,5 +487,5 @@ def tp_manual_seed(seed: int, group=None) -> None:
     """Seed the default generator with ``seed`` (identical on TP peers) and the tracker's
     ``tensor-parallel`` stream with ``seed + 2718 + tp_rank`` (different per TP rank)."""
     torch.manual_seed(seed)
-    _TRACKER.add("tensor-parallel", seed + TP_SEED_OFFSET + _rank(group))
+    _TRACKER.add("tensor-parallel", seed + TP_SEED_OFFSET + group_rank(group))
 

@@ -19,7 +19,9 @@ from itertools import product
 
 import torch.distributed as dist
 
-from .comm import Comm
+from .comm import Comm, init_distributed
+from .membership import job_world_size, join_word
+from .tensor_parallel import PlannedGroup
 
 
 class TopologyError(ValueError):
@@ -144,7 +146,7 @@ class ProcessGrid:
     Axes that the topology lacks have size 1 (a group of this rank alone)."""
 
     # a replacement rank's grid while it builds alone, its groups stand-ins until it joins
-    # (engine/grid_recovery.py)
+    # (engine/recovery/grid.py)
     planned = False
 
     def __init__(self, topology: ProcessTopology, rank: int | None = None):
@@ -160,7 +162,7 @@ class ProcessGrid:
     def make_groups(self, new_group) -> None:
         """Create the process group of every axis with ``new_group(ranks)`` (every rank creates
         every group, in the same order). Called again by in-process recovery on a new world
-        (``engine/grid_recovery.py``): the grid object stays, so whoever holds it sees the new
+        (``engine/recovery/grid.py``): the grid object stays, so whoever holds it sees the new
         groups."""
         world = self.topology.world_size()
         self.groups, self.group_ranks = {}, {}
@@ -284,9 +286,9 @@ class ProcessGrid:
 
     def get_sequence_parallel_group(self):
         if self.sequence_group is None:  # no sequence axis: this rank alone
-            from .parallel_groups import _self_group
+            from .parallel_groups import self_group
 
-            return _self_group()
+            return self_group()
         return self.sequence_group
 
     def get_sequence_parallel_rank(self) -> int:
@@ -311,14 +313,10 @@ _GRIDS: dict = {}
 def get_grid(topology: ProcessTopology) -> ProcessGrid:
     """The grid of ``topology``, created once per process (``new_group`` is collective, so a
     second PipelineModule or TP helper on the same layout reuses the groups)."""
-    from .inprocess_recovery import join_word
-
     key = (tuple(topology.axes), tuple(topology.dims))
     if key not in _GRIDS:
         word = join_word()  # a replacement rank of an in-process recovery, built alone
         if word and dist.get_world_size() != topology.world_size():
-            from .grid_recovery import planned_grid
-
             _GRIDS[key] = planned_grid(topology, word)
         else:
             _GRIDS[key] = ProcessGrid(topology)
@@ -328,8 +326,28 @@ def get_grid(topology: ProcessTopology) -> ProcessGrid:
 def build_grid(pipe: int = 1, model: int = 1, sequence: int = 1) -> ProcessGrid:
     """Initialise torch.distributed if needed and return the grid for this job's world size
     (a replacement rank built alone: the world it joins)."""
-    from .comm import init_distributed
-    from .inprocess_recovery import job_world_size
-
     init_distributed()
     return get_grid(make_topology(job_world_size(), pipe=pipe, model=model, sequence=sequence))
+
+
+# A replacement rank of an in-process recovery builds its engine alone, before it joins the
+# survivors' group (engine/recovery/grid.py makes the real groups once it has joined).
+def stand_ins(rank: int):
+    """``new_group`` for a rank that cannot make groups yet: a ``PlannedGroup`` for each group
+    that holds ``rank`` (None for the others, as ``dist.new_group`` answers a non-member)."""
+    return lambda ranks: PlannedGroup(ranks, rank) if rank in ranks else None
+
+
+def planned_grid(topology, word: dict) -> ProcessGrid:
+    """A replacement rank's grid while it is alone: the coordinates of its rank in the world it
+    joins, stand-in groups, and for the data axis (and the sequence x data plane) the one-rank
+    world, which the engine's ``Comm`` and ZeRO strategy reduce over until it joins."""
+    rank = int(word["rank"])
+    grid = ProcessGrid.__new__(ProcessGrid)
+    grid.topology = topology
+    grid.global_rank, grid.coord = rank, topology.get_coord(rank)
+    grid.planned = True
+    grid.make_groups(stand_ins(rank))
+    alone = dist.group.WORLD
+    grid.groups["data"] = grid.data_group = grid.sequence_data_group = alone
+    return grid

@@ -23,9 +23,9 @@ from dslaunch.engine.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
-    _divide,
-    _rank,
-    _world,
+    divide,
+    group_rank,
+    group_world,
 )
 
 
@@ -49,10 +49,10 @@ def stacked_rows(out_features: int, parts: tuple, group, span=None) -> torch.Ten
     if sum(parts) != out_features:
         raise ValueError(f"tensor-parallel plan: the parts {tuple(parts)} do not add up to the "
                          f"layer's {out_features} output features")
-    w, r, at, rows = _world(group), _rank(group), 0, []
+    w, r, at, rows = group_world(group), group_rank(group), 0, []
     for size in parts:
         if span is None:
-            local = _divide(size, w, "features per fused part")
+            local = divide(size, w, "features per fused part")
             start, stop = r * local, (r + 1) * local
         else:
             start, stop = span(size)
@@ -109,7 +109,7 @@ def apply_tp_plan(model: nn.Module, plan: dict, group) -> nn.Module:
     a parent that keeps its children's names. A pattern matching no module, or a module
     matching two patterns, is an error (a plan written for another model), also when the group
     has one rank: then the plan is only checked and nothing is replaced."""
-    split = _world(group) > 1
+    split = group_world(group) > 1
     compiled = [(_pattern(p), p, _converter(s)) for p, s in plan.items()]
     unused = set(plan)
     for name in [n for n, _ in model.named_modules() if n]:  # pre-order: parents first

@@ -604,7 +604,7 @@ class Agent:
         self.event(events.DONE, returncodes=returncodes)
         return 0 if all(rc == 0 for rc in returncodes.values()) else 1
 
-    # ---- in-process recovery (engine/inprocess_recovery.py has the ranks' side) ----------------
+    # ---- in-process recovery (engine/recovery/ has the ranks' side) ----------------
     def _recover(self, text: str) -> None:
         """The launcher's ``recover`` word: each running rank of ours gets it in its instruction
         file (it aborts its collectives and joins the new group); each rank of ours it lists

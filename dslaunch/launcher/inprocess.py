@@ -4,7 +4,7 @@ A failed rank no longer stops the job: its node's agent waits for our word, and 
 ``recover {json}`` (``events.py``): the survivors abort their collectives and join a new group on
 a fresh store with the same ranks, the lost rank starts again on its node as a replacement that
 takes its state from the survivors over the new group (the ranks' side:
-``engine/inprocess_recovery.py``; ZeRO 0-3 shards from their copies). A lost host's ranks start
+``engine/recovery/``; ZeRO 0-3 shards from their copies). A lost host's ranks start
 again the same way on a spare host of the hostfile when there is one (the world keeps its size);
 else the other hosts' ranks go on as a smaller world when at least MIN hosts remain
 (``take_lost_host``). Every rank answers (``recover_ack``), and the recovery counts against

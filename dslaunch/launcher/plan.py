@@ -75,7 +75,7 @@ class WorldPlan:
     line_prefix: str = LOCAL_PREFIX
     max_restarts: int = 0
     # "restart": a failure stops every rank and the job starts again; "in-process": survivors
-    # keep running and only the lost ranks start again (engine/inprocess_recovery.py)
+    # keep running and only the lost ranks start again (engine/recovery/)
     recover: str = "restart"
     env_channel: str = ""  # "" (env inside the encoded plan), "stdin" or "environ": see above
     run_id: str = ""  # TORCHELASTIC_RUN_ID of every rank: one id per job, kept across restarts

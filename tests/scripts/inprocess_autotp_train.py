@@ -10,7 +10,7 @@ optimizer state).
 
 ``AUTOTP_SHRINK_AT=S`` (under a plain ``dslaunch run``): after step S the last rank exits and the
 others recover in process with the word a lost host would bring (one rank fewer), which an AutoTP
-job refuses (``grid_recovery.world_change_refused``)."""
+job refuses (``engine/recovery/grid.world_change_refused``)."""
 
 import json
 import os

@@ -13,7 +13,7 @@ optimizer state).
 
 ``PIPE_SHRINK_AT=S`` (under a plain ``dslaunch run``): after step S the last rank exits and the
 others recover in process with the word a lost host would bring (one rank fewer), which a
-pipeline job refuses (``grid_recovery.world_change_refused``)."""
+pipeline job refuses (``engine/recovery/grid.world_change_refused``)."""
 
 import json
 import os

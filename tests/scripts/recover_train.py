@@ -18,7 +18,7 @@ and every rank prints ``rank R pid P start`` once and ``rank R pid P done`` at t
 - ``RECOVER_SHRINK_AT=S`` (ZeRO 1-3, under a plain ``dslaunch run``): the ranks' side of a world
   that shrinks, driven here without a lost host (the launcher's side needs namespace hosts:
   tests/multihost/test_inprocess_hosts.py): every rank keeps shard copies; after step S the last
-  rank exits and the others recover in process (``inprocess_recovery.recover``, with the word
+  rank exits and the others recover in process (``engine/recovery/rejoin.recover``, with the word
   the launcher would send: one rank fewer, a new store port) and go on as a world one smaller.
 """
 
@@ -53,9 +53,9 @@ print(f"rank {engine.global_rank} pid {os.getpid()} start at step {engine.global
       flush=True)
 micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
 if shrink_at >= 0:
-    from dslaunch.engine import inprocess_recovery
+    from dslaunch.engine.recovery.inprocess import keep_shard_copies
 
-    inprocess_recovery.keep_shard_copies(engine)
+    keep_shard_copies(engine)
 
 
 def shrink() -> None:

@@ -7,7 +7,8 @@ import os
 import sys
 import tempfile
 
-from dslaunch.engine import inprocess_recovery
+from dslaunch.engine.recovery.rejoin import recover
+from dslaunch.engine.recovery.watch import Watch
 
 
 def shrink(engine) -> None:
@@ -16,8 +17,8 @@ def shrink(engine) -> None:
     if engine.global_rank == engine.world_size - 1:
         sys.stdout.flush()
         os._exit(0)
-    watch = inprocess_recovery.Watch(os.path.join(tempfile.mkdtemp(), "word"))
+    watch = Watch(os.path.join(tempfile.mkdtemp(), "word"))
     watch.word = {"epoch": 1, "rank": engine.global_rank, "world_size": engine.world_size - 1,
                   "master_addr": os.environ["MASTER_ADDR"],
                   "master_port": int(os.environ["MASTER_PORT"]) + 1}
-    inprocess_recovery.recover(engine, watch)
+    recover(engine, watch)

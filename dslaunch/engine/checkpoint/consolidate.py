@@ -39,11 +39,10 @@ import os
 import torch
 
 from dslaunch.engine.topology import PipeModelDataParallelTopology
-from dslaunch.engine.zero.partition import Layout
 
 from .files import CheckpointError, RankFiles, load_file, model_file, read_meta, resolve_tag
-from .pipeline import FORMAT, layer_file
-from .shard_index import ParamIndex
+from .pipe_files import FORMAT, layer_file
+from .shard_index import gather_master, param_locations
 from .zero_to_fp32_script import (
     check_output_options,
     write_output,
@@ -61,23 +60,6 @@ def _load(path: str):
 def _fp32(saved: torch.Tensor) -> torch.Tensor:
     """A copy of a saved tensor, floating point ones in fp32 (integer buffers as they are)."""
     return saved.to(torch.float32).clone() if saved.is_floating_point() else saved.clone()
-
-
-def _shard_index(z0: dict) -> dict:
-    """name -> (ParamIndex, group index) of every parameter in a ZeRO 1-3 rank file's groups."""
-    where = {}
-    for gi, g in enumerate(z0["groups"]):
-        idx = ParamIndex(Layout.from_meta(g["layout"]))
-        for name in idx.names():
-            where[name] = (idx, gi)
-    return where
-
-
-def _gather_master(files: RankFiles, where: dict, name: str, rank_of=lambda k: k):
-    """Parameter ``name``'s flat fp32 master, from the shards of data-parallel ranks 0..dp-1
-    (``rank_of(k)``: the global rank whose file holds data-parallel rank k's shard)."""
-    idx, gi = where[name]
-    return idx.gather(lambda k: files.zero(rank_of(k))["groups"][gi]["master"], name)
 
 
 def check_output(max_shard_size=None, safe_serialization: bool = False) -> None:
@@ -178,12 +160,12 @@ class _Masters:
                 table = dict(zip(names, masters))
                 self.lookup = table.get
             return
-        where = _shard_index(files.zero(rank0))
+        where = param_locations(files.zero(rank0))
 
         def lookup(name):
             if name not in where:
                 return None
-            return _gather_master(files, where, name,
+            return gather_master(files, where, name,
                                   lambda k: topo.get_rank(pipe=stage, data=k, model=tp))
         self.lookup = lookup
 

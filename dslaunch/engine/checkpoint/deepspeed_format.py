@@ -289,7 +289,7 @@ def load_deepspeed_checkpoint(engine, path: str, strict=True, load_optimizer_sta
     """``engine.load_checkpoint`` of a DeepSpeed ZeRO 1-3 checkpoint directory ``path``
     (``<dir>/<tag>``); returns ``(path, client_state)`` as DeepSpeed does. ``reader``: another
     reader with ``DeepSpeedCheckpoint``'s interface (a universal checkpoint: ``universal.py``)."""
-    from .save_load import check_module
+    from .module_state import check_module
 
     ds = reader if reader is not None else DeepSpeedCheckpoint(path)
     # random-LTD: DeepSpeed saves the names without the wrappers

@@ -14,7 +14,7 @@ import os
 import torch
 
 from .consolidate import check_output, fp32_state_dict, frozen_names, pipe_fp32_state_dict, save_state_file, to_fp32
-from .pipeline import is_pipe_checkpoint
+from .pipe_files import is_pipe_checkpoint
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,

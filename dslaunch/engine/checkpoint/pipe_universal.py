@@ -31,7 +31,7 @@ from dslaunch.engine.zero import partition as P
 
 from .autotp_states import whole_of
 from .files import CheckpointError, RankFiles, load_file, read_meta
-from .pipeline import FORMAT, layer_file
+from .pipe_files import FORMAT, layer_file
 from .shard_index import ParamIndex
 
 

@@ -34,25 +34,13 @@ from .files import (
     load_file,
     publish_dir,
     rank_file,
-    read_meta,
-    resolve_tag,
     save_tag,
     start_save_dir,
     write_to_fp32_script,
 )
+from .module_state import check_module, without_frozen
+from .pipe_files import FORMAT, layer_file
 from .rng import rng_state, set_rng_state
-from .save_load import check_module, without_frozen
-
-FORMAT = "dslaunch-pipe-1"
-
-
-def layer_file(d, stage, tp):
-    return os.path.join(d, f"layer_stage{stage:02d}_tp{tp:02d}_model_states.pt")
-
-
-def is_pipe_checkpoint(ckpt_dir: str, tag=None) -> bool:
-    tag = resolve_tag(os.fspath(ckpt_dir), tag)
-    return read_meta(os.path.join(ckpt_dir, tag)).get("format") == FORMAT
 
 
 def _layout(engine) -> dict:

@@ -62,6 +62,7 @@ from .files import (
     start_save_dir,
     write_to_fp32_script,
 )
+from .module_state import check_module, without_frozen
 from .retention import prune
 from .rng import rng_state, set_rng_state
 from .universal import is_universal_checkpoint, load_universal_checkpoint, universal_tag
@@ -75,13 +76,6 @@ from .zero3_module import shapes as zero3_shapes
 from .zero_shards import STAGING
 
 # -- save --------------------------------------------------------------------------------------
-
-def without_frozen(state: dict, module: torch.nn.Module) -> dict:
-    """``state`` without the module's frozen parameters (``exclude_frozen_parameters``: a PEFT
-    adapter's checkpoint holds only what trains; load it with ``load_module_strict=False``)."""
-    frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
-    return {k: v for k, v in state.items() if k not in frozen}
-
 
 def save_checkpoint(engine, save_dir, tag=None, client_state=None, save_latest=True,
                     exclude_frozen_parameters=False, async_save=None, keep_last=None) -> bool:
@@ -266,29 +260,6 @@ def _record_saved(step: int) -> None:
 
 
 # -- load --------------------------------------------------------------------------------------
-
-def check_module(sd: dict, model: torch.nn.Module, path: str, strict: bool,
-                 shapes: dict | None = None) -> None:
-    """Raise naming the first tensor whose name or shape does not match the model (``shapes``:
-    the real shapes of placeholders, ``zero3_module.py``)."""
-    own = model.state_dict()
-    shapes = shapes or {}
-    for name, t in own.items():
-        if name not in sd:
-            if strict:
-                raise CheckpointError(f"{path}: model tensor {name!r} is missing from the "
-                                      "checkpoint")
-            continue
-        shape = shapes.get(name, tuple(sd[name].shape))
-        if tuple(shape) != tuple(t.shape):
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(shape)} in "
-                                  f"the checkpoint but {list(t.shape)} in the model")
-    if strict:
-        for name in sd:
-            if name not in own:
-                raise CheckpointError(f"{path}: checkpoint tensor {name!r} does not exist in the "
-                                      "model")
-
 
 def load_checkpoint(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False):

@@ -57,3 +57,21 @@ def relayout(layout: Layout, world_size: int) -> Layout:
         b["numel"] = -(-used // world_size) * world_size
     meta["world_size"] = world_size
     return Layout.from_meta(meta)
+
+
+def param_locations(z0: dict) -> dict:
+    """name -> (ParamIndex, group index) of every parameter in a ZeRO 1-3 rank file's groups."""
+    where = {}
+    for gi, g in enumerate(z0["groups"]):
+        idx = ParamIndex(Layout.from_meta(g["layout"]))
+        for name in idx.names():
+            where[name] = (idx, gi)
+    return where
+
+
+def gather_master(files, where: dict, name: str, rank_of=lambda k: k):
+    """Parameter ``name``'s flat fp32 master, from the shards of data-parallel ranks 0..dp-1 in
+    ``files`` (a ``files.RankFiles``; ``rank_of(k)``: the global rank whose file holds
+    data-parallel rank k's shard)."""
+    idx, gi = where[name]
+    return idx.gather(lambda k: files.zero(rank_of(k))["groups"][gi]["master"], name)

@@ -257,7 +257,7 @@ def load_universal_checkpoint(engine, path: str, strict=True, load_optimizer_sta
 
 def _load_stage0(engine, uc) -> None:
     """Stage 0: the optimizer steps whole tensors (its fp32 masters under bf16/fp16)."""
-    from .zero_shards import _scalar_state
+    from .zero_shards import scalar_state
 
     strategy = engine.strategy
     masters = getattr(strategy, "masters", None)
@@ -272,7 +272,7 @@ def _load_stage0(engine, uc) -> None:
             if masters is not None:
                 p.copy_(target)
             st = {k: uc.gather(k, name).view_as(target).to(target.device).clone() for k in keys}
-            st.update({k: _scalar_state(opt, k, v, target.device) for k, v in scalars.items()})
+            st.update({k: scalar_state(opt, k, v, target.device) for k, v in scalars.items()})
             opt.state[target] = st
     for pg, hyper in zip(opt.param_groups, uc.param_groups()):
         pg.update({k: v for k, v in hyper.items() if k in pg and k != "params"})
@@ -285,7 +285,7 @@ class _DslaunchShards:
 
     def __init__(self, path: str):
         from .files import load_file, model_file
-        from .zero_shards import _old_index
+        from .zero_shards import old_index
 
         self.path = path
         self.meta = meta = read_meta(path)
@@ -313,7 +313,7 @@ class _DslaunchShards:
                          for n in index.names()]
                 self.groups.append((names, None, sorted(g["state"]), dict(g["scalars"])))
                 continue
-            where = _old_index(self.files, gi, self.world)
+            where = old_index(self.files, gi, self.world)
             names = [(n, tuple(where[n][0].where[n][1].shape)) for n in where]
             self.groups.append((names, where, sorted(g["state"]), dict(g["scalars"])))
         self.hyper = self.files.raw(0)["strategy"].get("param_groups", [])

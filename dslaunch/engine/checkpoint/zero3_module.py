@@ -71,20 +71,20 @@ def full_module_state(path: str, meta: dict, module: dict, part: dict) -> dict:
     Under AutoTP each rank file holds a partition of its TP rank's slices, not of the whole
     model: the slices are gathered per TP rank and put back whole
     (``zero_to_fp32_script.autotp_checkpoint``); a caller that holds slices cuts its own."""
-    from .consolidate import _gather_master, _shard_index
+    from .shard_index import gather_master, param_locations
     from .zero_to_fp32_script import autotp_checkpoint, autotp_size
 
     if autotp_size(meta) > 1:
         whole = autotp_checkpoint(path, meta)
         return {**module, **{k: whole[k] for k in part}}
     files = RankFiles(path, int(meta.get("world_size", 1)))
-    where = _shard_index(files.zero(0))
+    where = param_locations(files.zero(0))
     out = dict(module)
     for k, (name, shape) in part.items():
         if name not in where:
             raise CheckpointError(f"{path}: tensor {k!r} ({name!r}) is in none of the ZeRO "
                                   "shards of the rank files")
-        out[k] = _gather_master(files, where, name).reshape(shape).clone()
+        out[k] = gather_master(files, where, name).reshape(shape).clone()
     return out
 
 
@@ -94,7 +94,7 @@ def load_shard_weights(strategy, path: str, world: int) -> bool:
     the optimizer state untouched. False (nothing done) when the checkpoint's shards do not
     cover the strategy's parameters group by group (the caller then loads whole weights).
     Every rank decides alike (same files, same layout), so the collectives match."""
-    from .zero_shards import _old_index, _reshard, data_ranks, global_names, put_master
+    from .zero_shards import data_ranks, global_names, old_index, put_master, reshard_group
 
     if getattr(strategy, "stage", None) != 3 or getattr(strategy, "optimizer", None) is None:
         return False
@@ -105,7 +105,7 @@ def load_shard_weights(strategy, path: str, world: int) -> bool:
     if z0 is None or len(z0["groups"]) != len(strategy.groups):
         return False
     names = global_names(strategy)
-    wheres = [_old_index(files, gi, world, members) for gi in range(len(strategy.groups))]
+    wheres = [old_index(files, gi, world, members) for gi in range(len(strategy.groups))]
     for g, where in zip(strategy.groups, wheres):
         if any(names.get(s.name, s.name) not in where for b in g.layout.buckets
                for s in b.slots):
@@ -117,6 +117,6 @@ def load_shard_weights(strategy, path: str, world: int) -> bool:
             def shard_of(rank, gi=gi):
                 return files.zero(rank)["groups"][gi]["master"]
             dtype = g.master.dtype if g.master is not None else torch.float32
-            put_master(g, _reshard(g, where, names, shard_of, dtype))
+            put_master(g, reshard_group(g, where, names, shard_of, dtype))
         strategy._all_gather_params()
     return True

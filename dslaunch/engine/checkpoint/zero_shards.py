@@ -160,7 +160,7 @@ def load_group(strategy, g, master: torch.Tensor, state: dict, scalars: dict,
                 piece = pieces[k][sp_i].to(sp.device)
                 st[k] = piece if own or piece.device != full.device else piece.clone()
             for k, v in scalars.items():
-                st[k] = _scalar_state(strategy.optimizer, k, v, sp.device)
+                st[k] = scalar_state(strategy.optimizer, k, v, sp.device)
             opt_state[sp] = st
 
 
@@ -173,18 +173,18 @@ def put_master(g, master: torch.Tensor) -> None:
             c.copy_(m)
 
 
-def _scalar_state(optimizer, key: str, v: torch.Tensor, device: torch.device):
+def scalar_state(optimizer, key: str, v: torch.Tensor, device: torch.device):
     """A saved scalar in the form ``optimizer`` keeps it. The step count is a Python int in the
     compiled CPU optimizers (offload_optimizer) and a 0-dim float32 tensor in torch's: a
     checkpoint saved with offload can be loaded without it, and the other way round. Torch's
     fused and capturable kernels want that tensor on the parameters' device (a GPU), the others
     on the CPU (torch's own ``load_state_dict`` policy)."""
-    from dslaunch.engine.optim.cpu_adam import _CPUOptimizer
+    from dslaunch.engine.optim.cpu_adam import CPUOptimizer
 
     while hasattr(optimizer, "inner"):  # the NVMe swapper steps the optimizer it wraps
         optimizer = optimizer.inner
     if key == "step" and v.dim() == 0:
-        if isinstance(optimizer, _CPUOptimizer):
+        if isinstance(optimizer, CPUOptimizer):
             return int(v)
         on_device = optimizer.defaults.get("fused") or optimizer.defaults.get("capturable")
         return v.to(dtype=torch.float32, device=device if on_device else "cpu").clone()
@@ -192,7 +192,7 @@ def _scalar_state(optimizer, key: str, v: torch.Tensor, device: torch.device):
     return int(v) if not v.is_floating_point() and v.dim() == 0 else v.clone()
 
 
-def _old_index(files: RankFiles, gi: int, world: int, members: tuple | None = None) -> dict:
+def old_index(files: RankFiles, gi: int, world: int, members: tuple | None = None) -> dict:
     """name -> (ParamIndex, global rank holding each shard) for the checkpoint's optimizer group
     ``gi``: one layout for a group partitioned over the data-parallel ranks ``members`` (the
     old global ranks whose shards this rank's state comes from: ``data_ranks``, default all
@@ -226,7 +226,7 @@ def data_ranks(meta: dict, world: int) -> tuple:
     return tuple(range(dist.get_rank() % tp, world, tp))
 
 
-def _reshard(g, where: dict, names: dict, shard_of, dtype=torch.float32) -> torch.Tensor:
+def reshard_group(g, where: dict, names: dict, shard_of, dtype=torch.float32) -> torch.Tensor:
     """This rank's shard of group ``g``, filled by parameter from the checkpoint's shards
     (``shard_of(global rank)``: that rank's tensor of this group)."""
     out = torch.zeros(g.layout.shard_numel, dtype=dtype)
@@ -277,7 +277,7 @@ def load_resharded_from(strategy, files, world: int, gather: bool = True,
         raise ValueError(f"{len(z0['groups'])} optimizer groups saved, {len(strategy.groups)} now")
     names = global_names(strategy)
     for gi, (saved, g) in enumerate(zip(z0["groups"], strategy.groups)):
-        where = _old_index(files, gi, world, members)
+        where = old_index(files, gi, world, members)
         for _, s, *_ in g.layout.shard_pieces(g.rank):
             name = names.get(s.name, s.name)
             if name not in where:
@@ -290,7 +290,7 @@ def load_resharded_from(strategy, files, world: int, gather: bool = True,
         def src(key, gi=gi):
             return lambda rank: (files.zero(rank)["groups"][gi]["master"] if key is None
                                  else files.zero(rank)["groups"][gi]["state"][key])
-        master = _reshard(g, where, names, src(None))
-        state = {k: _reshard(g, where, names, src(k), v.dtype) for k, v in saved["state"].items()}
+        master = reshard_group(g, where, names, src(None))
+        state = {k: reshard_group(g, where, names, src(k), v.dtype) for k, v in saved["state"].items()}
         load_group(strategy, g, master, state, saved["scalars"], own=True)
     _load_hyper(strategy, files.raw(0)["strategy"].get("param_groups", []), gather=gather)

@@ -52,7 +52,7 @@ ORDER = (WEIGHT_QUANTIZATION, SPARSE_PRUNING, ROW_PRUNING, HEAD_PRUNING, CHANNEL
          ACTIVATION_QUANTIZATION)
 
 
-def _inner(model: nn.Module) -> nn.Module:
+def inner_model(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
 
@@ -87,7 +87,7 @@ def get_module_name(group_name, model, key_word, exist_module_name, mpu=None, ve
     return names, exist_module_name
 
 
-def _plan(model, methods: dict, verbose=True):
+def compression_plan(model, methods: dict, verbose=True):
     """``[(method, group params, [[module names] per modules entry], [[[related]]] or None)]``
     for the enabled methods."""
     plan = []
@@ -140,12 +140,12 @@ def init_compression(model, deepspeed_config, teacher_model=None, mpu=None):
     if mpu is not None:
         raise NotImplementedError("compression of tensor-parallel layers (mpu=) is not supported")
     methods = _methods(deepspeed_config)
-    c_model = _inner(model)
+    c_model = inner_model(model)
     if methods[LAYER_REDUCTION]["enabled"]:
         if teacher_model is None:
             raise ValueError("compression_training.layer_reduction needs teacher_model=")
-        student_initialization(c_model, _inner(teacher_model), methods[LAYER_REDUCTION])
-    for method, params, names, _ in _plan(c_model, methods):
+        student_initialization(c_model, inner_model(teacher_model), methods[LAYER_REDUCTION])
+    for method, params, names, _ in compression_plan(c_model, methods):
         for name in (n for entry in names for n in entry):
             layer = _replace(c_model, name)
             if method == WEIGHT_QUANTIZATION:
@@ -197,8 +197,8 @@ def redundancy_clean(model, deepspeed_config, mpu=None):
     if mpu is not None:
         raise NotImplementedError("compression of tensor-parallel layers (mpu=) is not supported")
     methods = _methods(deepspeed_config)
-    c_model = _inner(model)
-    for method, params, names, related in _plan(c_model, methods):
+    c_model = inner_model(model)
+    for method, params, names, related in compression_plan(c_model, methods):
         reduce = bool(related)
         for i, entry in enumerate(names):
             masks = []

@@ -29,7 +29,7 @@ from dslaunch.config.compression import (
 )
 
 from ..log import log_dist
-from .compress import _inner, _plan
+from .compress import compression_plan, inner_model
 
 
 def scheduled_bits(start_bits: int, target_bits: int, period: int, steps: int) -> int:
@@ -51,13 +51,13 @@ _FLAG = {WEIGHT_QUANTIZATION: "weight_quantization_enabled",
 class compression_scheduler:
     def __init__(self, model, compression_config):
         """``compression_config``: the ``compression_training`` section (or the whole config)."""
-        self.model = _inner(model)
+        self.model = inner_model(model)
         self.methods = parse(compression_config)
         self.training_steps = 0
         self.weight_quantization_enabled = False
         self.layers = {}  # method -> [layer]
         self.announced = set()
-        for method, _, names, _ in _plan(self.model, self.methods, verbose=False):
+        for method, _, names, _ in compression_plan(self.model, self.methods, verbose=False):
             for name in (n for entry in names for n in entry):
                 layer = self.model.get_submodule(name)
                 if hasattr(layer, _FLAG[method]):

@@ -360,9 +360,7 @@ def get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(
         dataset_seqlens = _analyzed_seqlens(dataset, engine, batching.get("metrics_path"),
                                             batch_seqlens_fn, dataloader_collate_fn)
 
-    from dslaunch.engine.pipe.engine import PipelineEngine
-
-    pipeline = isinstance(engine, PipelineEngine)
+    pipeline = getattr(engine, "pipeline_parallelism", False)  # (DeepSpeed's engine attribute)
     rank = engine.global_rank if engine._dp_rank is None else engine._dp_rank
     optimizer = engine.optimizer
     if engine.lr_scheduler is None and not isinstance(optimizer, Optimizer):

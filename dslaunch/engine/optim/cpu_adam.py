@@ -29,7 +29,7 @@ import torch
 from dslaunch.kernels import cpu_optim
 
 
-class _CPUOptimizer(torch.optim.Optimizer):
+class CPUOptimizer(torch.optim.Optimizer):
     _op_name = ""
 
     def __init__(self, params, defaults, fp32_optimizer_states: bool):
@@ -155,7 +155,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
         return [s["step"] for s in self.state.values() if "step" in s]
 
 
-class DSCPUAdam(_CPUOptimizer):
+class DSCPUAdam(CPUOptimizer):
     _op_name = "cpu_adam"
     _state_names = ("exp_avg", "exp_avg_sq")
 
@@ -176,7 +176,7 @@ class DSCPUAdam(_CPUOptimizer):
                             use_compiled=use_compiled, **fused)
 
 
-class DSCPUAdagrad(_CPUOptimizer):
+class DSCPUAdagrad(CPUOptimizer):
     _op_name = "cpu_adagrad"
     _state_names = ("sum",)
 
@@ -197,7 +197,7 @@ class DSCPUAdagrad(_CPUOptimizer):
                                use_compiled=use_compiled, **fused)
 
 
-class DSCPULion(_CPUOptimizer):
+class DSCPULion(CPUOptimizer):
     _op_name = "cpu_lion"
     _state_names = ("exp_avg",)
 

@@ -14,7 +14,7 @@ ranks) is returned on every stage.
 Everything else (optimizer, precision, LR schedule, counters, monitors) is ``DSLaunchEngine``'s.
 
 Under ``dslaunch run --recover in-process`` a lost peer met inside ``train_batch`` is recovered
-there and the batch runs again (``engine/pipe_recovery.py``); for that the batch loss is
+there and the batch runs again (``engine/recovery/pipe.py``, ``recovery/guard.py``); for that the batch loss is
 aggregated at the ``step`` instruction, before the update, so that every collective of a batch
 comes before any rank's update.
 """
@@ -28,7 +28,6 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from .. import inprocess_recovery
 from ..dataloader import RepeatingLoader
 from ..engine import DSLaunchEngine
 from .batch_state import BatchState, OpClock, PostedReceives
@@ -45,9 +44,10 @@ def _floats(obj) -> list:
 class PipelineEngine(DSLaunchEngine):
     # DeepSpeed's PipelineEngine serves training_data= in order (its sampler does not shuffle)
     _shuffle_training_data = False
+    pipeline_parallelism = True
 
     def __init__(self, *, args, model: PipelineModule, optimizer, model_parameters, training_data,
-                 lr_scheduler, collate_fn, cfg):
+                 lr_scheduler, collate_fn, cfg, recovery=None):
         grid = model.grid
         if not model.activation_checkpoint_interval:
             model.activation_checkpoint_interval = cfg.pipeline.activation_checkpoint_interval
@@ -56,7 +56,7 @@ class PipelineEngine(DSLaunchEngine):
         super().__init__(args=args, model=model, optimizer=optimizer,
                          model_parameters=model_parameters, training_data=training_data,
                          lr_scheduler=lr_scheduler, collate_fn=collate_fn, cfg=cfg,
-                         comm=grid.data_parallel_comm())
+                         comm=grid.data_parallel_comm(), recovery=recovery)
         self.global_rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.dp_world_size = grid.dp_world_size
@@ -109,11 +109,7 @@ class PipelineEngine(DSLaunchEngine):
         batch's mean loss (a 0-dim tensor) on every stage."""
         self._states.check_loaded("train_batch()")
         data_iter = self._data_iter(data_iter)
-        if self._recovery is not None:  # --recover in-process: a lost peer is survived
-            from ..pipe_recovery import train_batch
-
-            return train_batch(self, data_iter)
-        return self._run_batch(data_iter)
+        return self._recovery.train_batch(self, data_iter)  # (in process: a lost peer survived)
 
     def _run_batch(self, data_iter):
         self.module.train()
@@ -141,7 +137,7 @@ class PipelineEngine(DSLaunchEngine):
         self._eval_outputs = []
         self._compute_loss = compute_loss
         try:  # (its collectives are the engine's: a lost peer here is not recovered)
-            with torch.no_grad(), inprocess_recovery.engine_call(self):
+            with torch.no_grad(), self._recovery.engine_call(self):
                 losses = self._execute(inference(self.num_stages, self.stage_id,
                                                  self.micro_batches), data_iter, train=False)
                 loss = self._aggregate(losses) if compute_loss else None
@@ -154,7 +150,7 @@ class PipelineEngine(DSLaunchEngine):
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
         from ..checkpoint import pipeline as pipe_ckpt
-        return inprocess_recovery.abandonable_save(self, lambda: pipe_ckpt.save(
+        return self._recovery.save(self, lambda: pipe_ckpt.save(
             self, save_dir, tag=tag, client_state=client_state, save_latest=save_latest,
             exclude_frozen_parameters=exclude_frozen_parameters))
 
@@ -162,9 +158,9 @@ class PipelineEngine(DSLaunchEngine):
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
         from ..checkpoint import pipeline as pipe_ckpt
-        if inprocess_recovery.holds_live_state(self):
+        if self._recovery.holds_live_state(self):
             return None, {}
-        with inprocess_recovery.engine_call(self):
+        with self._recovery.engine_call(self):
             loaded = pipe_ckpt.load(self, load_dir, tag=tag, strict=load_module_strict,
                                     load_optimizer_states=load_optimizer_states,
                                     load_lr_scheduler_states=load_lr_scheduler_states,
@@ -311,7 +307,7 @@ class PipelineEngine(DSLaunchEngine):
 
     def _op_step(self, st: BatchState, m: int) -> None:
         # the loss first: then every collective of a batch comes before its update, and a lost
-        # peer interrupts a batch that no rank has stepped yet (pipe_recovery.py). The stages
+        # peer interrupts a batch that no rank has stepped yet (engine/recovery/pipe.py). The stages
         # meet here anyway: the step's gradient norm is all-reduced over the world (grad_norm.py)
         self._batch_loss = self._aggregate(st.losses)
         self._applied = self._optimizer_step()

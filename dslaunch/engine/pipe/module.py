@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..topology import ProcessTopology, build_grid, get_grid
+from ..topology import ProcessTopology, build_grid, get_grid, stand_ins
 
 
 class LayerSpec:
@@ -198,17 +198,15 @@ class PipelineModule(nn.Module):
     # -- tied weights --------------------------------------------------------------------------
     def _new_group(self):
         """How this rank makes groups: ``dist.new_group``, or stand-ins while it is a replacement
-        rank of an in-process recovery building alone (its grid is planned: grid_recovery.py)."""
+        rank of an in-process recovery building alone (its grid is planned: topology.planned_grid)."""
         if self.grid.planned:
-            from ..grid_recovery import stand_ins
-
             return stand_ins(self.grid.global_rank)
         return dist.new_group
 
     def make_tied_groups(self, new_group) -> dict:
         """{key: (group, owner global ranks)} for keys owned by more than one stage and held
         here; every rank creates every group with ``new_group`` (collective). Called again by
-        in-process recovery on a new world (engine/pipe_recovery.py)."""
+        in-process recovery on a new world (engine/recovery/pipe.py)."""
         owners: dict = {}
         for s in range(self.num_stages):
             for idx in self.stage_layers(s):

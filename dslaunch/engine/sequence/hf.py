@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .ulysses import _AllToAll
+from .ulysses import UlyssesAllToAll
 
 # HF attention functions take q, k, v as [batch, heads, seq, head_dim] and return [batch, seq,
 # heads, head_dim]
@@ -58,7 +58,7 @@ class UlyssesSPAttentionHF(torch.nn.Module):
         self.kv_replication_factor = max(1, self.world_size // kv_head_count)
 
     def _to_heads(self, t: torch.Tensor) -> torch.Tensor:
-        return _AllToAll.apply(t, _HF_HEADS, _HF_SEQ, self.process_group)
+        return UlyssesAllToAll.apply(t, _HF_HEADS, _HF_SEQ, self.process_group)
 
     def forward(self, module, query, key, value, attention_mask, *args: Any, **kwargs: Any):
         if self.disable_in_eval and not module.training:
@@ -82,7 +82,7 @@ class UlyssesSPAttentionHF(torch.nn.Module):
             module.num_key_value_groups = q.shape[_HF_HEADS] // k.shape[_HF_HEADS]
         context, weights = self.attn(module, q, k, v, attention_mask, *args, **kwargs)
         # [b, S, h/P, d] -> [b, S/P, h, d] -> [b, S/P, h * d]
-        out = _AllToAll.apply(context.contiguous(), _OUT_SEQ, _OUT_HEADS, self.process_group)
+        out = UlyssesAllToAll.apply(context.contiguous(), _OUT_SEQ, _OUT_HEADS, self.process_group)
         return out.reshape(*out.shape[:2], -1), weights
 
     @classmethod

@@ -50,7 +50,7 @@ def _exchange(x: torch.Tensor, scatter_dim: int, gather_dim: int, group) -> torc
     return out.reshape(merged)
 
 
-class _AllToAll(torch.autograd.Function):
+class UlyssesAllToAll(torch.autograd.Function):
     """The differentiable exchange; its backward is the reverse exchange."""
 
     @staticmethod
@@ -61,7 +61,7 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         scatter_dim, gather_dim = ctx.dims
-        return _AllToAll.apply(grad.contiguous(), gather_dim, scatter_dim, ctx.group), None, None, None
+        return UlyssesAllToAll.apply(grad.contiguous(), gather_dim, scatter_dim, ctx.group), None, None, None
 
 
 def seq_all_to_all(x: torch.Tensor, scatter_idx: int, gather_idx: int, batch_dim_idx: int,
@@ -74,8 +74,8 @@ def seq_all_to_all(x: torch.Tensor, scatter_idx: int, gather_idx: int, batch_dim
                          f"([s, b, h, d]), got {batch_dim_idx}")
     seq_dim = 1 - batch_dim_idx
     if scatter_idx >= 2:
-        return _AllToAll.apply(x, HEAD_DIM, seq_dim, group)
-    return _AllToAll.apply(x, seq_dim, HEAD_DIM, group)
+        return UlyssesAllToAll.apply(x, HEAD_DIM, seq_dim, group)
+    return UlyssesAllToAll.apply(x, seq_dim, HEAD_DIM, group)
 
 
 def _check_heads(name: str, heads: int, world: int) -> None:

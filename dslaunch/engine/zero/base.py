@@ -39,7 +39,7 @@ class OptimizerStrategy:
 
     def rebind_world(self) -> None:
         """The group changed size under the strategy (in-process recovery): set up what depends
-        on it (engine/inprocess_recovery.py; ZeRO 1-3 lay out again in ``repartition``)."""
+        on it (engine/recovery/; ZeRO 1-3 lay out again in ``repartition``)."""
 
     def dry_forward(self):
         """A context for the forward of a step in-process recovery abandoned, which must make no

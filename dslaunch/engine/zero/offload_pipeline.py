@@ -23,7 +23,7 @@ import os
 import torch
 
 from dslaunch.accelerator import get_accelerator
-from dslaunch.engine.optim.cpu_adam import _CPUOptimizer
+from dslaunch.engine.optim.cpu_adam import CPUOptimizer
 from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.common import BufferPool
 
@@ -145,7 +145,7 @@ class HostOffload:
     def fuses(optimizer) -> bool:
         """Whether the optimizer can step with the fused scale + copy-out (dslaunch's compiled
         CPU optimizers stepping resident masters)."""
-        return isinstance(optimizer, _CPUOptimizer) and not getattr(optimizer, "swap_params", False)
+        return isinstance(optimizer, CPUOptimizer) and not getattr(optimizer, "swap_params", False)
 
     def step(self, coef: float) -> None:
         """One optimizer step over every chunk: gradients scaled by ``coef`` inside the update,

@@ -28,12 +28,12 @@ import torch
 
 from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.stage3_fetch import RELEASED
-from dslaunch.engine.zero.zero_init import _STRATEGIES
+from dslaunch.engine.zero.zero_init import LIVE_STRATEGIES
 
 
 def _owner(param):
     ids = {id(param)}
-    for strategy in list(_STRATEGIES):
+    for strategy in list(LIVE_STRATEGIES):
         owns = getattr(strategy, "owns", None)
         if owns is not None and owns(ids):
             return strategy

@@ -122,7 +122,7 @@ class Stage0Strategy(OptimizerStrategy):
 
     def rebind_world(self) -> None:
         """Overlapped reduction hooks exist while the group has peers (a replacement rank is built
-        alone first, then joins: engine/inprocess_recovery.py)."""
+        alone first, then joins: engine/recovery/)."""
         if self.overlap and self.comm.world_size > 1 and not self._hooks:
             for p in self.params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))

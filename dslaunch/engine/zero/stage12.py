@@ -101,7 +101,7 @@ class _Group:
 
 
 class ZeroStage12Strategy(OptimizerStrategy):
-    # in-process recovery (engine/inprocess_recovery.py): a copy of a neighbour's shard
+    # in-process recovery (engine/recovery/): a copy of a neighbour's shard
     # (zero/shard_copies.py, set by the engine), the updates applied to this shard, and whether
     # an update is between its local step and the end of its all-gather
     copies = None

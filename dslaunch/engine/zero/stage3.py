@@ -224,7 +224,7 @@ class Stage3Strategy(ZeroStage12Strategy):
         if key in self.plan.persistent:
             self.store.full[key].copy_(tmp)
 
-    # -- in-process recovery (engine/inprocess_recovery.py) -----------------------------------
+    # -- in-process recovery (engine/recovery/) -----------------------------------
     def repartition(self) -> None:
         """Lay the parameters out over the new group (every member, as the stage-1-2 layout of
         a member whose group changed): a new plan, store and fetch state (gathers the old group

@@ -41,19 +41,19 @@ import torch.distributed as dist
 from dslaunch.engine import comm
 from dslaunch.engine.zero.param_status import ZeroParamStatus, set_ds_attributes
 
-_STRATEGIES: "weakref.WeakSet" = weakref.WeakSet()
+LIVE_STRATEGIES: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def register_strategy(strategy) -> None:
     """Every ZeRO strategy (stages 0-3) registers here: GatheredParameters gathers their
     partitioned parameters and refreshes their masters, and ``param_access.py``
     (``dslaunch.utils.safe_get_full_*``) finds the strategy that owns a parameter."""
-    _STRATEGIES.add(strategy)
+    LIVE_STRATEGIES.add(strategy)
 
 
 def unregister_strategy(strategy) -> None:
     """``engine.destroy()``: GatheredParameters no longer looks at this strategy."""
-    _STRATEGIES.discard(strategy)
+    LIVE_STRATEGIES.discard(strategy)
 
 
 # -- zero.Init's per-parameter partitioning -------------------------------------------------------
@@ -277,7 +277,7 @@ class GatheredParameters(contextlib.ContextDecorator):
         for p in self._init_params:
             _gather_param(p)
         ids = {id(p) for p in self.params}
-        for strategy in list(_STRATEGIES):
+        for strategy in list(LIVE_STRATEGIES):
             gather = getattr(strategy, "gather_params", None)
             if gather is not None and strategy.owns(ids):
                 self._handles.append((strategy, gather(self.params)))
@@ -300,7 +300,7 @@ class GatheredParameters(contextlib.ContextDecorator):
                 for p in self.params:
                     dist.broadcast(p.data, src=modifier)
         ids = {id(p) for p in self.params}
-        for strategy in list(_STRATEGIES):
+        for strategy in list(LIVE_STRATEGIES):
             owned = getattr(strategy, "owns", None)
             if owned is not None and owned(ids):
                 strategy.sync_from_model()

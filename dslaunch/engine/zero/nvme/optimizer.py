@@ -308,9 +308,9 @@ class NVMeSwappedOptimizer(SwappedMasters, torch.optim.Optimizer):
     def _int_steps(self) -> None:
         """The compiled CPU optimizers count steps in a Python int; a loader that does not see
         through this wrapper may hand the count back as a 0-dim tensor (torch's form)."""
-        from dslaunch.engine.optim.cpu_adam import _CPUOptimizer
+        from dslaunch.engine.optim.cpu_adam import CPUOptimizer
 
-        if not isinstance(self.inner, _CPUOptimizer):
+        if not isinstance(self.inner, CPUOptimizer):
             return
         for st in self.state.values():
             v = st.get("step")

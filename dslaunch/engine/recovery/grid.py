@@ -1,6 +1,6 @@
 """An engine's process grid (``topology.ProcessGrid``) under in-process recovery
-(``engine/inprocess_recovery.py``), for any of its axes: AutoTP's ``data x model`` grid
-(``tp_recovery.py``) and a pipeline's ``pipe x data`` grid (``pipe_recovery.py``).
+(``engine/recovery/``), for any of its axes: AutoTP's ``data x model`` grid
+(``tp.py``) and a pipeline's ``pipe x data`` grid (``pipe.py``).
 
 The grid object itself stays (the engine, its ``mpu``, ``parallel_groups``' layout, a
 ``PipelineModule`` and activation checkpointing hold it): ``rebuild_grid`` makes its groups again
@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .tensor_parallel import PlannedGroup
-from .topology import ProcessGrid
+from ..comm import group_label
+from ..topology import ProcessGrid
+from .pipe import pipe_grid
+from .tp import tp_grid
 
 
 def engine_grid(engine) -> ProcessGrid | None:
     """The grid in-process recovery rebuilds for ``engine`` (a pipeline's, AutoTP's); None for
     an engine without one (plain data parallel)."""
-    from .pipe_recovery import pipe_grid
-    from .tp_recovery import tp_grid
-
     return pipe_grid(engine) or tp_grid(engine)
 
 
@@ -67,27 +66,6 @@ def slice_of(engine) -> str | None:
     parts = [f"stage {grid.stage_id}"] if grid.num_stages > 1 else []
     parts += [f"TP rank {grid.tp_rank}"] if grid.tp_world_size > 1 else []
     return ", ".join(parts) or None
-
-
-def stand_ins(rank: int):
-    """``new_group`` for a rank that cannot make groups yet: a ``PlannedGroup`` for each group
-    that holds ``rank`` (None for the others, as ``dist.new_group`` answers a non-member)."""
-    return lambda ranks: PlannedGroup(ranks, rank) if rank in ranks else None
-
-
-def planned_grid(topology, word: dict) -> ProcessGrid:
-    """A replacement rank's grid while it is alone: the coordinates of its rank in the world it
-    joins, stand-in groups, and for the data axis (and the sequence x data plane) the one-rank
-    world, which the engine's ``Comm`` and ZeRO strategy reduce over until it joins."""
-    rank = int(word["rank"])
-    grid = ProcessGrid.__new__(ProcessGrid)
-    grid.topology = topology
-    grid.global_rank, grid.coord = rank, topology.get_coord(rank)
-    grid.planned = True
-    grid.make_groups(stand_ins(rank))
-    alone = dist.group.WORLD
-    grid.groups["data"] = grid.data_group = grid.sequence_data_group = alone
-    return grid
 
 
 def _handles(grid: ProcessGrid) -> list:
@@ -128,10 +106,8 @@ def repoint(module, new: dict) -> None:
 
 
 def _repoint_comms(comms, new: dict) -> None:
-    """Each ``Comm`` (each once) on its group's new handle; ``inprocess_recovery._take_world``
+    """Each ``Comm`` (each once) on its group's new handle; ``rejoin.take_world``
     then reads its rank and size (``Comm.rebind``)."""
-    from .comm import group_label
-
     for comm in {id(c): c for c in comms if c is not None}.values():
         if id(comm.group) in new:
             comm.group = new[id(comm.group)]

@@ -1,5 +1,5 @@
 """Copies of a neighbour's ZeRO 1-3 shard, so that a lost rank's optimizer state survives it
-(in-process recovery, ``engine/inprocess_recovery.py``).
+(in-process recovery, ``engine/recovery/``).
 
 At ZeRO 1-2 every rank holds the whole model but only its own shard of the fp32 masters and the
 optimizer states; at ZeRO 3 it holds only its shard of the parameters too: when a rank dies, its
@@ -149,14 +149,14 @@ class ShardCopies:
 
 def _wait(works: list) -> bool:
     """Wait for every work; False when a peer was lost (any other error is raised)."""
-    from dslaunch.engine.inprocess_recovery import comm_fault
+    from ..membership import peer_lost
 
     ok = True
     for work in works:
         try:
             work.wait()
         except RuntimeError as exc:
-            if not comm_fault(exc):
+            if not peer_lost(exc):
                 raise
             ok = False
     return ok

@@ -1,4 +1,4 @@
-"""Pipeline engines under in-process recovery (``engine/inprocess_recovery.py``): a
+"""Pipeline engines under in-process recovery (``engine/recovery/``): a
 ``PipelineModule`` trained with ``engine.train_batch()`` on a ``pipe x data`` grid, at ZeRO 0 or
 1, when every stage has a data-parallel replica (DP >= 2) and the world keeps its size.
 
@@ -9,7 +9,7 @@ reduction, the batch loss's all-reduce and broadcast (``_aggregate``, made at th
 instruction before the update), and the whole model's gradient-norm all-reduce
 (``pipe/grad_norm.py``) with which the update starts. So a rank lost after its update of step S
 (``--inject kill:...,step=S``) leaves every survivor done with step S, and they meet the fault
-in batch S+1, before any update. ``train_batch`` catches it (``train_batch`` here), recovers,
+in batch S+1, before any update. ``train_batch`` catches it (``guard.train_batch``), recovers,
 and runs the same batch again in the new group: the abandoned batch is dropped (its gradients,
 activations and p2p channels; no update, no step counted) and the call returns the loss of the
 batch it trained, as a fault-free call would, so the script's loop of ``train_batch()`` calls
@@ -25,7 +25,7 @@ the engine's own loader (``training_data=`` at ``initialize``, ``train_batch()``
 must start at ``engine.global_steps`` as after a checkpoint load (e.g. a step-indexed one), which
 the engine cannot check.
 
-**The grid.** ``grid_recovery.rebuild_grid`` makes the pipe, data and model groups again in
+**The grid.** ``grid.rebuild_grid`` makes the pipe, data and model groups again in
 place; ``rebuild`` here then makes the tied weights' groups again and opens fresh p2p channels
 (the old ones' layouts and posted receives belong to the old group). A replacement builds alone
 on a planned grid (``topology.get_grid``: stand-in pipe groups, the one-rank world as data
@@ -34,7 +34,7 @@ group), skips the tied weights' first sync, joins, and takes its stage's weights
 its own stage.
 
 Refused, with the reason printed: PP x DP 1 (no live peer holds a lost rank's stage), a world
-that changes size (``grid_recovery.world_change_refused``), tensor or sequence parallel axes in
+that changes size (``grid.world_change_refused``), tensor or sequence parallel axes in
 the pipeline (not rebuilt), and a fault inside ``eval_batch`` is not recovered (the rank fails
 and the job restarts). A replacement's script sees a world of 1 until it joins: a topology sized
 with ``dist.get_world_size()`` before ``initialize`` fails there (``num_stages=`` does not). A
@@ -46,14 +46,13 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .inprocess_recovery import comm_fault, engine_call, recover
-from .topology import ProcessGrid
+from ..pipe.engine import PipelineEngine
+from ..pipe.p2p import P2P
+from ..topology import ProcessGrid
 
 
 def pipe_grid(engine) -> ProcessGrid | None:
     """The grid of a pipeline engine; None for another engine."""
-    from .pipe.engine import PipelineEngine
-
     return engine.grid if isinstance(engine, PipelineEngine) else None
 
 
@@ -72,8 +71,6 @@ def refused(engine) -> str | None:
 def rebuild(engine) -> None:
     """After the grid's groups (every member, at the same point): the tied weights' groups made
     again, and new p2p channels (the counters kept)."""
-    from .pipe.p2p import P2P
-
     engine.module.tied_groups = engine.module.make_tied_groups(dist.new_group)
     stats, engine.p2p = engine.p2p.stats, P2P(engine.device)
     engine.p2p.stats = stats
@@ -97,27 +94,6 @@ class Replay:
 
     def rewind(self) -> None:
         self.pos = 0
-
-
-def train_batch(engine, data_iter):
-    """``engine.train_batch(data_iter)`` that survives a lost peer (the module docstring): the
-    batch is run again after the recovery; returns its loss."""
-    watch = engine._recovery
-    watch.script_skip = False  # a step starts: the script's collectives count again
-    items = Replay(data_iter) if data_iter is not None else None
-    step = engine.global_steps
-    while True:
-        with engine_call(engine):
-            try:
-                return engine._run_batch(items)
-            except RuntimeError as exc:
-                if not comm_fault(exc) or not watch.wait_for_word():
-                    raise
-                recover(engine, watch)  # (refuses when the members are not all at one step)
-        if engine.global_steps != step:  # past this rank's update (its last sends' wait): the
-            return engine._batch_loss    # batch stands on every member
-        if items is not None:
-            items.rewind()
 
 
 def position_loader(engine) -> None:
