@@ -58,7 +58,7 @@ def test_defaults_equal_deepspeeds():
 def test_overlap_comm_is_ours_at_stage_2():
     """The one default that differs on purpose (docs/porting.md): DeepSpeed resolves
     overlap_comm to on for stage 3 only; dslaunch overlaps stage 2 too, at most two buckets in
-    flight (zero/stage12.py). At stage 0, the fixture's, both are off."""
+    flight (zero/grad_reduce.py). At stage 0, the fixture's, both are off."""
     assert DEFAULTS["zero_optimization.overlap_comm"] is False
     for stage, want in ((0, False), (1, False), (2, True), (3, True)):
         got = resolve_config({"train_batch_size": 1, "zero_optimization": {"stage": stage}})

@@ -197,7 +197,7 @@ def test_stage2_overlaps_at_most_two_buckets(job_cache, name):
     """overlap_comm unset: stage 2 reduce-scatters behind backward (our default; DeepSpeed's is
     off), never more than IN_FLIGHT_BUCKETS at once, whatever the number of buckets (the losses
     are test_fp32_loss_trajectory_equals_stage0's)."""
-    from dslaunch.engine.zero.stage12 import IN_FLIGHT_BUCKETS
+    from dslaunch.engine.zero.grad_reduce import IN_FLIGHT_BUCKETS
 
     out = run(job_cache, name)
     assert out["buckets"] > IN_FLIGHT_BUCKETS

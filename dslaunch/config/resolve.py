@@ -230,7 +230,7 @@ def _cross_checks(values: dict, sources: dict, problems: list) -> None:
                 zero[section]["pin_memory"] = True
     if zero["overlap_comm"] is None:
         # DeepSpeed: on for stage 3 only, since its overlap doubles a reduce_bucket_size buffer.
-        # Ours costs at most IN_FLIGHT_BUCKETS capped buckets (zero/stage12.py) and gives the same
+        # Ours costs at most IN_FLIGHT_BUCKETS capped buckets (zero/grad_reduce.py) and gives the same
         # numbers, so stage 2 overlaps too (stage 1 reduces at the boundary either way)
         zero["overlap_comm"] = zero["stage"] >= 2
         sources["zero_optimization.overlap_comm"] = "default"

@@ -40,6 +40,7 @@ import torch
 from dslaunch.engine.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero.base import OptimizerStrategy
 from dslaunch.engine.zero.common import BufferPool, get_comm, offloads_optimizer
+from dslaunch.engine.zero.grad_reduce import COMM_BUCKET_CAP
 from dslaunch.engine.zero.nvme.param_store import nvme_param_store
 from dslaunch.engine.zero.offload_pipeline import HostOffload
 from dslaunch.engine.zero.param_status import attach_ds_attributes
@@ -53,7 +54,7 @@ from dslaunch.engine.zero.stage3_fetch import (
 )
 from dslaunch.engine.zero.stage3_groups import Stage3Comms
 from dslaunch.engine.zero.stage3_units import plan_units
-from dslaunch.engine.zero.stage12 import COMM_BUCKET_CAP, ZeroStage12Strategy
+from dslaunch.engine.zero.stage12 import ZeroStage12Strategy
 from dslaunch.engine.zero.zero_init import materialize, register_strategy, shard_of
 
 
@@ -310,7 +311,7 @@ class Stage3Strategy(ZeroStage12Strategy):
                          for bi, b in enumerate(g.layout.buckets)}
 
     # -- gradient reduction, one bucket at a time ---------------------------------------------
-    # _staging / _unstage: the stage-2 pool (stage12.py)
+    # _staging / _unstage: the stage-2 pool (grad_reduce.py)
 
     def _reduce(self, key):
         self._pending[key] = -1  # reduced for this backward
