@@ -204,10 +204,10 @@ def human_bytes(n) -> str:
 
 def table_lines(results: list) -> list:
     """Plain-text table (preflight errors, logs)."""
+    from dslaunch.launcher.text_table import text_table
+
     rows = [("host", "status", "python", "torch", "dslaunch", "reason")]
     for r in results:
         rows.append((r["host"], r["status"], r.get("python") or "-", r.get("torch") or "-",
                      r.get("dslaunch") or "-", r.get("reason") or r.get("warning") or ""))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1]
-            for row in rows]
+    return text_table(rows)
