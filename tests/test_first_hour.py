@@ -2,6 +2,9 @@
 (the installed ``dslaunch`` entry point as a subprocess, real files in tmp_path), give the right
 answer the first time.
 
+1. ``dslaunch hosts check -H hostfile`` checks each host the way ``dslaunch run`` with the same
+   hostfile reaches it: a ``localhost`` hostfile on this host itself (run's local launcher), not
+   over ssh; the table and the JSON say which way.
 3. Every plain-text table the CLI prints lines up whatever the names (``cpu_block_sparse_attn``).
 """
 
@@ -34,6 +37,60 @@ def _ranks_argv(tmp_path, nproc=2) -> list:
 
 def _error_lines(stderr: str) -> list:
     return [line for line in stderr.splitlines() if line.strip()]
+
+
+# ---- 1. hosts check reaches a host the way run does -----------------------------------------------
+
+def test_hosts_check_localhost_hostfile_is_checked_here_as_run_would(tmp_path):
+    hf = tmp_path / "hostfile"
+    hf.write_text("localhost slots=2\n")
+    table = dslaunch("hosts", "check", "-H", hf, cwd=tmp_path)
+    assert table.returncode == 0, table.stdout + table.stderr
+    assert "ssh" not in table.stdout + table.stderr
+    assert "launcher local" in table.stdout
+    row = next(line for line in table.stdout.splitlines() if "localhost" in line)
+    cells = [c.strip() for c in row.strip().strip("│").split("│")]
+    assert cells[:3] == ["localhost", "local", "ok"], row
+
+    doc = json.loads(dslaunch("hosts", "check", "-H", hf, "--json", cwd=tmp_path).stdout)
+    assert (doc["launcher"], doc["via"], doc["ok"]) == ("local", "local", True)
+    (host,) = doc["hosts"]
+    assert (host["host"], host["via"], host["status"]) == ("localhost", "local", "ok")
+    assert (host["python"], host["torch"], host["dslaunch"]) == (
+        doc["local"]["python"], doc["local"]["torch"], doc["local"]["dslaunch"])
+
+    # the same hostfile under run: the local launcher, and the job runs
+    plan = dslaunch("run", "-H", hf, "--dry-run", "--json", _script(tmp_path), cwd=tmp_path)
+    assert json.loads(plan.stdout)["launcher"] == doc["launcher"]
+    job = dslaunch("run", "-H", hf, _script(tmp_path), "a", cwd=tmp_path)
+    assert job.returncode == 0, job.stderr
+    assert _ranks_argv(tmp_path) == [["a"], ["a"]]
+
+
+def test_hosts_check_remote_host_goes_the_way_run_launches(tmp_path):
+    hf = tmp_path / "hostfile"
+    hf.write_text("localhost slots=1\nno-such-host.invalid slots=1\n")
+    res = dslaunch("hosts", "check", "-H", hf, "--json", "--timeout", "5", cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    plan = json.loads(dslaunch("run", "-H", hf, "--dry-run", "--json", _script(tmp_path),
+                               cwd=tmp_path).stdout)
+    assert doc["launcher"] == plan["launcher"] != "local"  # pdsh or ssh, as run picks
+    assert doc["via"] == "ssh" and [h["via"] for h in doc["hosts"]] == ["ssh", "ssh"]
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert by["no-such-host.invalid"]["status"] == "down"
+    assert "ssh failed" in by["no-such-host.invalid"]["reason"]
+
+
+def test_hosts_check_local_launcher_refuses_a_remote_host_like_run(tmp_path):
+    hf = tmp_path / "hostfile"
+    hf.write_text("localhost slots=1\nnode7 slots=1\n")
+    check = dslaunch("hosts", "check", "-H", hf, "--launcher", "local", cwd=tmp_path)
+    run = dslaunch("run", "-H", hf, "--launcher", "local", _script(tmp_path), cwd=tmp_path)
+    assert check.returncode != 0 and run.returncode != 0
+    why = "the local launcher runs only on this host, but the plan names node7"
+    assert why in check.stderr and why in run.stderr
+    assert "Traceback" not in check.stderr + run.stderr
 
 
 # ---- 3. every plain table lines up whatever the names ----------------------------------------------
