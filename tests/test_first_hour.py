@@ -5,6 +5,9 @@ answer the first time.
 1. ``dslaunch hosts check -H hostfile`` checks each host the way ``dslaunch run`` with the same
    hostfile reaches it: a ``localhost`` hostfile on this host itself (run's local launcher), not
    over ssh; the table and the JSON say which way.
+2. A DeepSpeed config given as the script's own argument (``train.py --config ds.json``,
+   ``--deepspeed_config FILE``, ``--deepspeed_config=FILE``) is checked before any rank starts,
+   as ``dslaunch run --config`` is; the script's own (non-DeepSpeed) ``--config`` is left alone.
 3. Every plain-text table the CLI prints lines up whatever the names (``cpu_block_sparse_attn``).
 """
 
@@ -91,6 +94,94 @@ def test_hosts_check_local_launcher_refuses_a_remote_host_like_run(tmp_path):
     why = "the local launcher runs only on this host, but the plan names node7"
     assert why in check.stderr and why in run.stderr
     assert "Traceback" not in check.stderr + run.stderr
+
+
+# ---- 2. the config as the script's argument is checked before any rank starts ---------------------
+
+TYPO = {"train_batch_size": 8, "zero_optimisation": {"stage": 1}}
+
+
+def test_script_config_typo_is_refused_before_any_rank(tmp_path):
+    script = _script(tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps(TYPO))
+    for args in (["--config", "ds.json"], ["--deepspeed_config", "ds.json"],
+                 ["--deepspeed_config=ds.json"], ["--lr", "1", "--config=ds.json", "--x"]):
+        r = dslaunch("run", "--nproc-per-node", 2, script, *args, cwd=tmp_path)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert "no rank was started" in r.stderr
+        assert "zero_optimisation: unknown key; did you mean zero_optimization?" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert not (tmp_path / "out").exists()  # no rank ran
+
+
+def test_script_config_missing_or_unreadable_is_one_line(tmp_path):
+    script = _script(tmp_path)
+    (tmp_path / "adir.json").mkdir()
+    cases = {
+        ("--config", "missing.json"): "the script's --config missing.json: no such file; no rank was started",
+        ("--deepspeed_config", "missing"):
+            "the script's --deepspeed_config missing: no such file; no rank was started",
+        ("--deepspeed_config=nothere.yaml",):
+            "the script's --deepspeed_config nothere.yaml: no such file; no rank was started",
+        ("--config", "adir.json"): "the script's --config adir.json: cannot read it (Is a directory)",
+    }
+    for args, message in cases.items():
+        r = dslaunch("run", script, *args, cwd=tmp_path)
+        assert r.returncode == 1, (args, r.stderr)
+        lines = _error_lines(r.stderr)
+        assert len(lines) == 1 and message in lines[0], (args, r.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_script_config_valid_runs_with_its_arguments_untouched(tmp_path):
+    script = _script(tmp_path)
+    (tmp_path / "ds.yaml").write_text("train_micro_batch_size_per_gpu: 2\n"
+                                      "fault_tolerance: {recover: in-process}\n")
+    args = ["--deepspeed_config", "ds.yaml", "--tag", "x y"]
+    r = dslaunch("run", "--nproc-per-node", 2, script, *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert _ranks_argv(tmp_path) == [args, args]
+    # the launcher's own setting comes from it when there is no `dslaunch run --config`
+    plan = json.loads(dslaunch("run", "--dry-run", "--json", script, *args, cwd=tmp_path).stdout)
+    assert plan["recover"] == "in-process" and plan["config"] is None
+
+
+def test_script_own_config_is_left_alone(tmp_path):
+    """A model/trainer config named by --config (shares a key or two with DeepSpeed's, or is not
+    a file at all) is the script's business: the job runs, arguments untouched."""
+    script = _script(tmp_path)
+    (tmp_path / "model.yaml").write_text("model: {layers: 2}\noptimizer: {lr: 0.1}\n"
+                                         "gradient_accumulation_steps: 2\nfp16: true\n")
+    (tmp_path / "train.yaml").write_text("train_batch_size: 4\nlearning_rate: 0.1\n"
+                                         "output_dir: out\nepochs: 3\n")
+    (tmp_path / "tokens.json").write_text("[1, 2, 3]")
+    (tmp_path / "bad.json").write_text(json.dumps(TYPO))
+    args = ["--config", "model.yaml", "--config=train.yaml", "--config", "small", "--config",
+            "tokens.json", "--", "--config", "bad.json"]  # after `--`: positional words
+    r = dslaunch("run", "--nproc-per-node", 2, script, *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert _ranks_argv(tmp_path) == [args, args]
+
+
+def test_script_config_relative_to_chdir_and_both_spellings(tmp_path):
+    script = _script(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "ds.json").write_text(json.dumps(TYPO))
+    (tmp_path / "good.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 1}))
+    r = dslaunch("run", "--chdir", work, script, "--config", "ds.json", cwd=tmp_path)
+    assert r.returncode == 1 and "zero_optimisation" in r.stderr, r.stderr
+    # `dslaunch run --config` good, the script's config bad: both are checked
+    r = dslaunch("run", "--config", "good.json", script, "--deepspeed_config", "work/ds.json",
+                 cwd=tmp_path)
+    assert r.returncode == 1 and "no rank was started" in r.stderr, r.stderr
+    # both good and different: the job runs and the launcher says which one the script reads
+    (work / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 2}))
+    r = dslaunch("run", "--config", "good.json", script, "--deepspeed_config", "work/ds.json",
+                 cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "note: --config good.json goes to the ranks in DSLAUNCH_CONFIG" in r.stderr
+    assert "dslaunch.initialize(args=...) reads the script's" in r.stderr
 
 
 # ---- 3. every plain table lines up whatever the names ----------------------------------------------
