@@ -9,14 +9,18 @@ answer the first time.
    ``--deepspeed_config FILE``, ``--deepspeed_config=FILE``) is checked before any rank starts,
    as ``dslaunch run --config`` is; the script's own (non-DeepSpeed) ``--config`` is left alone.
 3. Every plain-text table the CLI prints lines up whatever the names (``cpu_block_sparse_attn``).
+4. Every declared dependency is used (paramiko was not: the launcher uses OpenSSH).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
-from helpers import dslaunch
+import pytest
+
+from helpers import ROOT, dslaunch
 
 # A rank script that imports nothing heavy: it records its argv (what the script was given).
 ARGV_SCRIPT = """\
@@ -259,3 +263,25 @@ def test_text_table_widths_come_from_the_cells():
     assert lines == ["op                         n  status",
                      "cpu_block_sparse_attn      3  ok",
                      "a                      12345"]
+
+
+# ---- 4. every declared dependency is used ----------------------------------------------------------
+
+# distribution name -> the module it is imported as, where the two differ
+IMPORT_NAMES = {"pyyaml": "yaml"}
+
+
+def test_every_declared_dependency_is_imported():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11 (the project's venv)
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in deps}
+    imported = set()
+    for path in (ROOT / "dslaunch").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    unused = sorted(n for n in names if IMPORT_NAMES.get(n, n) not in imported)
+    assert not unused, f"declared in pyproject.toml but imported nowhere in dslaunch/: {unused}"
+    assert "paramiko" not in names  # the launcher uses the OpenSSH client, as DeepSpeed does
