@@ -11,6 +11,8 @@ import re
 
 import click
 
+from dslaunch.launcher.text_table import text_table
+
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
 
@@ -140,13 +142,12 @@ def estimate_memory(params, model_script, config_path, world_size, ranks_per_hos
 
     click.echo(f"Model states for {num_params:,} parameters, {world_size} data-parallel ranks "
                f"({per_host} per host), {precision}, {optimizer}:")
-    head = f"  {'':52s} {'per rank device':>16s} {'per rank cpu':>14s} " \
-           f"{'per host device':>16s} {'per host cpu':>14s} {'per rank nvme':>14s}"
-    click.echo(head)
+    table = [("", "per rank device", "per rank cpu", "per host device", "per host cpu",
+              "per rank nvme", "")]
     for r in rows:
-        mark = "  <- config" if chosen(r) else ""
-        click.echo(f"  {r.label():52s} {human(r.device):>16s} {human(r.cpu):>14s} "
-                   f"{human(r.device * per_host):>16s} {human(r.cpu * per_host):>14s} "
-                   f"{human(r.nvme):>14s}{mark}")
+        table.append((r.label(), human(r.device), human(r.cpu), human(r.device * per_host),
+                      human(r.cpu * per_host), human(r.nvme), "<- config" if chosen(r) else ""))
+    for line in text_table(table, align="<>>>>>", indent="  "):
+        click.echo(line)
     click.echo("  (activations and communication buffers come on top; on a CPU-only host "
                "'device' memory is host memory too)")

@@ -19,6 +19,8 @@ import sys
 
 import click
 
+from dslaunch.launcher.text_table import text_table
+
 
 def _version_line(argv: list[str], pick_last: bool = False) -> str | None:
     try:
@@ -142,11 +144,12 @@ def render(info: dict) -> str:
         rows.append(("bf16 on CPU", "SLOW: " + cpu["bf16_warning"]))
     width = max(len(k) for k, _ in rows)
     lines += [f"{k:<{width}} : {v}" for k, v in rows]
-    lines += ["-" * 78, f"{'op':<16} {'kind':<5} {'compatible':<10} {'built':<6} {'loaded':<6} status"]
+    table = [("op", "kind", "compatible", "built", "loaded", "status")]
     for op in info["ops"]:
         status = op["status"] + (f" ({op['reason']})" if op.get("reason") else "")
-        lines.append(f"{op['name']:<16} {op['kind']:<5} {_yes(op['compatible']):<10} "
-                     f"{_yes(op['built']):<6} {_yes(op['loaded']):<6} {status}")
+        table.append((op["name"], op["kind"], _yes(op["compatible"]), _yes(op["built"]),
+                      _yes(op["loaded"]), status))
+    lines += ["-" * 78, *text_table(table, gap=" ")]
     return "\n".join(lines)
 
 

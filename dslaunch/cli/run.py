@@ -1,7 +1,10 @@
 """``dslaunch run [options] SCRIPT [ARGS...]``: resolve the plan, then hand it to a runner.
 
 Everything after SCRIPT goes to the script untouched (even ``--config`` or ``--help``): it is
-passed as data, never through a shell. Bad input fails here, before any process starts.
+passed as data, never through a shell. Bad input fails here, before any process starts,
+including a DeepSpeed config named in the script's arguments (``--deepspeed_config FILE``, or
+``--config FILE`` when FILE is a DeepSpeed config: ``_script_configs``, docs/launcher.md), checked
+by the same ``_config`` as ``--config``.
 
 Defaults worth knowing:
 - no hostfile (and no ``/job/hostfile``): this host, with ``--nproc-per-node`` ranks; without it,
@@ -31,7 +34,7 @@ from pathlib import Path
 import click
 
 from dslaunch.cli.deepspeed_flags import NO_SSH_PORT, deepspeed_options, launcher_name, no_ssh_run_id
-from dslaunch.config import ConfigError, load_config, resolve_config
+from dslaunch.config import ConfigError, load_config, looks_like_deepspeed, resolve_config
 from dslaunch.launcher.plan import LOCAL_HOSTS, WorldPlan, build_plan
 from dslaunch.launcher.runners import RUNNERS, RunnerError, get_runner
 from dslaunch.launcher.runners.options import OPTIONS
@@ -89,13 +92,26 @@ def _hosts(hostfile, nproc_per_node, launcher="local", spares: set | None = None
     return {"localhost": slots}, "this host"
 
 
-def _config(path: str, world_size: int) -> str:
+def _readable(path, label: str) -> None:
+    """One line and exit 1 when ``path`` cannot be read as a file (missing, a directory, no
+    permission): before any rank starts, never a traceback from each rank."""
+    try:
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise click.ClickException(f"{label}: no such file; no rank was started") from None
+    except OSError as exc:
+        raise click.ClickException(f"{label}: cannot read it ({exc.strerror or exc}); no rank was "
+                                   "started") from None
+
+
+def _config(path: str, world_size: int, label: str | None = None) -> str:
     """The config as written, validated for this world size (every problem listed at once), as
     JSON for DSLAUNCH_CONFIG. The ranks resolve it themselves, once, with their real
     data-parallel size: shipping our resolution would pass off what we inferred for an assumed
-    layout (data parallel = world size / written model-parallel sizes) as the user's own."""
-    if not os.path.isfile(path):
-        raise click.ClickException(f"--config {path}: no such file")
+    layout (data parallel = world size / written model-parallel sizes) as the user's own.
+    ``label``: how the file was named (``--config FILE``, or a config in the script's arguments)."""
+    _readable(path, label or f"--config {path}")
     try:
         written = load_config(path)
         resolve_config(written, world_size=world_size, origin=path, autos="describe")
@@ -110,6 +126,64 @@ def _config(path: str, world_size: int) -> str:
             f"invalid config {path} ({len(exc.problems)} problem(s)); no rank was started:\n  "
             + "\n  ".join(lines)) from None
     return json.dumps(written, separators=(",", ":"))
+
+
+# The script's own arguments that name a DeepSpeed config (what dslaunch.add_config_arguments
+# declares, and DeepSpeed's examples pass): ``--deepspeed_config`` (and the old
+# ``--deepscale_config``) always do; ``--config`` may be the script's model or trainer config, so
+# its file is checked only when it reads as a DeepSpeed config (docs/launcher.md).
+DEEPSPEED_CONFIG_FLAGS = ("--deepspeed_config", "--deepscale_config")
+SCRIPT_CONFIG_FLAGS = (*DEEPSPEED_CONFIG_FLAGS, "--config")
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def _config_args(script_args) -> list:
+    """``(flag, value)`` for each config flag in the script's arguments, ``--flag FILE`` or
+    ``--flag=FILE``, in order; a bare ``--`` ends the options (argparse's rule)."""
+    found, i = [], 0
+    while i < len(script_args):
+        word = script_args[i]
+        if word == "--":
+            break
+        flag, eq, value = word.partition("=")
+        if flag in SCRIPT_CONFIG_FLAGS:
+            if not eq:
+                i += 1
+                value = script_args[i] if i < len(script_args) else ""
+            if value and not value.startswith("-"):
+                found.append((flag, value))
+            elif not eq:
+                continue  # the next word is an option of its own: look at it too
+        i += 1
+    return found
+
+
+def _script_configs(script_args, cwd: Path, world_size: int, files_here: bool) -> list:
+    """``(flag, value, resolved path, config JSON)`` for each DeepSpeed config the script's
+    arguments name, each validated exactly as ``--config`` is (``_config``) before any rank
+    starts; the script still gets its arguments untouched. Paths are relative to the ranks'
+    directory. ``files_here``: the ranks run on this host, so a file that should be there and is
+    not is an error (multi-host: it may exist only on the hosts, and is left to them)."""
+    out = []
+    for flag, value in _config_args(script_args):
+        path = Path(value) if Path(value).is_absolute() else cwd / value
+        shown = value if path == Path(value).absolute() else f"{value} (in {cwd})"
+        label = f"the script's {flag} {shown}"
+        deepspeed_flag = flag in DEEPSPEED_CONFIG_FLAGS
+        if not path.exists() and not files_here:
+            continue
+        if not deepspeed_flag:
+            if Path(value).suffix.lower() not in CONFIG_SUFFIXES and not path.is_file():
+                continue  # `--config small`: a name the script knows, not a file of ours
+            _readable(path, label)
+            try:
+                data = load_config(str(path))
+            except ConfigError:
+                continue  # not JSON/YAML we read (JSON5, comments, ...): the script's own format
+            if not looks_like_deepspeed(data):
+                continue  # the script's model or trainer config
+        out.append((flag, value, str(path), _config(str(path), world_size, label)))
+    return out
 
 
 HANG_TIMEOUT = 300.0
@@ -223,7 +297,10 @@ def _print_summary(plan: WorldPlan) -> None:
 @click.option("--master-port", "--master_port", "master_port", type=click.IntRange(1, 65535), default=None,
               help="Rendezvous port (default: a free port).")
 @click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
-              help="DeepSpeed-style JSON/YAML config: validated before any rank starts, passed in DSLAUNCH_CONFIG.")
+              help="DeepSpeed-style JSON/YAML config: validated before any rank starts, passed in "
+                   "DSLAUNCH_CONFIG. A DeepSpeed config in the script's own arguments "
+                   "(--deepspeed_config FILE, or --config FILE) is validated the same way "
+                   "(docs/launcher.md).")
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
               help="Set a variable on every rank (repeatable); the value is passed literally.")
 @click.option("--log-dir", "--enable_each_rank_log", "log_dir", type=click.Path(file_okay=False), default=None,
@@ -359,6 +436,14 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
             raise click.ClickException(f"script not found: {script}")
 
     config_json = _config(config, world_size) if config else None
+    script_configs = _script_configs(script_args, cwd, world_size, launcher in ("local", "no_ssh"))
+    if config and script_configs and script_configs[-1][2] != str(Path(config).resolve()):
+        flag, value = script_configs[-1][:2]
+        click.echo(f"note: --config {config} goes to the ranks in DSLAUNCH_CONFIG, and the script "
+                   f"is also given {flag} {value}: dslaunch.initialize(args=...) reads the "
+                   "script's (as DeepSpeed does); both were checked", err=True)
+    # the launcher's own settings (fault_tolerance): --config, else the script's DeepSpeed config
+    launcher_config = config_json or (script_configs[-1][3] if script_configs else None)
     env, env_sources = _env(env_items, cwd)
     if as_deepspeed:
         env["DSLAUNCH_AS_DEEPSPEED"], env_sources["DSLAUNCH_AS_DEEPSPEED"] = "1", "--as-deepspeed"
@@ -378,7 +463,7 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         local_rank_arg=as_deepspeed and not no_local_rank,
     )
     plan.spares, plan.nnodes = spares, [elastic.min_nodes, elastic.max_nodes]
-    plan.recover = _recover(recover, config_json)
+    plan.recover = _recover(recover, launcher_config)
     runner = runner_cls(plan, runner_options)
     try:
         runner.validate()
@@ -399,7 +484,7 @@ def run(nproc_per_node, num_nodes, hostfile, include, exclude, master_addr, mast
         raise click.ClickException(str(exc)) from None
     try:
         rc = runner.run(heartbeat_timeout=heartbeat_timeout,
-                        hang_timeout=_hang_timeout(hang_timeout, config_json), elastic=elastic,
+                        hang_timeout=_hang_timeout(hang_timeout, launcher_config), elastic=elastic,
                         monitor=monitor, straggler_threshold=straggler_threshold)
     finally:
         if faults:  # the at= faults' once-per-job markers on this host (launcher/inject.py)

@@ -10,7 +10,8 @@
 from .errors import ConfigError
 from .loader import load_config
 from .resolve import ResolvedConfig, onebit_problems, resolve_config, zero_stage
+from .schema import looks_like_deepspeed
 from .sections import to_dict
 
-__all__ = ["ConfigError", "load_config", "resolve_config", "ResolvedConfig", "onebit_problems",
-           "to_dict", "zero_stage"]
+__all__ = ["ConfigError", "load_config", "looks_like_deepspeed", "resolve_config", "ResolvedConfig",
+           "onebit_problems", "to_dict", "zero_stage"]

@@ -490,6 +490,31 @@ TOP = Section({
 }, aliases={"bfloat16": "bf16"})
 
 
+# Top-level keys only a DeepSpeed config has. The names other configs use too (``optimizer``,
+# ``scheduler``, ``fp16``, ``bf16``, ``gradient_accumulation_steps``: HF TrainingArguments,
+# Lightning and many model configs have them) are left out on purpose.
+DEEPSPEED_ONLY_KEYS = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "zero_optimization",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "steps_per_print",
+    "wall_clock_breakdown", "prescale_gradients", "gradient_predivide_factor",
+    "communication_data_type", "comms_logger", "flops_profiler", "fault_tolerance",
+})
+
+
+def looks_like_deepspeed(data) -> bool:
+    """Whether a mapping read from a file that a script takes as its own ``--config`` is a
+    DeepSpeed config (``dslaunch run`` then checks it before any rank starts): it names at least
+    one of ``DEEPSPEED_ONLY_KEYS`` and at least half of its top-level keys are DeepSpeed's (a
+    dotted key counts by its first part). A model or trainer config that happens to share a
+    name or two is left to the script."""
+    if not isinstance(data, dict) or not data:
+        return False
+    heads = [TOP.aliases.get(k.split(".", 1)[0], k.split(".", 1)[0]) for k in data
+             if isinstance(k, str)]
+    known = sum(1 for k in heads if k in TOP.fields)
+    return any(k in DEEPSPEED_ONLY_KEYS for k in heads) and 2 * known >= len(data)
+
+
 def all_key_paths(section: Section = TOP, prefix: str = "") -> list[str]:
     """Every dotted key path of the tree (used to suggest a key that sits in another section)."""
     out = []

@@ -390,7 +390,9 @@ def op_status(name: str) -> dict:
 def build_all(names=None, stream=sys.stdout) -> int:
     """Build every op that can run here; one status line per op. Returns the number of failures."""
     failures = 0
-    for name in names or OPS:
+    names = list(names or OPS)
+    width = max((len(n) for n in names), default=0)  # the status column lines up whatever the names
+    for name in names:
         started = time.time()
         try:
             plan = make_plan(name)
@@ -398,20 +400,20 @@ def build_all(names=None, stream=sys.stdout) -> int:
                 ok, why = cuda_runnable()
                 if not ok:
                     note = "compiles (make cuda-check), " if nvcc_path() else ""
-                    print(f"{name:16s} skipped: {note}not runnable here ({why})", file=stream)
+                    print(f"{name:<{width}} skipped: {note}not runnable here ({why})", file=stream)
                     continue
             cached = read_manifest(plan) is not None
             manifest = build(plan, quiet=False)
             _import_so(plan, manifest)
             what = "cached" if cached else f"built in {time.time() - started:.1f}s"
-            print(f"{name:16s} ok: {what} [{plan.level if plan.spec.kind == 'cpu' else 'cuda'}] "
+            print(f"{name:<{width}} ok: {what} [{plan.level if plan.spec.kind == 'cpu' else 'cuda'}] "
                   f"{plan.directory / manifest['so']}", file=stream)
         except OpUnavailable as exc:
-            print(f"{name:16s} skipped: {exc}", file=stream)
+            print(f"{name:<{width}} skipped: {exc}", file=stream)
         except BuildError as exc:
             failures += 1
             first = str(exc).strip().splitlines()
-            print(f"{name:16s} FAILED: {first[0] if first else exc} (log: "
+            print(f"{name:<{width}} FAILED: {first[0] if first else exc} (log: "
                   f"{plan.directory / BUILD_LOG})", file=stream)
     return failures
 

@@ -2,8 +2,9 @@
 and disk, master port free, clock offset. Used by ``dslaunch hosts check`` and the preflight of
 ``dslaunch run``.
 
-Each host runs a small constant Python program (``PROBE``) through the runner's transport (ssh by
-default, srun under SLURM); its arguments travel as one base64 JSON word, so nothing the user typed
+Each host runs a small constant Python program (``PROBE``) through the runner's transport (the
+runner's ``probe_transport``: ssh by default, srun under SLURM, ``sh -c`` on this host for the
+local launcher); its arguments travel as one base64 JSON word, so nothing the user typed
 is parsed by a remote shell. torch's version is read from the package metadata (no import: fast,
 and a host without torch still answers).
 """
@@ -167,20 +168,27 @@ def judge(results: list, local: dict, need_script: bool = False, need_cwd: bool 
 
 
 def check_hosts(hosts: list, transport, python: str, timeout: float = 10.0, port: int | None = None,
-                cwd: str | None = None, script: str | None = None) -> list:
-    """Probe ``hosts`` in parallel. ``transport(host, remote_command, timeout) -> argv``.
+                cwd: str | None = None, script: str | None = None, via: str | None = None) -> list:
+    """Probe ``hosts`` in parallel. ``transport(host, remote_command, timeout) -> argv`` (a
+    runner's ``probe_transport``; ``via``, its ``probe_via``, is recorded in each result).
     The port is checked on the first host only (where the rendezvous listens)."""
     def one(i_host):
         i, host = i_host
         args = {"cwd": cwd, "script": script, "port": port if i == 0 else None}
         argv = transport(host, probe_command(python, args), timeout)
-        return probe_host(host, argv, timeout)
+        return {**probe_host(host, argv, timeout), "via": via}
 
     if not hosts:
         return []
     with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
         results = list(pool.map(one, enumerate(hosts)))
     return judge(results, local_versions(), need_script=bool(script), need_cwd=bool(cwd))
+
+
+def local_transport(host, command, timeout):
+    """The probe on this host itself (the local launcher's hosts): the same command through
+    ``sh -c``, as srun runs it; nothing is reached over the network."""
+    return ["sh", "-c", command]
 
 
 def ssh_transport(options: dict):
@@ -204,10 +212,11 @@ def human_bytes(n) -> str:
 
 def table_lines(results: list) -> list:
     """Plain-text table (preflight errors, logs)."""
-    rows = [("host", "status", "python", "torch", "dslaunch", "reason")]
+    from dslaunch.launcher.text_table import text_table
+
+    rows = [("host", "via", "status", "python", "torch", "dslaunch", "reason")]
     for r in results:
-        rows.append((r["host"], r["status"], r.get("python") or "-", r.get("torch") or "-",
-                     r.get("dslaunch") or "-", r.get("reason") or r.get("warning") or ""))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join(str(c).ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1]
-            for row in rows]
+        rows.append((r["host"], r.get("via") or "-", r["status"], r.get("python") or "-",
+                     r.get("torch") or "-", r.get("dslaunch") or "-",
+                     r.get("reason") or r.get("warning") or ""))
+    return text_table(rows)

@@ -9,8 +9,8 @@ from dslaunch.launcher import hosts_check
 from dslaunch.launcher.runners.base import RunnerError
 
 
-def run_preflight(plan, options: dict, transport=None) -> list:
-    transport = transport or hosts_check.ssh_transport(options)
+def run_preflight(plan, options: dict, transport, via: str | None = None) -> list:
+    """``transport``: the runner's ``probe_transport`` (``via``: its ``probe_via``)."""
     hosts = [n["host"] for n in plan.nodes]
     script = None
     if plan.program and plan.program[0] != "-m":
@@ -18,7 +18,7 @@ def run_preflight(plan, options: dict, transport=None) -> list:
     port = plan.master_port if plan.master_addr == hosts[0] else None
     results = hosts_check.check_hosts(hosts, transport, plan.python,
                                       timeout=float(options.get("preflight_timeout") or 20.0),
-                                      port=port, cwd=plan.cwd, script=script)
+                                      port=port, cwd=plan.cwd, script=script, via=via)
     bad = [r for r in results if r["status"] != "ok"]
     if bad:
         names = ", ".join(f"{r['host']} ({r['status']})" for r in bad)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from dslaunch.launcher.text_table import text_table
+
 DEFAULT_THRESHOLD = 0.2
 
 
@@ -71,15 +73,13 @@ def report(rows: list, threshold: float = DEFAULT_THRESHOLD) -> str:
     span = f", steps {min(a for a, _ in steps)}-{max(b for _, b in steps)}" if steps else ""
     lines = [f"straggler report (per step{span}; a straggler's compute is more than "
              f"{threshold:.0%} above the median):"]
-    width = max(len(r["host"]) for r in known)
-    lines.append(f"  {'rank':>5}  {'host':<{width}}  {'step time':>10}  {'compute':>10}  "
-                 f"{'in collectives':>14}")
     found = find(known, threshold)
     named = {s.rank for s in found}
+    table = [("rank", "host", "step time", "compute", "in collectives", "")]
     for r in sorted(known, key=lambda r: r["rank"]):
-        mark = "  <- straggler" if r["rank"] in named else ""
-        lines.append(f"  {r['rank']:>5}  {r['host']:<{width}}  {_s(r['step_time']):>10}  "
-                     f"{_s(r['compute']):>10}  {_s(r['collectives']):>14}{mark}")
+        table.append((r["rank"], r["host"], _s(r["step_time"]), _s(r["compute"]),
+                      _s(r["collectives"]), "<- straggler" if r["rank"] in named else ""))
+    lines += text_table(table, align="><>>>", indent="  ")
     if not found:
         med = statistics.median(r["compute"] for r in known)
         lines.append(f"no straggler: every rank's compute per step is within {threshold:.0%} of "

@@ -13,7 +13,6 @@
 #
 # After it:  ssh host1 hostname   -> host1      (no flags needed)
 #            pdsh -R ssh -w host[1-3] hostname
-#            python: paramiko with key $DSL_INFRA_DIR/id_ed25519
 # Files written to $DSL_INFRA_DIR: id_ed25519(.pub), hostfile, env.sh, logs.
 #
 # Network safety: addresses come from TEST-NET-2 (198.51.100.0/24) by default,

@@ -3,8 +3,10 @@
 a command line, and how to kill it.
 
 A multi-host runner overrides ``agent_specs`` (or just ``wrap``) to put the agent command inside
-ssh/pdsh/srun/mpirun, ``validate`` to refuse early (binary missing, ...), and ``preflight`` to
-check hosts before starting anything.
+ssh/pdsh/srun/mpirun, and ``validate`` to refuse early (binary missing, ...). How the runner
+reaches one host to look at it (``probe_via`` / ``probe_transport``: ssh unless it says otherwise)
+serves both the preflight before a job and ``dslaunch hosts check``, so the two always check a host
+the way the job would reach it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class Runner:
     # whether one more agent can be started mid-job on one node (``wrap``, one process a node):
     # in-process recovery then moves a lost host's ranks onto a spare host
     adds_agents = False
+    # How the preflight and ``dslaunch hosts check`` reach one host of this runner's jobs to probe
+    # it (a word shown in their tables): "ssh" (the OpenSSH client, as the agents are started, or
+    # as pdsh/mpirun start them), "srun" (slurm.py), "local" (this host itself: local.py).
+    probe_via = "ssh"
 
     def __init__(self, plan: WorldPlan, options: dict | None = None):
         self.plan = plan
@@ -59,8 +65,26 @@ class Runner:
     def validate(self) -> None:
         """Raise RunnerError when this runner cannot run the plan. Must start nothing."""
 
+    @classmethod
+    def check_hosts(cls, hosts: list) -> None:
+        """Raise RunnerError when this runner cannot reach ``hosts`` at all (local.py: a host
+        that is not this one). Used by ``validate`` and by ``dslaunch hosts check``."""
+
+    @classmethod
+    def probe_transport(cls, options: dict):
+        """``transport(host, remote_command, timeout) -> argv``: how a probe reaches a host of
+        this runner's jobs (``probe_via``). ssh here, with ``--ssh-port`` / ``--ssh-args``."""
+        from dslaunch.launcher import hosts_check
+
+        return hosts_check.ssh_transport(options)
+
     def preflight(self) -> None:
-        """Check the hosts before any rank starts (multi-host runners); raise RunnerError."""
+        """Check the hosts before any rank starts, over ``probe_transport`` (reachable, same
+        versions, working directory and script present, master port free); raise RunnerError
+        with the table of what differs."""
+        from dslaunch.launcher.preflight import run_preflight
+
+        run_preflight(self.plan, self.options, self.probe_transport(self.options), self.probe_via)
 
     def wrap(self, node: dict, argv: list) -> list:
         """The command that runs ``argv`` (the agent) on ``node``; local: argv itself."""

@@ -123,11 +123,6 @@ class MPIRunner(Runner):
     def kill(self, agent) -> None:
         remote.terminate_then_kill(agent)
 
-    def preflight(self) -> None:
-        from dslaunch.launcher.preflight import run_preflight
-
-        run_preflight(self.plan, self.options)
-
 
 def open_mpi_major(binary: str) -> int:
     """Open MPI's major version from ``mpirun --version`` (4 when it cannot be told)."""

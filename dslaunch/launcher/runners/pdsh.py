@@ -64,8 +64,3 @@ class PdshRunner(Runner):
             os.killpg(agent.proc.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
-
-    def preflight(self) -> None:
-        from dslaunch.launcher.preflight import run_preflight
-
-        run_preflight(self.plan, self.options)

@@ -54,6 +54,7 @@ def allocation_hosts(environ=os.environ) -> dict:
 
 class SlurmRunner(Runner):
     name = "slurm"
+    probe_via = "srun"  # one srun step per host (the allocation is how hosts are reached)
 
     def validate(self) -> None:
         if not os.environ.get("SLURM_JOB_ID"):
@@ -95,11 +96,10 @@ class SlurmRunner(Runner):
         # step running until SLURM notices.
         remote.terminate_then_kill(agent, KILL_AFTER)
 
-    def preflight(self) -> None:
-        from dslaunch.launcher.preflight import run_preflight
-
+    @classmethod
+    def probe_transport(cls, options: dict):
         def transport(host, command, timeout):
             return ["srun", "--nodes", "1", "--ntasks", "1", "--nodelist", host, "--overlap",
                     "--quiet", "--job-name", "dslaunch-preflight", "sh", "-c", command]
 
-        run_preflight(self.plan, self.options, transport=transport)
+        return transport

@@ -27,8 +27,3 @@ class SSHRunner(Runner):
 
     def wrap(self, node: dict, argv: list) -> list:
         return remote.ssh_argv(node["host"], self.options) + ["--", remote.agent_words(argv)]
-
-    def preflight(self) -> None:
-        from dslaunch.launcher.preflight import run_preflight
-
-        run_preflight(self.plan, self.options)
