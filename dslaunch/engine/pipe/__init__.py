@@ -1,15 +1,7 @@
-"""Pipeline parallelism: ``PipelineModule`` / ``LayerSpec`` / ``TiedLayerSpec`` (module.py),
-schedules as instruction streams (schedule.py), p2p transfers (p2p.py), ``PipelineEngine``
-(engine.py)."""
+"""Pipeline parallelism's modules: ``PipelineModule`` / ``LayerSpec`` / ``TiedLayerSpec``
+(module.py), schedules as instruction streams (schedule.py), p2p transfers (p2p.py). The engine
+that runs them, ``PipelineEngine``, is the engine's (``core/pipe_engine.py``)."""
 
 from .module import LayerSpec, PipelineModule, TiedLayerSpec, partition_balanced
 
-__all__ = ["LayerSpec", "PipelineModule", "TiedLayerSpec", "partition_balanced",
-           "PipelineEngine"]
-
-
-def __getattr__(name):
-    if name == "PipelineEngine":
-        from .engine import PipelineEngine
-        return PipelineEngine
-    raise AttributeError(name)
+__all__ = ["LayerSpec", "PipelineModule", "TiedLayerSpec", "partition_balanced"]
