@@ -9,7 +9,7 @@ and all_gather_into_tensor. This measures, per bucket size, the seconds of each 
   rs_via_all_reduce     all_reduce of the bucket, then copy this rank's chunk out
   all_gather            dist.all_gather_single(bucket_out, chunk)  (gloo's own)
   ag_via_all_reduce     zero the bucket, copy this rank's chunk in, all_reduce the bucket
-  rs_pairwise           dslaunch/engine/comm_pairwise.py: every rank sends chunk j to rank j
+  rs_pairwise           dslaunch/engine/comm/pairwise.py: every rank sends chunk j to rank j
                         (isend/irecv, all posted at once), sums the pieces of its own chunk
   ag_pairwise           comm_pairwise.py: every rank sends its chunk to every rank, received
                         straight into the output
@@ -38,8 +38,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dslaunch.engine import comm_pairwise as pairwise
-from dslaunch.engine.comm import all_gather_single, reduce_scatter_single
+from dslaunch.engine.comm import pairwise
+from dslaunch.engine.comm.collectives import all_gather_single, reduce_scatter_single
 
 VARIANTS = ("all_reduce", "reduce_scatter", "rs_via_all_reduce", "rs_pairwise", "all_gather",
             "ag_via_all_reduce", "ag_pairwise")

@@ -9,7 +9,7 @@ and weights for every variant:
   capacity_1.25     drop_tokens=True, capacity factor 1.25: [E, C, d] buffers, drops
   dropless_padded   drop_tokens=False, every expert's buffer padded to the busiest expert's count
                     over the group (an all-reduce of that count first): DeepSpeed's dispatch
-  dropless_ragged   drop_tokens=False, dslaunch/engine/moe/ragged.py: per-expert counts
+  dropless_ragged   drop_tokens=False, dslaunch/engine/parallel/moe/ragged.py: per-expert counts
                     exchanged, then exactly the routed tokens; each expert on its own rows
 
 Per variant, over ``--blocks`` blocks of ``--iters`` iterations (variants alternated per block),
@@ -99,7 +99,7 @@ def _worker(rank, args, port, out_dir):
                       WORLD_SIZE="2", LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from dslaunch.engine import comm_api
+    from dslaunch.engine.comm import api as comm_api
 
     d = args.d_model
     layers = {v: _layer(v, d, args.skew) for v in VARIANTS}

@@ -92,7 +92,7 @@ def one_job(impl: str, args, work: Path, peer_py: str | None) -> dict:
 
 def disabled_check_ns() -> float:
     """ns of what the disabled logger adds to a collective: one attribute test."""
-    from dslaunch.engine.comms_logger import COMMS_LOGGER
+    from dslaunch.engine.observe.comms_logger import COMMS_LOGGER
 
     n = 2_000_000
     with_test = min(timeit.repeat("if L.enabled: pass", globals={"L": COMMS_LOGGER}, number=n,
@@ -105,7 +105,7 @@ def enabled_record_us() -> float:
     """us the enabled logger adds to one collective: the device synchronise and the record
     (``Comm._log``'s work), on a logger of its own."""
     from dslaunch.accelerator import get_accelerator
-    from dslaunch.engine.comms_logger import CommsLogger
+    from dslaunch.engine.observe.comms_logger import CommsLogger
 
     log = CommsLogger()
     log.configure({"enabled": True})

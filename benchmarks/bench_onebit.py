@@ -5,7 +5,7 @@ through ``dslaunch run`` with tests/scripts/onebit_train.py, which records every
 the bytes each collective booked in ``engine.comm_stats()``: ``bytes`` (payload handed to the
 collective) and ``sent_bytes`` (what this rank sends to the others: ring all-reduce
 ``2(N-1)/N`` x payload, all_gather ``(N-1)`` x input, all_to_all ``(N-1)/N`` x input; the
-definition is ``dslaunch/engine/comm.sent_bytes``, the same for the baseline and the compressed
+definition is ``dslaunch/engine/comm/collectives.sent_bytes``, the same for the baseline and the compressed
 path). The warmup (``freeze_step`` / ``var_freeze_step``) is ``--warmup-frac`` of the steps (15%,
 DeepSpeed's figure); ``--schedule decay`` (default) puts every optimizer under the same
 WarmupDecayLR. Reported per optimizer: the loss curve, the final loss (mean of the last 10%

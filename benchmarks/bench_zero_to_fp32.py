@@ -174,7 +174,7 @@ def main() -> None:
         made.write_text(json.dumps(dict(want, params=[params, ds_params])))
     if a.make_only:
         return
-    from dslaunch.engine.checkpoint.files import write_to_fp32_script
+    from dslaunch.engine.storage.files import write_to_fp32_script
 
     write_to_fp32_script(str(ours_ck))  # this checkout's script, also into a reused checkpoint
     ds_call = ("import sys\nfrom deepspeed.utils.zero_to_fp32 import "

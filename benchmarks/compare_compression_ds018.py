@@ -120,7 +120,7 @@ def deepspeed_side(inputs: dict) -> dict:
 
 
 def dslaunch_side(inputs: dict, peer: dict) -> dict:
-    from dslaunch.engine.compression import (
+    from dslaunch.engine.features.compression import (
         compression_scheduler,
         init_compression,
         quantize,

@@ -319,7 +319,7 @@ def p_cuda_kernels(ctx, rec):
     if not ctx.cuda:
         rec["note"] = "fused_adam / onebit / bf16 CUDA ops need CUDA: not run on CPU"
         return f"quantize {cases} cases bit-equal ({rec['quantize_compared']})"
-    from dslaunch.engine.onebit.compressed import pack_bits
+    from dslaunch.engine.optim.onebit.compressed import pack_bits
     from dslaunch.kernels import cpu_optim, cuda_ops
 
     torch.manual_seed(0)
@@ -370,7 +370,7 @@ def p_activation_checkpointing(ctx, rec):
     """Each block checkpointed, the saved inputs on the device, then in host memory
     (cpu_checkpointing, as configs/gpt_activation_checkpointing.json): both vs the baseline."""
     import dslaunch
-    from dslaunch.engine import activation_checkpoint as ck
+    from dslaunch.engine.features import activation_checkpoint as ck
 
     ref = need_ref(ctx)
     out = []
@@ -427,7 +427,7 @@ def p_moe_ep1(ctx, rec):
     import torch
     from moe_gpt import MoEGPT
 
-    from dslaunch.engine import expert_groups
+    from dslaunch.engine.parallel import expert_groups
     from dslaunch.moe.layer import MoE
 
     expert_groups.reset()
@@ -487,7 +487,7 @@ class Tee(io.TextIOBase):
 def p_flops_profiler(ctx, rec):
     import torch
 
-    from dslaunch.engine.profiling.peak import device_peak
+    from dslaunch.engine.observe.profiling.peak import device_peak
     from gpt import GPT, TextBatches, bench_config, stdlib_bytes
 
     big = ctx.args.flops_model == "bench" or (ctx.args.flops_model == "auto" and ctx.cuda)

@@ -44,7 +44,7 @@ def sequence_layout(runtime, sp):
     if sp == 1:
         return None, None, 0
     if runtime == "dslaunch":
-        from dslaunch.engine.topology import build_grid
+        from dslaunch.engine.parallel.topology import build_grid
 
         grid = build_grid(sequence=sp)
         return grid, grid.sequence_group, grid.sp_rank

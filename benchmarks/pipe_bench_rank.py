@@ -58,7 +58,7 @@ class PipeBlock(nn.Module):
         super().__init__()
         self.block = Block(cfg)
         if tp_group is not None:
-            from dslaunch.engine.tp_plan import apply_tp_plan
+            from dslaunch.engine.parallel.tp_plan import apply_tp_plan
             from gpt_tp import BLOCK_TP_PLAN
             apply_tp_plan(self.block, BLOCK_TP_PLAN, tp_group)
 
@@ -100,7 +100,7 @@ def adam(module):
 torch.manual_seed(0)
 if args.runtime == "dslaunch":
     import dslaunch
-    from dslaunch.engine.topology import get_grid, make_topology
+    from dslaunch.engine.parallel.topology import get_grid, make_topology
     from dslaunch.pipe import LayerSpec, PipelineModule
 
     dslaunch.init_distributed()

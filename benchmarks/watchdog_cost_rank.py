@@ -33,7 +33,7 @@ from zero_config import train_config
 
 import dslaunch
 from dslaunch import progress_record, torch_progress
-from dslaunch.engine.comm import Comm
+from dslaunch.engine.comm.collectives import Comm
 
 
 def plain(args, writer):

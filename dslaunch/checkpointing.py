@@ -3,12 +3,12 @@
 (``configure``, ``checkpoint``, ``is_configured``, ``reset``) and the model-parallel random state
 (``get_cuda_rng_tracker``, ``model_parallel_cuda_manual_seed``).
 
-A face: the implementation is ``dslaunch/engine/activation_checkpoint.py``; its module state
+A face: the implementation is ``dslaunch/engine/features/activation_checkpoint.py``; its module state
 (``PARTITION_ACTIVATIONS``, ``mp_size``, ...) reads through this module as it is now.
 """
 
-from dslaunch.engine import activation_checkpoint as _impl
-from dslaunch.engine.activation_checkpoint import (
+from dslaunch.engine.features import activation_checkpoint as _impl
+from dslaunch.engine.features.activation_checkpoint import (
     CheckpointFunction,
     CudaRNGStatesTracker,
     checkpoint,

@@ -2,10 +2,10 @@
 with torch.distributed's semantics, booked in the same table as the engine's own collectives (so
 ``engine.comm_stats()`` and ``log_summary()`` count the script's calls too).
 
-A face: the implementation is ``dslaunch/engine/comm_api.py`` over ``dslaunch/engine/comm.py``.
+A face: the implementation is ``dslaunch/engine/comm/api.py`` over ``dslaunch/engine/comm/collectives.py``.
 """
 
-from dslaunch.engine.comm_api import (
+from dslaunch.engine.comm.api import (
     ProcessGroup,
     ReduceOp,
     all_gather,
@@ -45,7 +45,7 @@ from dslaunch.engine.comm_api import (
     scatter,
     send,
 )
-from dslaunch.engine.comms_logger import COMMS_LOGGER as comms_logger
+from dslaunch.engine.observe.comms_logger import COMMS_LOGGER as comms_logger
 
 __all__ = ["init_distributed", "is_initialized", "is_available", "get_rank", "get_world_size",
            "get_local_rank", "get_global_rank", "new_group", "get_backend",

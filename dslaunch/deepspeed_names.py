@@ -53,7 +53,7 @@ def _missing(deepspeed: str, why: str) -> Name:
 DEEPSPEED_VERSION = "0.19.8"
 
 AUTOTP = ("not provided: AutoTP training is the config key tensor_parallel.autotp_size (or "
-          "deepspeed.tp_model_init), applied by initialize (engine/autotp.py); DeepSpeed's "
+          "deepspeed.tp_model_init), applied by initialize (engine/parallel/autotp.py); DeepSpeed's "
           "injection internals are not mirrored")
 INFERENCE = "not planned: dslaunch is a training runtime (no inference engine)"
 API = "comes with issue 18 (DeepSpeed's public API), in progress"
@@ -90,23 +90,23 @@ def _all_missing(parent: str, names: str, why: str) -> list:
 def _groups(axis: str, why: str = "") -> list:
     """The three accessors DeepSpeed's ``utils.groups`` has per parallel axis."""
     return [_present(f"deepspeed.utils.groups._get_{axis}_{what}",
-                     f"dslaunch.engine.parallel_groups:_get_{axis}_{what}", why)
+                     f"dslaunch.engine.parallel.groups:_get_{axis}_{what}", why)
             for what in ("group", "world_size", "rank")]
 
 # Grouped by face; within a group, in the order of DeepSpeed's documentation.
 NAMES: list[Name] = [
     # -- deepspeed ------------------------------------------------------------------------------
     _present("deepspeed.initialize", "dslaunch.engine.api:initialize"),
-    _present("deepspeed.init_distributed", "dslaunch.engine.comm:init_distributed"),
+    _present("deepspeed.init_distributed", "dslaunch.engine.comm.collectives:init_distributed"),
     _present("deepspeed.add_config_arguments", "dslaunch.engine.api:add_config_arguments"),
-    _present("deepspeed.DeepSpeedEngine", "dslaunch.engine.engine:DSLaunchEngine",
+    _present("deepspeed.DeepSpeedEngine", "dslaunch.engine.core.engine:DSLaunchEngine",
              "dslaunch's engine class; isinstance checks against this name hold"),
     _present("deepspeed.__version__", "dslaunch:__version__",
              "dslaunch's own version; under --as-deepspeed `deepspeed.__version__` and the "
              "`deepspeed` package metadata are the DeepSpeed release the table follows, with "
              "dslaunch's version as the local label (0.19.8+dslaunch.0.1.0), so frameworks' "
              "version gates pass (docs/frameworks.md)"),
-    _present("deepspeed.tp_model_init", "dslaunch.engine.autotp:tp_model_init",
+    _present("deepspeed.tp_model_init", "dslaunch.engine.parallel.autotp:tp_model_init",
              "records tp_size (and casts to dtype); initialize splits the model's attention and "
              "MLP linears (Llama, Qwen2/3, Mistral, Gemma, Phi, GPT-2, GPT-NeoX) over the data x "
              "model grid; tp_group= refused; ZeRO-3 composes (its checkpoints resume at any TP "
@@ -124,81 +124,81 @@ NAMES: list[Name] = [
              "each tile is a module of its own, so stage 3 gathers one tile at a time"),
     # -- deepspeed.pipe ---------------------------------------------------------------------------
     _present("deepspeed.pipe", "dslaunch.pipe"),
-    _present("deepspeed.pipe.PipelineModule", "dslaunch.engine.pipe.module:PipelineModule"),
-    _present("deepspeed.pipe.LayerSpec", "dslaunch.engine.pipe.module:LayerSpec"),
-    _present("deepspeed.pipe.TiedLayerSpec", "dslaunch.engine.pipe.module:TiedLayerSpec"),
-    _present("deepspeed.pipe.ProcessTopology", "dslaunch.engine.topology:ProcessTopology"),
+    _present("deepspeed.pipe.PipelineModule", "dslaunch.engine.parallel.pipe.module:PipelineModule"),
+    _present("deepspeed.pipe.LayerSpec", "dslaunch.engine.parallel.pipe.module:LayerSpec"),
+    _present("deepspeed.pipe.TiedLayerSpec", "dslaunch.engine.parallel.pipe.module:TiedLayerSpec"),
+    _present("deepspeed.pipe.ProcessTopology", "dslaunch.engine.parallel.topology:ProcessTopology"),
     _present("deepspeed.pipe.PipeDataParallelTopology",
-             "dslaunch.engine.topology:PipeDataParallelTopology"),
+             "dslaunch.engine.parallel.topology:PipeDataParallelTopology"),
     _present("deepspeed.pipe.PipeModelDataParallelTopology",
-             "dslaunch.engine.topology:PipeModelDataParallelTopology"),
+             "dslaunch.engine.parallel.topology:PipeModelDataParallelTopology"),
     # -- deepspeed.comm ---------------------------------------------------------------------------
     _present("deepspeed.comm", "dslaunch.comm",
              "torch.distributed's semantics; every call is booked with the engine's collectives "
              "(engine.comm_stats(), log_summary())"),
-    _present("deepspeed.comm.init_distributed", "dslaunch.engine.comm:init_distributed",
+    _present("deepspeed.comm.init_distributed", "dslaunch.engine.comm.collectives:init_distributed",
              "the same function as deepspeed.init_distributed; config= (a dict) switches the "
              "comms logger from its comms_logger section; verbose defaults to False"),
-    _present("deepspeed.comm.is_initialized", "dslaunch.engine.comm_api:is_initialized"),
-    _present("deepspeed.comm.is_available", "dslaunch.engine.comm_api:is_available"),
-    _present("deepspeed.comm.get_rank", "dslaunch.engine.comm_api:get_rank"),
-    _present("deepspeed.comm.get_world_size", "dslaunch.engine.comm_api:get_world_size"),
-    _present("deepspeed.comm.get_local_rank", "dslaunch.engine.comm_api:get_local_rank",
+    _present("deepspeed.comm.is_initialized", "dslaunch.engine.comm.api:is_initialized"),
+    _present("deepspeed.comm.is_available", "dslaunch.engine.comm.api:is_available"),
+    _present("deepspeed.comm.get_rank", "dslaunch.engine.comm.api:get_rank"),
+    _present("deepspeed.comm.get_world_size", "dslaunch.engine.comm.api:get_world_size"),
+    _present("deepspeed.comm.get_local_rank", "dslaunch.engine.comm.api:get_local_rank",
              "LOCAL_RANK (or MPI's / SLURM's) from the environment"),
-    _present("deepspeed.comm.get_global_rank", "dslaunch.engine.comm_api:get_global_rank"),
-    _present("deepspeed.comm.new_group", "dslaunch.engine.comm_api:new_group", "torch's"),
-    _present("deepspeed.comm.get_backend", "dslaunch.engine.comm_api:get_backend"),
+    _present("deepspeed.comm.get_global_rank", "dslaunch.engine.comm.api:get_global_rank"),
+    _present("deepspeed.comm.new_group", "dslaunch.engine.comm.api:new_group", "torch's"),
+    _present("deepspeed.comm.get_backend", "dslaunch.engine.comm.api:get_backend"),
     _present("deepspeed.comm.destroy_process_group",
-             "dslaunch.engine.comm_api:destroy_process_group"),
-    _present("deepspeed.comm.barrier", "dslaunch.engine.comm_api:barrier"),
-    _present("deepspeed.comm.monitored_barrier", "dslaunch.engine.comm_api:monitored_barrier",
+             "dslaunch.engine.comm.api:destroy_process_group"),
+    _present("deepspeed.comm.barrier", "dslaunch.engine.comm.api:barrier"),
+    _present("deepspeed.comm.monitored_barrier", "dslaunch.engine.comm.api:monitored_barrier",
              "torch's (gloo)"),
-    _present("deepspeed.comm.all_reduce", "dslaunch.engine.comm_api:all_reduce"),
+    _present("deepspeed.comm.all_reduce", "dslaunch.engine.comm.api:all_reduce"),
     _present("deepspeed.comm.inference_all_reduce",
-             "dslaunch.engine.comm_api:inference_all_reduce", "the same as all_reduce"),
-    _present("deepspeed.comm.reduce", "dslaunch.engine.comm_api:reduce"),
-    _present("deepspeed.comm.broadcast", "dslaunch.engine.comm_api:broadcast"),
-    _present("deepspeed.comm.all_gather", "dslaunch.engine.comm_api:all_gather",
+             "dslaunch.engine.comm.api:inference_all_reduce", "the same as all_reduce"),
+    _present("deepspeed.comm.reduce", "dslaunch.engine.comm.api:reduce"),
+    _present("deepspeed.comm.broadcast", "dslaunch.engine.comm.api:broadcast"),
+    _present("deepspeed.comm.all_gather", "dslaunch.engine.comm.api:all_gather",
              "the list form"),
     _present("deepspeed.comm.all_gather_into_tensor",
-             "dslaunch.engine.comm_api:all_gather_into_tensor",
+             "dslaunch.engine.comm.api:all_gather_into_tensor",
              "on gloo the engine's faster path (DSLAUNCH_GLOO_COLLECTIVES); same results"),
-    _present("deepspeed.comm.allgather_fn", "dslaunch.engine.comm_api:allgather_fn",
+    _present("deepspeed.comm.allgather_fn", "dslaunch.engine.comm.api:allgather_fn",
              "the same as all_gather_into_tensor"),
     _present("deepspeed.comm.reduce_scatter_tensor",
-             "dslaunch.engine.comm_api:reduce_scatter_tensor",
+             "dslaunch.engine.comm.api:reduce_scatter_tensor",
              "on gloo the engine's faster path (DSLAUNCH_GLOO_COLLECTIVES); same results"),
-    _present("deepspeed.comm.reduce_scatter_fn", "dslaunch.engine.comm_api:reduce_scatter_fn",
+    _present("deepspeed.comm.reduce_scatter_fn", "dslaunch.engine.comm.api:reduce_scatter_fn",
              "the same as reduce_scatter_tensor"),
-    _present("deepspeed.comm.all_to_all_single", "dslaunch.engine.comm_api:all_to_all_single"),
-    _present("deepspeed.comm.gather", "dslaunch.engine.comm_api:gather"),
-    _present("deepspeed.comm.scatter", "dslaunch.engine.comm_api:scatter"),
-    _present("deepspeed.comm.send", "dslaunch.engine.comm_api:send"),
-    _present("deepspeed.comm.recv", "dslaunch.engine.comm_api:recv"),
-    _present("deepspeed.comm.isend", "dslaunch.engine.comm_api:isend"),
-    _present("deepspeed.comm.irecv", "dslaunch.engine.comm_api:irecv"),
-    _present("deepspeed.comm.ReduceOp", "dslaunch.engine.comm_api:ReduceOp",
+    _present("deepspeed.comm.all_to_all_single", "dslaunch.engine.comm.api:all_to_all_single"),
+    _present("deepspeed.comm.gather", "dslaunch.engine.comm.api:gather"),
+    _present("deepspeed.comm.scatter", "dslaunch.engine.comm.api:scatter"),
+    _present("deepspeed.comm.send", "dslaunch.engine.comm.api:send"),
+    _present("deepspeed.comm.recv", "dslaunch.engine.comm.api:recv"),
+    _present("deepspeed.comm.isend", "dslaunch.engine.comm.api:isend"),
+    _present("deepspeed.comm.irecv", "dslaunch.engine.comm.api:irecv"),
+    _present("deepspeed.comm.ReduceOp", "dslaunch.engine.comm.api:ReduceOp",
              "torch.distributed.ReduceOp (the same member names)"),
-    _present("deepspeed.comm.ProcessGroup", "dslaunch.engine.comm_api:ProcessGroup",
+    _present("deepspeed.comm.ProcessGroup", "dslaunch.engine.comm.api:ProcessGroup",
              "torch.distributed.ProcessGroup"),
     _present("deepspeed.comm.has_all_gather_into_tensor",
-             "dslaunch.engine.comm_api:has_all_gather_into_tensor"),
+             "dslaunch.engine.comm.api:has_all_gather_into_tensor"),
     _present("deepspeed.comm.has_reduce_scatter_tensor",
-             "dslaunch.engine.comm_api:has_reduce_scatter_tensor"),
-    _present("deepspeed.comm.log_summary", "dslaunch.engine.comm_api:log_summary",
+             "dslaunch.engine.comm.api:has_reduce_scatter_tensor"),
+    _present("deepspeed.comm.log_summary", "dslaunch.engine.comm.api:log_summary",
              "prints the comms logger's table (per op and message size: count, latency, algbw, "
              "busbw) and this rank's calls, bytes, bytes sent and seconds per group; the "
              "return_dict adds 'booked' (those per group); show_straggler=True adds DeepSpeed's "
              "straggler breakdown"),
-    _present("deepspeed.comm.configure", "dslaunch.engine.comm_api:configure",
+    _present("deepspeed.comm.configure", "dslaunch.engine.comm.api:configure",
              "deepspeed_config= takes a config dict, the engine's typed config or the "
              "comms_logger section"),
-    _present("deepspeed.comm.reset_log", "dslaunch.engine.comm_api:reset_log"),
-    _present("deepspeed.comm.has_comm_data", "dslaunch.engine.comm_api:has_comm_data"),
+    _present("deepspeed.comm.reset_log", "dslaunch.engine.comm.api:reset_log"),
+    _present("deepspeed.comm.has_comm_data", "dslaunch.engine.comm.api:has_comm_data"),
     _present("deepspeed.comm.get_comm_operation_count",
-             "dslaunch.engine.comm_api:get_comm_operation_count"),
-    _present("deepspeed.comm.get_logged_comm_ops", "dslaunch.engine.comm_api:get_logged_comm_ops"),
-    _present("deepspeed.comm.comms_logger", "dslaunch.engine.comms_logger:COMMS_LOGGER",
+             "dslaunch.engine.comm.api:get_comm_operation_count"),
+    _present("deepspeed.comm.get_logged_comm_ops", "dslaunch.engine.comm.api:get_logged_comm_ops"),
+    _present("deepspeed.comm.comms_logger", "dslaunch.engine.observe.comms_logger:COMMS_LOGGER",
              "the process's CommsLogger; ops are recorded under the names engine.comm_stats() "
              "uses (all_gather, reduce_scatter, ...)"),
     _missing("deepspeed.comm.TorchBackend",
@@ -285,43 +285,43 @@ NAMES: list[Name] = [
              "DeepSpeed 0.18's (0.19 removed it); runs on the CPU without Triton, in fp32, "
              "bf16 or fp16 (DeepSpeed: fp16 on a GPU only)"),
     *[_present(f"deepspeed.ops.sparse_attention.{name}",
-               f"dslaunch.engine.sparse_attention.layouts:{name}",
+               f"dslaunch.engine.features.sparse_attention.layouts:{name}",
                "make_layout(seq_len) equals DeepSpeed 0.18's")
       for name in ("SparsityConfig", "DenseSparsityConfig", "FixedSparsityConfig",
                    "VariableSparsityConfig", "BigBirdSparsityConfig",
                    "BSLongformerSparsityConfig", "LocalSlidingWindowSparsityConfig")],
     _present("deepspeed.ops.sparse_attention.SparseSelfAttention",
-             "dslaunch.engine.sparse_attention.modules:SparseSelfAttention",
+             "dslaunch.engine.features.sparse_attention.modules:SparseSelfAttention",
              "computes scores, softmax and context on the layout's kept blocks only (a "
              "compiled CPU op, or torch gathers per chunk of block rows; the backward "
              "recomputes, keeping no seq^2 tensor); rpe, key-padding and attention masks as "
              "DeepSpeed's softmax applies them"),
     _present("deepspeed.ops.sparse_attention.BertSparseSelfAttention",
-             "dslaunch.engine.sparse_attention.modules:BertSparseSelfAttention"),
+             "dslaunch.engine.features.sparse_attention.modules:BertSparseSelfAttention"),
     _present("deepspeed.ops.sparse_attention.SparseAttentionUtils",
-             "dslaunch.engine.sparse_attention.utils:SparseAttentionUtils",
+             "dslaunch.engine.features.sparse_attention.utils:SparseAttentionUtils",
              "replace_model_self_attention_with_sparse_self_attention works on Hugging Face "
              "BERT/RoBERTa (DeepSpeed's calls a method the model lacks)"),
     _present("deepspeed.ops.random_ltd", "dslaunch.ops.random_ltd",
              "torch ops on any device (DeepSpeed's need its CUDA RandomLTDBuilder op)"),
     _present("deepspeed.ops.random_ltd.dropping_utils", "dslaunch.ops.random_ltd.dropping_utils"),
-    *[_present(f"deepspeed.ops.random_ltd.{name}", f"dslaunch.engine.random_ltd.tokens:{name}")
+    *[_present(f"deepspeed.ops.random_ltd.{name}", f"dslaunch.engine.features.random_ltd.tokens:{name}")
       for name in ("gpt_sample_tokens", "bert_sample_tokens", "GatherTokens", "ScatterTokens")],
     _missing("deepspeed.ops.transformer",
              "not planned: DeepSpeed's fused transformer-layer kernels "
              "(DeepSpeedTransformerLayer)"),
     # -- deepspeed.utils -------------------------------------------------------------------------
     _present("deepspeed.utils", "dslaunch.utils"),
-    _present("deepspeed.utils.logger", "dslaunch.engine.log:logger",
+    _present("deepspeed.utils.logger", "dslaunch.engine.base.log:logger",
              "one logging.Logger named 'dslaunch' (stdout, INFO, not propagated to the root "
              "logger); setLevel works as on DeepSpeed's"),
-    _present("deepspeed.utils.log_dist", "dslaunch.engine.log:log_dist",
+    _present("deepspeed.utils.log_dist", "dslaunch.engine.base.log:log_dist",
              "DeepSpeed's rule: in a distributed job only the ranks listed log ([-1]: all; "
              "None: none)"),
     _present("deepspeed.utils.logging", "dslaunch.utils.logging"),
-    _present("deepspeed.utils.logging.logger", "dslaunch.engine.log:logger"),
-    _present("deepspeed.utils.logging.log_dist", "dslaunch.engine.log:log_dist"),
-    _present("deepspeed.utils.RepeatingLoader", "dslaunch.engine.dataloader:RepeatingLoader"),
+    _present("deepspeed.utils.logging.logger", "dslaunch.engine.base.log:logger"),
+    _present("deepspeed.utils.logging.log_dist", "dslaunch.engine.base.log:log_dist"),
+    _present("deepspeed.utils.RepeatingLoader", "dslaunch.engine.base.dataloader:RepeatingLoader"),
     _present("deepspeed.utils.set_z3_leaf_modules",
              "dslaunch.engine.zero.leaf_modules:set_z3_leaf_modules",
              "mark before dslaunch.initialize: ZeRO-3 then gathers a leaf module's whole subtree "
@@ -370,18 +370,18 @@ NAMES: list[Name] = [
              "rank alone"),
     *_groups("sequence_data_parallel", "the sequence x data ranks (those holding the same "
              "weights); the data-parallel group's without sequence parallelism"),
-    *[_present(f"deepspeed.utils.groups.{name}", f"dslaunch.engine.expert_groups:{name}",
+    *[_present(f"deepspeed.utils.groups.{name}", f"dslaunch.engine.parallel.expert_groups:{name}",
                "per ep size, by group name `ep_size_{N}`: DeepSpeed's rank layout (E + D)")
       for name in [f"_get_expert_{kind}_{what}" for kind in ("parallel", "data_parallel")
                    for what in ("group", "world_size", "rank", "group_ranks")]],
     _present("deepspeed.utils.groups._create_expert_and_data_parallel",
-             "dslaunch.engine.expert_groups:_create_expert_and_data_parallel",
+             "dslaunch.engine.parallel.expert_groups:_create_expert_and_data_parallel",
              "makes the `ep_size_{N}` groups once (every rank calls it); no AutoEP+AutoTP "
              "folding_spec"),
     _present("deepspeed.utils.groups._get_max_expert_size",
-             "dslaunch.engine.expert_groups:_get_max_expert_size"),
+             "dslaunch.engine.parallel.expert_groups:_get_max_expert_size"),
     _present("deepspeed.utils.groups._get_expert_model_parallel_world_size",
-             "dslaunch.engine.expert_groups:_get_expert_model_parallel_world_size"),
+             "dslaunch.engine.parallel.expert_groups:_get_expert_model_parallel_world_size"),
     # -- deepspeed.utils.zero_to_fp32 -------------------------------------------------------------
     _present("deepspeed.utils.zero_to_fp32", "dslaunch.utils.zero_to_fp32",
              "reads dslaunch's checkpoints, both formats; `save_checkpoint` also writes a "
@@ -408,7 +408,7 @@ NAMES: list[Name] = [
     _present("deepspeed.checkpoint", "dslaunch.checkpoint"),
     _present("deepspeed.checkpoint.utils", "dslaunch.checkpoint.utils"),
     _present("deepspeed.checkpoint.utils.clone_tensors_for_torch_save",
-             "dslaunch.engine.checkpoint.clone:clone_tensors_for_torch_save"),
+             "dslaunch.engine.storage.clone:clone_tensors_for_torch_save"),
     *[_present(f"deepspeed.checkpoint.{name}", f"dslaunch.engine.checkpoint.universal:{name}",
                "DeepSpeed's value (the universal checkpoint's keys)") for name in (
         "ORIGINAL_VOCAB_SIZE", "PADDED_VOCAB_SIZE", "UNIVERSAL_CHECKPOINT_INFO",
@@ -420,21 +420,21 @@ NAMES: list[Name] = [
     _present("deepspeed.runtime", "dslaunch.runtime",
              "faces for the runtime modules real code imports, not a mirror of the package"),
     _present("deepspeed.runtime.engine", "dslaunch.runtime.engine"),
-    _present("deepspeed.runtime.engine.DeepSpeedEngine", "dslaunch.engine.engine:DSLaunchEngine",
+    _present("deepspeed.runtime.engine.DeepSpeedEngine", "dslaunch.engine.core.engine:DSLaunchEngine",
              "the same class as deepspeed.DeepSpeedEngine"),
     _present("deepspeed.runtime.pipe", "dslaunch.runtime.pipe"),
     _present("deepspeed.runtime.pipe.PipelineModule",
-             "dslaunch.engine.pipe.module:PipelineModule"),
-    _present("deepspeed.runtime.pipe.LayerSpec", "dslaunch.engine.pipe.module:LayerSpec"),
-    _present("deepspeed.runtime.pipe.TiedLayerSpec", "dslaunch.engine.pipe.module:TiedLayerSpec"),
-    _present("deepspeed.runtime.pipe.ProcessTopology", "dslaunch.engine.topology:ProcessTopology"),
+             "dslaunch.engine.parallel.pipe.module:PipelineModule"),
+    _present("deepspeed.runtime.pipe.LayerSpec", "dslaunch.engine.parallel.pipe.module:LayerSpec"),
+    _present("deepspeed.runtime.pipe.TiedLayerSpec", "dslaunch.engine.parallel.pipe.module:TiedLayerSpec"),
+    _present("deepspeed.runtime.pipe.ProcessTopology", "dslaunch.engine.parallel.topology:ProcessTopology"),
     _present("deepspeed.runtime.pipe.engine", "dslaunch.runtime.pipe.engine"),
     _present("deepspeed.runtime.pipe.engine.PipelineEngine",
-             "dslaunch.engine.pipe.engine:PipelineEngine",
-             "its instruction table is _INSTRUCTIONS over the ops of engine/pipe/schedule.py; "
+             "dslaunch.engine.core.pipe_engine:PipelineEngine",
+             "its instruction table is _INSTRUCTIONS over the ops of engine/parallel/pipe/schedule.py; "
              "DeepSpeed's _INSTRUCTION_MAP (which Megatron-DeepSpeed patches) does not exist"),
     _missing("deepspeed.runtime.pipe.schedule", "not provided: dslaunch's pipeline schedules "
-             "(1F1B, GPipe) are instruction lists (engine/pipe/schedule.py), not DeepSpeed's "
+             "(1F1B, GPipe) are instruction lists (engine/parallel/pipe/schedule.py), not DeepSpeed's "
              "PipeSchedule classes"),
     _missing("deepspeed.runtime.pipe.topology", "use deepspeed.pipe's topologies "
              "(dslaunch.pipe.PipeModelDataParallelTopology, ...): the same classes"),
@@ -483,20 +483,20 @@ NAMES: list[Name] = [
              "on a host without an accelerator the states are in host memory already and stay"),
     _present("deepspeed.runtime.utils", "dslaunch.runtime.utils"),
     _present("deepspeed.runtime.utils.see_memory_usage",
-             "dslaunch.engine.runtime_utils:see_memory_usage",
+             "dslaunch.engine.base.runtime_utils:see_memory_usage",
              "prints on global rank 0 with force=True; on the CPU the figures are RSS"),
     _present("deepspeed.runtime.utils.set_random_seed",
-             "dslaunch.engine.runtime_utils:set_random_seed"),
+             "dslaunch.engine.base.runtime_utils:set_random_seed"),
     _present("deepspeed.runtime.utils.move_to_device",
-             "dslaunch.engine.runtime_utils:move_to_device",
+             "dslaunch.engine.base.runtime_utils:move_to_device",
              "returns moved copies (containers rebuilt); criterion_func optional"),
     _present("deepspeed.runtime.dataloader", "dslaunch.runtime.dataloader"),
     _present("deepspeed.runtime.dataloader.RepeatingLoader",
-             "dslaunch.engine.dataloader:RepeatingLoader",
+             "dslaunch.engine.base.dataloader:RepeatingLoader",
              "the same class as deepspeed.utils.RepeatingLoader"),
     _present("deepspeed.runtime.base_optimizer", "dslaunch.runtime.base_optimizer"),
     _present("deepspeed.runtime.base_optimizer.DeepSpeedOptimizer",
-             "dslaunch.engine.deepspeed_surface:DeepSpeedOptimizer",
+             "dslaunch.engine.core.deepspeed_surface:DeepSpeedOptimizer",
              "not a wrapper: initialize returns the torch optimizer itself (with overflow / "
              "cur_scale / loss_scale attributes); isinstance is true for an optimizer an engine "
              "trains with"),
@@ -508,21 +508,21 @@ NAMES: list[Name] = [
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp",
              "dslaunch.runtime.sequence_parallel.ulysses_sp"),
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF",
-             "dslaunch.engine.sequence.hf:UlyssesSPAttentionHF",
+             "dslaunch.engine.parallel.sequence.hf:UlyssesSPAttentionHF",
              "register_with_transformers returns dslaunch's sequence x data grid as the mpu; "
              "attention masks are dropped, flex attention's BlockMask is not rebuilt"),
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPDataLoaderAdapter",
-             "dslaunch.engine.sequence.sharding:UlyssesSPDataLoaderAdapter"),
+             "dslaunch.engine.parallel.sequence.sharding:UlyssesSPDataLoaderAdapter"),
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP",
-             "dslaunch.engine.sequence.tiled:TiledMLP"),
+             "dslaunch.engine.parallel.sequence.tiled:TiledMLP"),
     _present("deepspeed.runtime.sequence_parallel.ulysses_sp.TiledFusedLogitsLoss",
-             "dslaunch.engine.sequence.tiled:TiledFusedLogitsLoss"),
+             "dslaunch.engine.parallel.sequence.tiled:TiledFusedLogitsLoss"),
     _present("deepspeed.runtime.data_pipeline", "dslaunch.runtime.data_pipeline",
              "the curriculum scheduler, data sampling and data routing (random-LTD)"),
     _present("deepspeed.runtime.data_pipeline.curriculum_scheduler",
              "dslaunch.runtime.data_pipeline.curriculum_scheduler"),
     _present("deepspeed.runtime.data_pipeline.curriculum_scheduler.CurriculumScheduler",
-             "dslaunch.engine.curriculum:CurriculumScheduler",
+             "dslaunch.engine.features.curriculum:CurriculumScheduler",
              "also drives the legacy curriculum_learning section (DeepSpeed 0.19 removed it)"),
     _present("deepspeed.runtime.data_pipeline.config", "dslaunch.runtime.data_pipeline.config",
              "get_data_efficiency_config and the section getters; bad keys raise naming them"),
@@ -574,28 +574,28 @@ NAMES: list[Name] = [
     _present("deepspeed.runtime.data_pipeline.data_routing.basic_layer",
              "dslaunch.runtime.data_pipeline.data_routing.basic_layer"),
     _present("deepspeed.runtime.data_pipeline.data_routing.basic_layer.RandomLayerTokenDrop",
-             "dslaunch.engine.random_ltd.layer:RandomLayerTokenDrop",
+             "dslaunch.engine.features.random_ltd.layer:RandomLayerTokenDrop",
              "also passes positional arguments after the hidden states to the layer, and finds "
              "the mask among them by the layer's signature (Transformers 5's GPT2Block passes "
              "it positionally; DeepSpeed reads only the keyword)"),
     _present("deepspeed.runtime.data_pipeline.data_routing.helper",
              "dslaunch.runtime.data_pipeline.data_routing.helper"),
     _present("deepspeed.runtime.data_pipeline.data_routing.helper.convert_to_random_ltd",
-             "dslaunch.engine.random_ltd.convert:convert_to_random_ltd",
+             "dslaunch.engine.features.random_ltd.convert:convert_to_random_ltd",
              "also on the bare model before initialize; a layer drops tokens when its own index "
              "(the last number of its name) is in random_ltd_layer_id (DeepSpeed: the id's "
              "digits anywhere in the name)"),
     *[_present(f"deepspeed.runtime.data_pipeline.data_routing.helper.{name}",
-               f"dslaunch.engine.random_ltd.convert:{name}")
+               f"dslaunch.engine.features.random_ltd.convert:{name}")
       for name in ("save_without_random_ltd", "remove_random_ltd_state_dict")],
     _present("deepspeed.runtime.data_pipeline.data_routing.scheduler",
              "dslaunch.runtime.data_pipeline.data_routing.scheduler"),
     _present("deepspeed.runtime.data_pipeline.data_routing.scheduler.RandomLTDScheduler",
-             "dslaunch.engine.random_ltd.scheduler:RandomLTDScheduler",
+             "dslaunch.engine.features.random_ltd.scheduler:RandomLTDScheduler",
              "DeepSpeed 0.19.8's values and state_dict; the engine builds it from the config "
              "(engine.random_ltd_scheduler)"),
     _present("deepspeed.runtime.data_pipeline.data_routing.scheduler.BaseScheduler",
-             "dslaunch.engine.random_ltd.scheduler:RandomLTDScheduler",
+             "dslaunch.engine.features.random_ltd.scheduler:RandomLTDScheduler",
              "the same class as RandomLTDScheduler"),
     _present("deepspeed.runtime.data_pipeline.data_routing.utils",
              "dslaunch.runtime.data_pipeline.data_routing.utils"),
@@ -608,12 +608,12 @@ NAMES: list[Name] = [
              "dslaunch.runtime.progressive_layer_drop",
              "DeepSpeed 0.19 removed it; dslaunch keeps the progressive_layer_drop section"),
     _present("deepspeed.runtime.progressive_layer_drop.ProgressiveLayerDrop",
-             "dslaunch.engine.progressive_layer_drop:ProgressiveLayerDrop"),
+             "dslaunch.engine.features.progressive_layer_drop:ProgressiveLayerDrop"),
     _present("deepspeed.runtime.eigenvalue", "dslaunch.runtime.eigenvalue",
              "DeepSpeed 0.19.8 no longer has it (0.18.9 does); dslaunch keeps the eigenvalue "
              "section, top level (DeepSpeed read quantize_training.eigenvalue and refused it "
              "since 0.7)"),
-    _present("deepspeed.runtime.eigenvalue.Eigenvalue", "dslaunch.engine.eigenvalue:Eigenvalue",
+    _present("deepspeed.runtime.eigenvalue.Eigenvalue", "dslaunch.engine.features.eigenvalue:Eigenvalue",
              "DeepSpeed 0.18's semantics and result; compute_eigenvalue also takes grads= "
              "(gradients with graph), block_eigenvalues() gives the raw values"),
     # -- subsystems of other issues -----------------------------------------------------------------
@@ -622,7 +622,7 @@ NAMES: list[Name] = [
              "saved inputs are autograd saved tensors (saved_tensors_hooks see them); "
              "contiguous_checkpointing is accepted and keeps no buffers; cpu_checkpointing "
              "changes nothing on a CPU-only host"),
-    *[_present(f"deepspeed.checkpointing.{name}", f"dslaunch.engine.activation_checkpoint:{name}",
+    *[_present(f"deepspeed.checkpointing.{name}", f"dslaunch.engine.features.activation_checkpoint:{name}",
                why) for name, why in (
         ("configure", "deepspeed_config= is a dict or a file path"),
         ("checkpoint", "reentrant, as DeepSpeed's; random and autocast state replayed"),
@@ -634,7 +634,7 @@ NAMES: list[Name] = [
     _present("deepspeed.sequence", "dslaunch.sequence"),
     _present("deepspeed.sequence.layer", "dslaunch.sequence.layer"),
     _present("deepspeed.sequence.layer.DistributedAttention",
-             "dslaunch.engine.sequence.ulysses:DistributedAttention",
+             "dslaunch.engine.parallel.sequence.ulysses:DistributedAttention",
              "sp_stream (overlap on a side CUDA stream) is accepted and not used; head counts "
              "the sequence-parallel size does not divide are refused (DeepSpeed splits unevenly)"),
     _present("deepspeed.profiling", "dslaunch.profiling"),
@@ -644,24 +644,24 @@ NAMES: list[Name] = [
     _present("deepspeed.profiling.flops_profiler.profiler",
              "dslaunch.profiling.flops_profiler.profiler"),
     _present("deepspeed.profiling.flops_profiler.FlopsProfiler",
-             "dslaunch.engine.profiling.flops_profiler:FlopsProfiler",
+             "dslaunch.engine.observe.profiling.flops_profiler:FlopsProfiler",
              "forward counts only, as DeepSpeed; the engine's flops_profiler section times "
              "forward, backward and step of the profiled step"),
     _present("deepspeed.profiling.flops_profiler.get_model_profile",
-             "dslaunch.engine.profiling.flops_profiler:get_model_profile"),
+             "dslaunch.engine.observe.profiling.flops_profiler:get_model_profile"),
     _present("deepspeed.moe", "dslaunch.moe"),
     _present("deepspeed.moe.layer", "dslaunch.moe.layer"),
-    _present("deepspeed.moe.layer.MoE", "dslaunch.engine.moe.layer:MoE",
+    _present("deepspeed.moe.layer.MoE", "dslaunch.engine.parallel.moe.layer:MoE",
              "DeepSpeed 0.19's signature and routing; use_tutel runs dslaunch's dispatch; no "
              "expert tensor parallelism"),
     _present("deepspeed.moe.experts", "dslaunch.moe.experts"),
-    _present("deepspeed.moe.experts.Experts", "dslaunch.engine.moe.experts:Experts"),
+    _present("deepspeed.moe.experts.Experts", "dslaunch.engine.parallel.moe.experts:Experts"),
     _present("deepspeed.moe.sharded_moe", "dslaunch.moe.sharded_moe"),
-    _present("deepspeed.moe.sharded_moe.TopKGate", "dslaunch.engine.moe.gating:TopKGate"),
-    _present("deepspeed.moe.sharded_moe.MOELayer", "dslaunch.engine.moe.layer:MOELayer"),
+    _present("deepspeed.moe.sharded_moe.TopKGate", "dslaunch.engine.parallel.moe.gating:TopKGate"),
+    _present("deepspeed.moe.sharded_moe.MOELayer", "dslaunch.engine.parallel.moe.layer:MOELayer"),
     _present("deepspeed.moe.utils", "dslaunch.moe.utils"),
-    _present("deepspeed.moe.utils.has_moe_layers", "dslaunch.engine.moe.layer:has_moe_layers"),
-    *[_present(f"deepspeed.moe.utils.{name}", f"dslaunch.engine.moe.params:{name}")
+    _present("deepspeed.moe.utils.has_moe_layers", "dslaunch.engine.parallel.moe.layer:has_moe_layers"),
+    *[_present(f"deepspeed.moe.utils.{name}", f"dslaunch.engine.parallel.moe.params:{name}")
       for name in ("is_moe_param", "split_params_into_different_moe_groups_for_optimizer",
                    "split_params_into_shared_and_expert_params",
                    "split_params_grads_into_shared_and_expert_params", "is_moe_param_group",
@@ -675,27 +675,27 @@ NAMES: list[Name] = [
              "Conv2d / Embedding, and tensor-parallel layers (mpu=) are refused or not applied"),
     _present("deepspeed.compression.compress", "dslaunch.compression.compress"),
     *[_present(f"deepspeed.compression.compress.{name}",
-               f"dslaunch.engine.compression.compress:{name}", why) for name, why in (
+               f"dslaunch.engine.features.compression.compress:{name}", why) for name, why in (
         ("init_compression", "teacher_model: layer_reduction's teacher"),
         ("redundancy_clean", "also sets out_features/in_features of the shrunk related modules"),
         ("get_module_name", ""))],
     _present("deepspeed.compression.init_compression",
-             "dslaunch.engine.compression.compress:init_compression"),
+             "dslaunch.engine.features.compression.compress:init_compression"),
     _present("deepspeed.compression.redundancy_clean",
-             "dslaunch.engine.compression.compress:redundancy_clean"),
+             "dslaunch.engine.features.compression.compress:redundancy_clean"),
     _present("deepspeed.compression.compression_scheduler",
-             "dslaunch.engine.compression.scheduler:compression_scheduler",
+             "dslaunch.engine.features.compression.scheduler:compression_scheduler",
              "also steps weight quantization's bits (start_bits -> target_bits, MoQ's schedule)"),
     _present("deepspeed.compression.scheduler", "dslaunch.compression.scheduler"),
     _present("deepspeed.compression.scheduler.compression_scheduler",
-             "dslaunch.engine.compression.scheduler:compression_scheduler"),
+             "dslaunch.engine.features.compression.scheduler:compression_scheduler"),
     _present("deepspeed.compression.basic_layer", "dslaunch.compression.basic_layer"),
     _present("deepspeed.compression.basic_layer.Conv2dLayer_Compress",
-             "dslaunch.engine.compression.conv:Conv2dLayer_Compress", "channel pruning only"),
+             "dslaunch.engine.features.compression.conv:Conv2dLayer_Compress", "channel pruning only"),
     _present("deepspeed.compression.basic_layer.BNLayer_Compress",
-             "dslaunch.engine.compression.conv:BNLayer_Compress"),
+             "dslaunch.engine.features.compression.conv:BNLayer_Compress"),
     _present("deepspeed.compression.basic_layer.LinearLayer_Compress",
-             "dslaunch.engine.compression.layers:LinearLayer_Compress",
+             "dslaunch.engine.features.compression.layers:LinearLayer_Compress",
              "head pruning also takes method l1 (each head's column block's L1 norm)"),
     _missing("deepspeed.launcher.runner", "the launcher is the `dslaunch run` command; "
              "`python -m dslaunch` takes a `deepspeed` command line as typed (its flags, "

@@ -2,6 +2,6 @@
 the engine (a plain torch loop): call ``tick(step)`` once per training step. The engine calls it
 itself. Without ``--inject`` it does nothing."""
 
-from dslaunch.engine.fault_injection import tick
+from dslaunch.engine.base.fault_injection import tick
 
 __all__ = ["tick"]

@@ -3,8 +3,8 @@
 pipeline/TP checkpoint into an unpartitioned ``PipelineModule``)."""
 
 from dslaunch.engine.checkpoint.consolidate import load_consolidated
-from dslaunch.engine.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec
-from dslaunch.engine.topology import (
+from dslaunch.engine.parallel.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec
+from dslaunch.engine.parallel.topology import (
     PipeDataParallelTopology,
     PipeModelDataParallelTopology,
     ProcessTopology,

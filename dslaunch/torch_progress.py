@@ -18,7 +18,7 @@ Counted once: a call made while the record already shows the rank in a collectiv
 engine recording its own call, ``all_gather_object`` calling ``all_gather``, ``all_reduce``
 calling ``ProcessGroup.allreduce``) is not recorded again. Calls from other threads are not
 recorded (the record is the main thread's, as the watchdog's stack is). Names and group labels
-are the engine's (``engine/comm.py``): "world" or "ranks 0-3,8", per-group sequence numbers shared
+are the engine's (``engine/comm/collectives.py``): "world" or "ranks 0-3,8", per-group sequence numbers shared
 with the engine's calls, point-to-point under "p2p" (never compared across ranks), so a desync is
 seen the same way. Not seen: collectives made from C++ (DDP's gradient buckets, functional
 collectives under ``torch.compile``); a rank waiting there is judged by its CPU time.
@@ -40,7 +40,7 @@ import zlib
 from dslaunch import progress_record
 
 ENV = "DSLAUNCH_TORCH_PROGRESS"
-P2P_GROUP = "p2p"  # as engine/comm.py: point-to-point calls, numbered per process
+P2P_GROUP = "p2p"  # as engine/comm/collectives.py: point-to-point calls, numbered per process
 _LABEL_WIDTH = 48  # the record's group field
 
 # torch.distributed function -> its name in the record (<= 16 bytes, the record's field). The flat
@@ -99,7 +99,7 @@ def _writer() -> progress_record.ProgressWriter | None:
 
 
 def _label(group) -> str:
-    """The group's label, as engine/comm.group_label makes it (cached per group object)."""
+    """The group's label, as engine/comm/collectives.group_label makes it (cached per group object)."""
     if group is None:
         return "world"
     label = _LABELS.get(group)

@@ -1,5 +1,5 @@
 """examples/gpt.py's tensor-parallel plan: which of its modules are split over the ``model``
-group, and how (dslaunch.engine.tp_plan.apply_tp_plan applies it)::
+group, and how (dslaunch.engine.parallel.tp_plan.apply_tp_plan applies it)::
 
     apply_tp_plan(Block(cfg), BLOCK_TP_PLAN, group)   # one pipeline layer
     apply_tp_plan(GPT(cfg), GPT_TP_PLAN, group)       # the whole model
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dslaunch.engine.tensor_parallel import get_rng_tracker
+from dslaunch.engine.parallel.tensor_parallel import get_rng_tracker
 
 
 class HeadParallelAttention(nn.Module):
@@ -50,7 +50,7 @@ class HeadParallelAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, t, self.local))
 
 
-# module name in a gpt.Block -> parallel style (dslaunch.engine.tp_plan.STYLES, or a callable)
+# module name in a gpt.Block -> parallel style (dslaunch.engine.parallel.tp_plan.STYLES, or a callable)
 BLOCK_TP_PLAN = {
     "attn": HeadParallelAttention,  # first (parents before children), then its two linears:
     "attn.qkv": "column_fused3",  # [q; k; v]: this rank's heads of each

@@ -80,7 +80,7 @@ class SequenceParallel:
         self.size, self.mpu, self.rank, self.group = size, None, 0, None
         if size == 1:
             return
-        from dslaunch.engine.topology import build_grid
+        from dslaunch.engine.parallel.topology import build_grid
         from dslaunch.sequence.layer import DistributedAttention
 
         self.mpu = build_grid(sequence=size)

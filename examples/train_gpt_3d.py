@@ -30,14 +30,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import dslaunch
-from dslaunch.engine.tensor_parallel import (
+from dslaunch.engine.parallel.tensor_parallel import (
     ColumnParallelLinear,
     VocabParallelEmbedding,
     tp_manual_seed,
     vocab_parallel_cross_entropy,
 )
-from dslaunch.engine.topology import get_grid
-from dslaunch.engine.tp_plan import apply_tp_plan
+from dslaunch.engine.parallel.topology import get_grid
+from dslaunch.engine.parallel.tp_plan import apply_tp_plan
 from dslaunch.pipe import LayerSpec, PipelineModule, PipeModelDataParallelTopology
 from gpt import Block, GPTConfig, TextBatches, stdlib_bytes  # examples/ is the script's directory
 from gpt_tp import BLOCK_TP_PLAN

@@ -10,7 +10,7 @@ deepspeed.moe.layer import MoE`` becomes
 holds ``experts / ep`` of them and tokens travel to their expert by all-to-all over the
 expert-parallel group. The loss is the cross entropy plus ``--aux-coef`` times the sum of the
 layers' load-balancing losses. The engine reduces expert gradients over the expert-data-parallel
-group, and ZeRO 1/2 partitions their optimizer states there (``dslaunch/engine/experts.py``).
+group, and ZeRO 1/2 partitions their optimizer states there (``dslaunch/engine/parallel/experts.py``).
 
 Every ``--log-every`` steps rank 0 prints the loss, the auxiliary loss, the fraction of token
 assignments dropped (over capacity: ``capacity = max(ceil(k x tokens / experts x

@@ -44,7 +44,7 @@ def world_of_one(tmp_path):
     a new one, destroyed after); MoE expert groups made in it are forgotten before and after."""
     import torch.distributed as dist
 
-    from dslaunch.engine import expert_groups
+    from dslaunch.engine.parallel import expert_groups
 
     expert_groups.reset()
     if dist.is_initialized():  # an earlier in-process engine test's world of one: reuse it

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import dslaunch
 from dslaunch import as_deepspeed
-from dslaunch.engine import activation_checkpoint as impl
+from dslaunch.engine.features import activation_checkpoint as impl
 from helpers import launch, results
 
 ck = dslaunch.checkpointing

@@ -1,4 +1,4 @@
-"""AutoTP (``tensor_parallel.autotp_size``, engine/autotp.py) end to end: tiny Hugging Face Llama and
+"""AutoTP (``tensor_parallel.autotp_size``, engine/parallel/autotp.py) end to end: tiny Hugging Face Llama and
 Qwen2 models (hidden 64, 2 layers, 4 heads, 2 key/value heads; Qwen2 with tied embeddings) trained
 10 steps by ``dslaunch.initialize`` with only the config key, TP 2 (2 ranks) and TP 2 x DP 2 (4
 ranks) at ZeRO 0, 1 and 2, and TP 2 x DP 2 at ZeRO 3 (micro-batches x accumulation 2, AdamW,
@@ -188,9 +188,9 @@ def test_specs_parse_and_match():
     name the key; DeepSpeed's grain-aligned sizes."""
     from types import SimpleNamespace
 
-    from dslaunch.engine.autotp import _linear_like, autotp_plan
-    from dslaunch.engine.autotp_shards import grain_sizes
-    from dslaunch.engine.autotp_specs import spec_plan, specs_from_config
+    from dslaunch.engine.parallel.autotp import _linear_like, autotp_plan
+    from dslaunch.engine.parallel.autotp_shards import grain_sizes
+    from dslaunch.engine.parallel.autotp_specs import spec_plan, specs_from_config
 
     section = SimpleNamespace(preset_model="llama", partition_config=None)
     plan, summed = spec_plan(_tiny_llama(), *specs_from_config(section), _linear_like)
@@ -275,7 +275,7 @@ def _tiny_llama(kv=2, heads=4, hidden=32):
 
 
 def test_plan_names_columns_and_rows():
-    from dslaunch.engine.autotp import _column, _row, autotp_plan
+    from dslaunch.engine.parallel.autotp import _column, _row, autotp_plan
 
     plan = autotp_plan(_tiny_llama())
     prefix = "model.layers.0."
@@ -288,7 +288,7 @@ def test_plan_names_columns_and_rows():
 
 
 def test_a_rank_left_without_a_key_value_head_is_refused():
-    from dslaunch.engine.autotp import check_heads
+    from dslaunch.engine.parallel.autotp import check_heads
 
     check_heads(_tiny_llama(kv=2, heads=4), 2)
     check_heads(_tiny_llama(kv=4, heads=4), 3)  # cut 2+1+1 (test_autotp_uneven.py)
@@ -299,7 +299,7 @@ def test_a_rank_left_without_a_key_value_head_is_refused():
 
 def test_tp_model_init_records_and_must_agree_with_the_config():
     import dslaunch
-    from dslaunch.engine.autotp import autotp_size
+    from dslaunch.engine.parallel.autotp import autotp_size
 
     model = dslaunch.tp_model_init(_tiny_llama(), tp_size=2, dtype=torch.bfloat16)
     assert next(model.parameters()).dtype == torch.bfloat16

@@ -1,4 +1,4 @@
-"""AutoTP when the size does not divide the model (engine/autotp_shards.py: DeepSpeed 0.19.8's
+"""AutoTP when the size does not divide the model (engine/parallel/autotp_shards.py: DeepSpeed 0.19.8's
 cut): a tiny Llama with 6 query heads on 3 key/value heads and an MLP 99 wide, and a GPT-2 with 3
 heads in its fused ``c_attn`` and a 99-wide MLP, trained 10 steps at TP 2 (2 ranks) at ZeRO 0, 1
 and 2 against the same model unsplit in one process: losses within 1e-5 relative. Rank 0 holds
@@ -107,7 +107,7 @@ def test_uneven_checkpoint_resumes_at_another_size(job_cache, uneven, stage, tp)
 
 
 def test_deepspeeds_cut():
-    from dslaunch.engine.autotp_shards import ShardRule
+    from dslaunch.engine.parallel.autotp_shards import ShardRule
 
     rule = ShardRule(kv=3)
     assert rule.sizes("model.layers.0.self_attn.q_proj", 48, 2) == [32, 16]  # 6 heads of 8

@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import dslaunch
-from dslaunch.engine.checkpoint.files import CheckpointError
+from dslaunch.engine.storage.files import CheckpointError
 from gpt import GPT, GPTConfig
 
 CFG = {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
@@ -114,7 +114,7 @@ def test_stage0_optimizer_state_into_zero_is_a_clear_error(saved):
 
 def test_publish_dir_replaces_a_tag_saved_again_and_leaves_nothing_aside(tmp_path):
     """The ZeRO and pipeline savers share it: the new tag replaces the old whole, no `.old` stays."""
-    from dslaunch.engine.checkpoint.files import publish_dir
+    from dslaunch.engine.storage.files import publish_dir
 
     final, tmp = tmp_path / "global_step5", tmp_path / ".global_step5.tmp"
     final.mkdir()

@@ -169,9 +169,9 @@ def test_stage3_bf16_offload_checkpoint_continues_in_stage2_on_one_rank(job_cach
 def _optimizer_state(ckpt_dir: Path) -> dict:
     """Every parameter's fp32 master and optimizer states, and each group's scalars (step),
     reassembled from the rank files: {(group, key, name): tensor}."""
-    from dslaunch.engine.checkpoint.files import RankFiles
-    from dslaunch.engine.checkpoint.shard_index import ParamIndex
-    from dslaunch.engine.zero.partition import Layout
+    from dslaunch.engine.base.partition import Layout
+    from dslaunch.engine.storage.files import RankFiles
+    from dslaunch.engine.storage.shard_index import ParamIndex
 
     path = str(ckpt_dir / (ckpt_dir / "latest").read_text().strip())
     files = RankFiles(path, _meta(ckpt_dir)["world_size"])
@@ -252,7 +252,7 @@ def test_load_reshards_exactly_from_stage3_to_stage2_and_back(job_cache, work):
 
 
 def test_mismatched_stage3_checkpoint_names_the_tensor(job_cache):
-    from dslaunch.engine.checkpoint.files import CheckpointError
+    from dslaunch.engine.storage.files import CheckpointError
 
     ck = ck_a(job_cache)
     with pytest.raises(CheckpointError, match=r"tensor 'tok_emb.weight' has shape \[256, 32\]"):

@@ -1,10 +1,10 @@
-"""keep_last (engine/checkpoint/retention.py): the oldest checkpoints by save order go, the
+"""keep_last (engine/storage/retention.py): the oldest checkpoints by save order go, the
 newest N stay, the one ``latest`` names is never deleted, and nothing but dslaunch checkpoints
 is touched."""
 
 import json
 
-from dslaunch.engine.checkpoint.retention import prune
+from dslaunch.engine.storage.retention import prune
 
 
 def _ckpt(d, tag, saved_at, fmt="dslaunch-checkpoint/1"):

@@ -14,7 +14,7 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
-from dslaunch.engine.comm import sent_bytes
+from dslaunch.engine.comm.collectives import sent_bytes
 from helpers import end_spawned_rank
 
 WORLD, N = 2, 8
@@ -200,7 +200,7 @@ def _worker(rank, port, out):
 
     # a tensor-parallel engine reduces over its mpu's data group: the script's calls on that
     # group book into that engine's table, not the world engine's
-    from dslaunch.engine.topology import build_grid
+    from dslaunch.engine.parallel.topology import build_grid
 
     grid = build_grid(pipe=1, model=1)
     tp_engine = _tiny_engine(mpu=grid)

@@ -1,6 +1,6 @@
 """``dslaunch.comm.get_backend()`` answers one backend name, the accelerator's: "nccl" where the
 default device is CUDA, "gloo" on the CPU, also for a group torch reports in its per-device form
-("cpu:gloo,cuda:nccl", which dslaunch's NCCL groups are: engine/comm.py ``with_cpu_backend``).
+("cpu:gloo,cuda:nccl", which dslaunch's NCCL groups are: engine/comm/collectives.py ``with_cpu_backend``).
 DeepSpeed initialises with the accelerator's ``communication_backend_name()`` alone, so its
 ``cdb.get_backend()`` (deepspeed/comm/torch.py: torch's answer) says "nccl" on a GPU."""
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from dslaunch.engine.comm_api import backend_name
+from dslaunch.engine.comm.api import backend_name
 from helpers import ROOT, rank_env
 
 

@@ -1,4 +1,4 @@
-"""engine/comm.py on real gloo between spawned processes: reduce_scatter_tensor and
+"""engine/comm/collectives.py on real gloo between spawned processes: reduce_scatter_tensor and
 all_gather_into_tensor give bitwise the same results on the native, pairwise and all_reduce
 paths (``DSLAUNCH_GLOO_COLLECTIVES``), synchronously and with async_op; on 3 ranks and on a
 subgroup the pairwise path equals the rank-order sum / concatenation exactly; the emulated calls are
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dslaunch.engine.comm import Comm, collective_paths
+from dslaunch.engine.comm.collectives import Comm, collective_paths
 from helpers import end_spawned_rank
 
 WORLD, CHUNK = 2, 1000
@@ -168,7 +168,7 @@ def test_path_choice():
 def test_per_device_backend_routes_cpu_tensors_to_gloo():
     """On a GPU machine the NCCL group is ``cpu:gloo,cuda:nccl``: a CPU tensor meets gloo (and
     gloo's collective paths), a CUDA tensor NCCL; a plain backend serves every device."""
-    from dslaunch.engine.comm import group_backend, with_cpu_backend
+    from dslaunch.engine.comm.collectives import group_backend, with_cpu_backend
 
     assert group_backend("cpu:gloo,cuda:nccl", "cpu") == "gloo"
     assert group_backend("cpu:gloo,cuda:nccl", "cuda") == "nccl"

@@ -1,4 +1,4 @@
-"""The hierarchical gloo path (engine/comm_hier.py): exact reduce-scatter and all-gather over a
+"""The hierarchical gloo path (engine/comm/hierarchical.py): exact reduce-scatter and all-gather over a
 group that spans (fake) hosts, several in flight at once and waited in any order, and each piece
 crossing to another host once: the bytes sent to other hosts, counted at ``dist.isend``, are
 (H - 1) x the gathered output, against R (H - 1) x on the flat pairwise path."""
@@ -18,9 +18,9 @@ def _worker(rank, init, out):
     import os
 
     os.environ["DSLAUNCH_FAKE_HOSTS"] = "2"  # ranks 0, 1 on host 0; 2, 3 on host 1
-    from dslaunch.engine import host_groups
-    from dslaunch.engine.comm import Comm
-    from dslaunch.engine.comm_hier import HostRanks
+    from dslaunch.engine.comm import host_groups
+    from dslaunch.engine.comm.collectives import Comm
+    from dslaunch.engine.comm.hierarchical import HostRanks
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     host_of = host_groups.topology().host_of

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dslaunch.engine.comms_logger import CommsLogger, bandwidths, convert_size, trim_mean
+from dslaunch.engine.observe.comms_logger import CommsLogger, bandwidths, convert_size, trim_mean
 
 CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
           "optimizer": {"type": "SGD", "params": {"lr": 0.1}},

@@ -15,7 +15,7 @@ from torch import nn
 import dslaunch
 from dslaunch.config import resolve_config
 from dslaunch.config.errors import ConfigError
-from dslaunch.engine.compression import (
+from dslaunch.engine.features.compression import (
     LinearLayer_Compress,
     compression_scheduler,
     init_compression,

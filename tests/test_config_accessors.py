@@ -1,4 +1,4 @@
-"""DeepSpeed's config accessors on the engine (dslaunch/engine/config_accessors.py):
+"""DeepSpeed's config accessors on the engine (dslaunch/engine/core/config_accessors.py):
 ``engine.gradient_clipping()``, ``engine.zero_reduce_bucket_size()``... Each answers the resolved
 config: what the config says, else DeepSpeed 0.19.8's default (the same fixture the config
 defaults are checked against, tests/test_config_defaults_vs_deepspeed.py)."""
@@ -14,7 +14,7 @@ from helpers import EXAMPLES
 sys.path.insert(0, str(EXAMPLES))
 import dslaunch
 from dslaunch.config.schema import all_key_paths
-from dslaunch.engine.config_accessors import ACCESSORS, DERIVED
+from dslaunch.engine.core.config_accessors import ACCESSORS, DERIVED
 from gpt import GPT, GPTConfig
 
 DEFAULTS = json.loads((Path(__file__).parent / "fixtures" /

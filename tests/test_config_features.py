@@ -168,7 +168,7 @@ def test_torch_autocast_matches_torch_autocast_reference(job_cache, stage):
 
 def test_torch_autocast_bad_module_name_names_the_key():
     from dslaunch.config import resolve_config
-    from dslaunch.engine.autocast import Autocast
+    from dslaunch.engine.base.autocast import Autocast
 
     cfg = resolve_config({"train_batch_size": 2, "torch_autocast": {
         "enabled": True, "lower_precision_safe_modules": ["torch.nn.Linaer"]}}, world_size=1)
@@ -180,7 +180,7 @@ def test_torch_autocast_bad_module_name_names_the_key():
         world_size=1).typed.torch_autocast, "cpu")
     m = model()
     assert custom.mark(m) == 2 and custom.dtype == torch.bfloat16
-    from dslaunch.engine.autocast import comm_dtype
+    from dslaunch.engine.base.autocast import comm_dtype
     assert comm_dtype(m.norm.weight) == torch.bfloat16 and comm_dtype(m.fc1.weight) is None
 
 

@@ -1,4 +1,4 @@
-"""The legacy seqlen curriculum (``curriculum_learning``; ``engine/curriculum.py``), which DeepSpeed
+"""The legacy seqlen curriculum (``curriculum_learning``; ``engine/features/curriculum.py``), which DeepSpeed
 removed in 0.19 and dslaunch keeps: every training forward gets ``curriculum_seqlen``, moved to
 ``global_steps + 1`` first; the schedules' values; the keys each schedule needs, refused by name
 when missing.
@@ -14,7 +14,7 @@ import re
 import pytest
 
 from dslaunch.config import ConfigError, resolve_config
-from dslaunch.engine.curriculum import CurriculumScheduler
+from dslaunch.engine.features.curriculum import CurriculumScheduler
 from helpers import ROOT, launch
 
 

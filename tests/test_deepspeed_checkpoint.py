@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import dslaunch
-from dslaunch.engine.checkpoint.files import CheckpointError
+from dslaunch.engine.storage.files import CheckpointError
 from gpt import GPT, GPTConfig
 from helpers import launch, results
 

@@ -1,4 +1,4 @@
-"""PyTorch-style backward (dslaunch/engine/direct_backward.py): ``loss.backward()`` on the
+"""PyTorch-style backward (dslaunch/engine/core/direct_backward.py): ``loss.backward()`` on the
 engine's output trains exactly as ``engine.backward(loss)`` does, on 2 ranks with accumulation
 and clipping, in every ZeRO stage (tests/scripts/direct_backward.py); under fp16 through
 ``engine.scale(loss).backward()``, and a plain ``loss.backward()`` there is refused.

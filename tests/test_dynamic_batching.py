@@ -1,5 +1,5 @@
 """Dynamic batching (DeepSpeed's ``data_sampling.variable_batch_size_and_lr``; ours:
-engine/data_efficiency/variable_batch.py): the packing's token budget, sample counts and orders,
+engine/features/data_efficiency/variable_batch.py): the packing's token budget, sample counts and orders,
 the LR scaling methods, the scheduler's state, the config's keys, and the ``_deepspeed`` helper on
 a one-process dslaunch engine. Identity with DeepSpeed's own functions:
 benchmarks/compare_dynamic_batching_ds.py (outside CI)."""

@@ -1,4 +1,4 @@
-"""The eigenvalue section (``engine/eigenvalue.py``, ``engine/eigenvalue_hook.py``): DeepSpeed's
+"""The eigenvalue section (``engine/features/eigenvalue.py``, ``engine/features/eigenvalue_hook.py``): DeepSpeed's
 ``Eigenvalue`` against Hessians known exactly (a quadratic; a small MLP's explicit Hessian from
 ``torch.autograd.functional.hessian``), its result shape and normalisation, the config section,
 and the engine computing it at every ``gas_boundary_resolution``-th boundary (this process).
@@ -20,7 +20,7 @@ import torch
 
 import dslaunch
 from dslaunch.config import ConfigError, resolve_config
-from dslaunch.engine.eigenvalue import Eigenvalue
+from dslaunch.engine.features.eigenvalue import Eigenvalue
 from helpers import EXAMPLES
 
 

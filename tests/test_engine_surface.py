@@ -1,4 +1,4 @@
-"""DeepSpeed's engine surface beyond the loop (dslaunch/engine/deepspeed_surface.py, the
+"""DeepSpeed's engine surface beyond the loop (dslaunch/engine/core/deepspeed_surface.py, the
 forward-only strategies, the ZeRO-3 ds_* attributes): in this process (world size 1), then on 2
 real ranks through `dslaunch run` (tests/scripts/surface_train.py)."""
 
@@ -13,7 +13,7 @@ from helpers import EXAMPLES
 
 sys.path.insert(0, str(EXAMPLES))
 import dslaunch
-from dslaunch.engine.deepspeed_surface import EngineDestroyedError
+from dslaunch.engine.core.deepspeed_surface import EngineDestroyedError
 from dslaunch.engine.zero.no_optimizer import NoOptimizerError
 from dslaunch.engine.zero.param_offload import ZeroParamOffload
 from gpt import GPT, GPTConfig

@@ -11,7 +11,8 @@ import torch
 
 from dslaunch.config import resolve_config
 from dslaunch.engine.api import _config_source, add_config_arguments
-from dslaunch.engine.comm import env_layout
+from dslaunch.engine.base.precision import DynamicLossScaler, build_precision
+from dslaunch.engine.comm.collectives import env_layout
 from dslaunch.engine.optim import Lamb, Lion
 from dslaunch.engine.optim import build_optimizer as _build_optimizer
 from dslaunch.engine.optim.schedules import (
@@ -22,7 +23,6 @@ from dslaunch.engine.optim.schedules import (
     WarmupLR,
     build_scheduler,
 )
-from dslaunch.engine.precision import DynamicLossScaler, build_precision
 
 
 def build_optimizer(params, section: dict):

@@ -173,7 +173,7 @@ def test_as_deepspeed_resolves_ours():
 
 
 def test_device_peaks(tmp_path):
-    from dslaunch.engine.profiling.peak import cpu_peak, gpu_peak
+    from dslaunch.engine.observe.profiling.peak import cpu_peak, gpu_peak
 
     assert gpu_peak("NVIDIA H100 80GB HBM3", torch.bfloat16) == \
         (989.4e12, "spec table: H100 bf16 dense 989.4 TFLOPS")

@@ -43,7 +43,7 @@ def test_accelerate_deepspeed_plugin_trains_as_plain_accelerate(tmp_path, plain_
     _run(tmp_path, "frameworks_ddp.py", "--framework", "accelerate", "--deepspeed-stage", stage, nproc=1)
     got = results(tmp_path, 1)[0]
     assert got["detected"]["distributed_type"] == "DistributedType.DEEPSPEED"
-    assert got["detected"]["engine_module"] == "dslaunch.engine.engine"
+    assert got["detected"]["engine_module"] == "dslaunch.engine.core.engine"
     assert plain_accelerate["detected"]["ddp"] == "DistributedDataParallel"
     assert len(got["losses"]) == 11
     assert got["losses"] == plain_accelerate["losses"]  # fp32, one process: bit for bit
@@ -59,7 +59,7 @@ def test_accelerate_with_a_dynamo_backend_compiles_through_the_engine(tmp_path, 
     _run(tmp_path, "frameworks_ddp.py", "--framework", "accelerate", "--deepspeed-stage", 2,
          "--dynamo-backend", "eager", nproc=1)
     got = results(tmp_path, 1)[0]
-    assert got["detected"]["engine_module"] == "dslaunch.engine.engine"
+    assert got["detected"]["engine_module"] == "dslaunch.engine.core.engine"
     assert got["detected"]["compiled"] is True
     assert got["losses"][:-1] == plain_accelerate["losses"][:-1]
     assert got["param_sum"] == pytest.approx(plain_accelerate["param_sum"], rel=1e-6)
@@ -90,7 +90,7 @@ def test_lightning_deepspeed_strategy_on_our_engine(job_cache, stage):
         assert res["trainer_error"] == ("The DeepSpeed strategy is only supported on CUDA GPUs but "
                                         "`CPUAccelerator` is used.")
         assert res["lightning_config"]["zero_optimization"]["stage"] == stage
-        assert (res["engine_module"], res["zero_stage"]) == ("dslaunch.engine.engine", stage)
+        assert (res["engine_module"], res["zero_stage"]) == ("dslaunch.engine.core.engine", stage)
         assert res["losses"] == pytest.approx(res["ref_losses"], rel=1e-6)
         assert res["optimizer_is_deepspeed_optimizer"] and not res["plain_optimizer_is_deepspeed_optimizer"]
         # Fabric's load_checkpoint into a fresh engine: weights and Adam moments are back (one more

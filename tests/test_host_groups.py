@@ -1,10 +1,10 @@
-"""engine/host_groups.py without processes: the host numbering, DSLAUNCH_FAKE_HOSTS and the
+"""engine/comm/host_groups.py without processes: the host numbering, DSLAUNCH_FAKE_HOSTS and the
 topology's groups (the groups themselves run in tests/test_zero_hier.py and on the namespace
 hosts, tests/multihost/test_zero_hier_hosts.py)."""
 
 import pytest
 
-from dslaunch.engine.host_groups import HostTopology, blocks, fake_hosts, hosts_from_names
+from dslaunch.engine.comm.host_groups import HostTopology, blocks, fake_hosts, hosts_from_names
 
 
 def test_hosts_numbered_by_lowest_rank_and_local_index():

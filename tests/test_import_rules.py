@@ -368,10 +368,10 @@ def test_the_scan_sees_the_package():
     other forms are covered by test_imports_of_resolves_every_form)."""
     imports = read_all()
     mods = all_modules()
-    assert {"dslaunch.launcher.agent", "dslaunch.engine.engine", "dslaunch.config.schema",
+    assert {"dslaunch.launcher.agent", "dslaunch.engine.core.engine", "dslaunch.config.schema",
             "dslaunch.kernels.builder", "dslaunch.cli.run"} <= set(mods)
     pairs = {(i.importer, i.imported, i.lazy) for i in imports}
-    assert ("dslaunch.cli.ckpt", "dslaunch.engine.checkpoint.files", True) in pairs  # in a function
+    assert ("dslaunch.cli.ckpt", "dslaunch.engine.storage.files", True) in pairs  # in a function
     assert ("dslaunch.config", "dslaunch.config.errors", False) in pairs  # from .errors import
     assert ("dslaunch", "dslaunch.deepspeed_names", True) in pairs  # import_module in __getattr__
     assert ("dslaunch.launcher.runners", "dslaunch.launcher.runners.slurm", False) in pairs
@@ -473,3 +473,201 @@ def test_start_up_follows_module_level_imports():
     lazy = (_fake("from dslaunch.config import fake", "dslaunch.launcher.fake")
             + _fake("def f():\n    import torch", "dslaunch.config.fake"))
     assert check_startup(lazy, mods) == []
+
+
+# -- the engine's layers ---------------------------------------------------------------------------
+# Inside dslaunch/engine/ every module belongs to one unit: the package (or top-level module) right
+# under dslaunch.engine. Each unit sits on one layer, bottom first; a module imports, at any level
+# (function-local imports count: a local import that dodges a cycle is still the cycle), only
+# modules of its own unit or of a unit on a lower layer. Two units on one layer know nothing of
+# each other. docs/architecture.md ("The engine's layers") draws the same map.
+ENGINE_LAYERS = (
+    # leaves: logging, precision and loss scale, the step policy, partition arithmetic, the fault
+    # injector; monitors, FLOPs, profiling, the comms logger
+    ("base", "observe"),
+    # process groups, every collective and its accounting, who this process is in the job
+    # (a standby, a replacement: membership.py)
+    ("comm",),
+    # optimizers (the 1-bit ones too) and schedules; the grid and every parallel axis
+    # (topology, groups, tensor/AutoTP, pipeline modules, sequence, experts / MoE)
+    ("optim", "parallel"),
+    # checkpoint files (written and read by the layers above); data efficiency, compression,
+    # sparse attention, random-LTD, curriculum, PLD, eigenvalue, activation checkpointing
+    ("storage", "features"),
+    # ZeRO strategies 0-3 with offload, NVMe, ZeRO++, zero.Init
+    ("zero",),
+    # save / load, consolidation, reshaping, universal and DeepSpeed formats
+    ("checkpoint",),
+    # the engines, DeepSpeed's engine surface, the engine's config, the recovery seams
+    ("core",),
+    # in-process recovery: built by initialize and handed to the engine (core/recovery_seams.py)
+    ("recovery",),
+    # initialize, add_config_arguments (and the package's own __init__)
+    ("api", ""),
+)
+ENGINE = "dslaunch.engine"
+
+
+def engine_unit(module: str) -> str:
+    """The unit of an engine module: ``dslaunch.engine.zero.stage3`` -> ``zero``; the package
+    itself -> ``""``."""
+    return module[len(ENGINE) + 1:].split(".")[0] if module != ENGINE else ""
+
+
+def layer_of(unit: str) -> int | None:
+    return next((i for i, units in enumerate(ENGINE_LAYERS) if unit in units), None)
+
+
+def engine_edges(imports: list) -> list:
+    """The imports of one engine module by another (both under dslaunch.engine, not itself)."""
+    return [i for i in imports if _under(i.importer, ENGINE) and _under(i.imported, ENGINE)
+            and i.importer != i.imported]
+
+
+def layer_violations(imports: list) -> list:
+    """Each engine import that goes sideways (another unit of its layer) or up a layer."""
+    bad = []
+    for imp in engine_edges(imports):
+        a, b = engine_unit(imp.importer), engine_unit(imp.imported)
+        if a != b and layer_of(b) is not None and layer_of(a) is not None \
+                and layer_of(b) >= layer_of(a):
+            bad.append(f"{imp}  [{a} (layer {layer_of(a)}) may not import {b} "
+                       f"(layer {layer_of(b)})]")
+    return bad
+
+
+def import_cycles(imports: list, modules: set) -> list:
+    """The strongly connected components of more than one module in the graph of imports between
+    ``modules`` (Tarjan's algorithm, iterative), each sorted."""
+    graph: dict = {m: set() for m in modules}
+    for imp in imports:
+        if imp.importer in graph and imp.imported in graph and imp.importer != imp.imported:
+            graph[imp.importer].add(imp.imported)
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        m = stack.pop()
+                        on_stack.discard(m)
+                        comp.append(m)
+                        if m == node:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return out
+
+
+def private_imports(source: str, importer: str, *, is_package: bool = False, file: str = "?",
+                    known: set = frozenset()) -> list:
+    """``from M import _name`` in ``source`` where M is another dslaunch module and ``_name`` is
+    not a module of it: a private name taken across files (a helper two modules share belongs
+    in a lower module, public)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = (_resolve_relative(importer, is_package, node.level, node.module)
+                if node.level else node.module)
+        if not base or not _under(base, "dslaunch") or base == importer:
+            continue
+        for a in node.names:
+            if a.name.startswith("_") and not a.name.startswith("__") and \
+                    f"{base}.{a.name}" not in known:
+                out.append(f"{file}:{node.lineno}: {importer} imports {base}.{a.name}")
+    return out
+
+
+def engine_private_imports() -> list:
+    mods = all_modules()
+    return [line for name, path in mods.items() if _under(name, ENGINE)
+            for line in private_imports(path.read_text(), name,
+                                        is_package=path.name == "__init__.py",
+                                        file=str(path.relative_to(ROOT)), known=set(mods))]
+
+
+def test_every_engine_module_has_a_layer():
+    units = {engine_unit(m) for m in all_modules() if _under(m, ENGINE)}
+    missing = sorted(u for u in units if layer_of(u) is None)
+    assert not missing, f"engine units on no layer of ENGINE_LAYERS: {missing}"
+    listed = {u for units_ in ENGINE_LAYERS for u in units_}
+    assert not listed - units, f"ENGINE_LAYERS names units that do not exist: {listed - units}"
+
+
+def test_engine_imports_go_down_the_layers():
+    bad = layer_violations(read_all())
+    assert not bad, "engine layers (tests/test_import_rules.py, ENGINE_LAYERS):\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_among_engine_modules():
+    imports = read_all()
+    engine = {m for m in all_modules() if _under(m, ENGINE)}
+    cycles = import_cycles(engine_edges(imports), engine)
+    lines = []
+    for comp in cycles:
+        members = set(comp)
+        lines.append(f"cycle of {len(comp)} modules: {', '.join(comp)}")
+        lines += [f"    {i}" for i in engine_edges(imports)
+                  if i.importer in members and i.imported in members]
+    assert not cycles, "import cycles among engine modules:\n" + "\n".join(lines)
+
+
+def test_no_engine_module_imports_a_private_name():
+    bad = engine_private_imports()
+    assert not bad, "private names imported across engine modules:\n" + "\n".join(bad)
+
+
+def test_the_layer_checks_fail_on_a_bad_graph():
+    """Not vacuous: an upward import, a sideways one, a cycle hidden in a function and a private
+    name are each found on a fake engine."""
+    known = {"dslaunch.engine.base.log", "dslaunch.engine.zero.stage3", "dslaunch.engine.core.engine",
+             "dslaunch.engine.zero.base", "dslaunch.engine.optim.adam", "dslaunch.engine.parallel.tp"}
+
+    def fake(source, importer):
+        return imports_of(source, importer, file=f"{importer}.py", known=known)
+
+    up = fake("from dslaunch.engine.core import engine", "dslaunch.engine.zero.stage3")
+    side = fake("def f():\n    from dslaunch.engine.parallel import tp", "dslaunch.engine.optim.adam")
+    down = fake("from dslaunch.engine.base import log", "dslaunch.engine.zero.stage3")
+    for imp in up + side + down:
+        assert imp.imported in known
+    assert len(layer_violations(up)) == 1 and len(layer_violations(side)) == 1
+    assert layer_violations(down) == []
+    loop = (fake("from dslaunch.engine.zero import base", "dslaunch.engine.zero.stage3")
+            + fake("def f():\n    from dslaunch.engine.zero import stage3", "dslaunch.engine.zero.base"))
+    assert import_cycles(loop, known) == [["dslaunch.engine.zero.base", "dslaunch.engine.zero.stage3"]]
+    assert import_cycles(loop[:1], known) == []
+    got = private_imports("from .base import _helper, public\nfrom . import base",
+                          "dslaunch.engine.zero.stage3", known=known)
+    assert got == ["?:1: dslaunch.engine.zero.stage3 imports dslaunch.engine.zero.base._helper"]
+
+
+def test_engine_layers_hold_on_the_real_tree():
+    """The map covers the real engine: every layer has modules, and the scan sees imports between
+    layers (it would pass vacuously on an empty graph)."""
+    mods = [m for m in all_modules() if _under(m, ENGINE)]
+    per_layer = [sum(engine_unit(m) in units for m in mods) for units in ENGINE_LAYERS]
+    assert all(per_layer), dict(zip(ENGINE_LAYERS, per_layer))
+    edges = engine_edges(read_all())
+    assert len(edges) > 300
+    assert any(engine_unit(i.importer) == "core" and engine_unit(i.imported) == "zero" for i in edges)

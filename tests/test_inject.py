@@ -92,7 +92,7 @@ def test_host_down_here_is_a_lost_host():
 
 def test_attempt_filter_skips_a_restarted_job(tmp_path):
     # no launcher: the rank side alone, with the restart count the agent gives a restarted job
-    from dslaunch.engine.fault_injection import RankFaults
+    from dslaunch.engine.base.fault_injection import RankFaults
     from dslaunch.launcher.inject import encode, parse_spec
 
     faults = encode([parse_spec("kill:rank=1,step=3"), parse_spec("hang:rank=1,step=5,attempt=1"),

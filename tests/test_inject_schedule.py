@@ -1,5 +1,5 @@
 """`--inject KIND:rank=R,at=T`: a fault on the job's clock, once per job (launcher/inject.py,
-engine/fault_injection.py). What benchmarks/bench_resilience.py part e's schedule rests on: with
+engine/base/fault_injection.py). What benchmarks/bench_resilience.py part e's schedule rests on: with
 faults counted from each process's own start, every restarted or replacement process met them
 again, so two faults of a "mixed" schedule fired at the same step of each fresh attempt."""
 
@@ -38,7 +38,7 @@ def test_at_fault_fires_once_per_job_on_the_jobs_clock(tmp_path, monkeypatch):
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
-    from dslaunch.engine.fault_injection import RankFaults
+    from dslaunch.engine.base.fault_injection import RankFaults
     from dslaunch.launcher.inject import decode, encode, forget, parse_spec
 
     start = time.time()

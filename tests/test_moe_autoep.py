@@ -1,4 +1,4 @@
-"""AutoEP (dslaunch/engine/moe/auto_ep.py) on tiny Mixtral-, Qwen2-MoE- and DeepSeek-V3-style
+"""AutoEP (dslaunch/engine/parallel/moe/auto_ep.py) on tiny Mixtral-, Qwen2-MoE- and DeepSeek-V3-style
 transformers models built from configs: one 2-rank launch (tests/scripts/moe_autoep_ranks.py)
 trains each model 3 SGD steps as it is, with AutoEP at autoep_size 1 and at 2: the same losses
 (1e-6 relative; measured equal to the printed digits) and the same final expert weights (1e-5).
@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 def test_presets_are_the_configs_choices():
     from dslaunch.config.schema import EXPERT_PARALLEL
-    from dslaunch.engine.moe.auto_ep import PRESETS
+    from dslaunch.engine.parallel.moe.auto_ep import PRESETS
 
     assert set(EXPERT_PARALLEL.fields["preset_model"].choices) == {None, *PRESETS}
 

@@ -94,8 +94,8 @@ def test_optimizer_groups_split_and_stage3_refused():
     import torch.distributed as dist
 
     import dslaunch
-    from dslaunch.engine import expert_groups
-    from dslaunch.engine.experts import split_optimizer_groups
+    from dslaunch.engine.parallel import expert_groups
+    from dslaunch.engine.parallel.experts import split_optimizer_groups
 
     model = net.Net(1)
     opt = torch.optim.AdamW([{"params": list(model.parameters()), "lr": 0.1}])

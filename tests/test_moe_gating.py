@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from dslaunch.engine.moe import gating
+from dslaunch.engine.parallel.moe import gating
 from dslaunch.moe import layer as moe_layer
 from dslaunch.moe import sharded_moe
 from helpers import ROOT, SCRIPTS

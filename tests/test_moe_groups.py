@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dslaunch.engine import expert_groups
-from dslaunch.engine.expert_groups import expert_rank_lists
-from dslaunch.engine.moe import params as moe_params
+from dslaunch.engine.parallel import expert_groups
+from dslaunch.engine.parallel.expert_groups import expert_rank_lists
+from dslaunch.engine.parallel.moe import params as moe_params
 from dslaunch.utils import groups
 
 

@@ -1,4 +1,4 @@
-"""The ragged dropless dispatch (dslaunch/engine/moe/ragged.py) on 2 real gloo ranks
+"""The ragged dropless dispatch (dslaunch/engine/parallel/moe/ragged.py) on 2 real gloo ranks
 (tests/scripts/moe_ragged_ranks.py, in the one ``dslaunch run`` of tests/moe_jobs.py): at EP 2
 with 4 experts, top-1, top-2, top-1 with an expert no token picks and top-1 with unused tokens
 (``used_token``), it gives the padded dispatch's outputs, l_aux and gradients (input and every

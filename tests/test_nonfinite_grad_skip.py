@@ -1,5 +1,5 @@
 """A NaN gradient skips the step the same way at stage 0, ZeRO 1, 2, 3 and in the pipeline, in
-fp32 and bf16, with gradient clipping on and off (engine/step_policy.py).
+fp32 and bf16, with gradient clipping on and off (engine/base/step_policy.py).
 
 The run: 2 gloo ranks, 3 steps of a tiny model (tests/scripts/nonfinite_grad.py), the loss NaN
 on step 1 on one rank only (the gradient reduction spreads the NaN to every rank). Outcome

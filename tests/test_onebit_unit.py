@@ -11,9 +11,9 @@ import torch
 
 from dslaunch.config import onebit_problems, resolve_config
 from dslaunch.config.errors import ConfigError
-from dslaunch.engine.onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
-from dslaunch.engine.onebit.compressed import CompressedAllReduce, pack_bits, unpack_bits
 from dslaunch.engine.optim import build_optimizer as _build_optimizer
+from dslaunch.engine.optim.onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
+from dslaunch.engine.optim.onebit.compressed import CompressedAllReduce, pack_bits, unpack_bits
 
 
 def build_optimizer(params, section: dict):
@@ -155,7 +155,7 @@ def test_stage_switches_and_state_round_trip():
 
 
 def test_sent_bytes_is_one_definition_for_every_collective():
-    from dslaunch.engine.comm import sent_bytes
+    from dslaunch.engine.comm.collectives import sent_bytes
 
     n = 4096
     assert sent_bytes("all_reduce", n, 1) == 0  # one rank: nothing leaves it
@@ -170,7 +170,7 @@ def test_sent_bytes_is_one_definition_for_every_collective():
 def test_compressed_path_sends_32x_fewer_bytes_than_a_ring_fp32_allreduce():
     """From the layout alone (the dist tests measure it): signs + one fp32 scale per 2048 values,
     twice (all_to_all, all_gather), against the ring all-reduce of 4-byte values."""
-    from dslaunch.engine.comm import sent_bytes
+    from dslaunch.engine.comm.collectives import sent_bytes
 
     chunk = 2048 * 64  # values per rank: whole blocks, no padding
     per_rank = chunk // 8 + 4 * (chunk // 2048)  # packed signs + scales
@@ -191,7 +191,7 @@ def test_never_seen_coordinates_keep_zero_momentum():
 # -- the compiled op onebit_pack equals the torch kernels -----------------------------------------
 
 def _compiled_kernels():
-    from dslaunch.engine.onebit import compressed
+    from dslaunch.engine.optim.onebit import compressed
     from dslaunch.kernels import builder
 
     return compressed._Compiled(builder.load("onebit_pack"))
@@ -202,7 +202,7 @@ def _compiled_kernels():
 @pytest.mark.parametrize("n, block, row_blocks, rows", [
     (37, 40, 1, 1), (4099, 64, 33, 2), (5000, 8, 313, 2), (1000, 24, 11, 4), (300_001, 2048, 74, 2)])
 def test_compiled_pack_and_decode_equal_torch(n, block, row_blocks, rows):
-    from dslaunch.engine.onebit.compressed import decode_torch, pack_torch
+    from dslaunch.engine.optim.onebit.compressed import decode_torch, pack_torch
 
     ops = _compiled_kernels()
     g = torch.Generator().manual_seed(n)
@@ -236,7 +236,7 @@ def test_compiled_pack_and_decode_equal_torch(n, block, row_blocks, rows):
 
 
 def test_compiled_clamp_equals_torch():
-    from dslaunch.engine.onebit.optimizer import OneBitOptimizer, clamp_torch
+    from dslaunch.engine.optim.onebit.optimizer import OneBitOptimizer, clamp_torch
 
     g = torch.Generator().manual_seed(3)
     m = torch.randn(70_001, generator=g)

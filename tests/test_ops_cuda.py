@@ -60,7 +60,7 @@ def test_cuda_fused_adam_equals_cpu_op():
 
 @needs_gpu
 def test_cuda_onebit_and_bf16_match_torch():
-    from dslaunch.engine.onebit.compressed import pack_bits
+    from dslaunch.engine.optim.onebit.compressed import pack_bits
     from dslaunch.kernels import cuda_ops
 
     x = torch.randn(4096 * 3 + 8, device="cuda")

@@ -6,10 +6,10 @@ from collections import defaultdict
 
 import pytest
 
-from dslaunch.engine.pipe import batch_state
-from dslaunch.engine.pipe.batch_state import OpClock, PostedReceives
-from dslaunch.engine.pipe.engine import PipelineEngine
-from dslaunch.engine.pipe.schedule import gpipe, inference, one_f_one_b
+from dslaunch.engine.core.pipe_engine import PipelineEngine
+from dslaunch.engine.parallel.pipe import batch_state
+from dslaunch.engine.parallel.pipe.batch_state import OpClock, PostedReceives
+from dslaunch.engine.parallel.pipe.schedule import gpipe, inference, one_f_one_b
 
 
 @pytest.mark.parametrize("schedule", [one_f_one_b, gpipe, inference])

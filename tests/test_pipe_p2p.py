@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dslaunch.engine.pipe.p2p import P2P
+from dslaunch.engine.parallel.pipe.p2p import P2P
 from helpers import end_spawned_rank
 
 

@@ -5,7 +5,7 @@ backward after its forward, and 1F1B holds at most ``stages - s`` micro-batches 
 
 import pytest
 
-from dslaunch.engine.pipe.schedule import (
+from dslaunch.engine.parallel.pipe.schedule import (
     DeadlockError,
     Instr,
     get_schedule,

@@ -32,8 +32,8 @@ import torch
 from click.testing import CliRunner
 
 from dslaunch.cli import main as cli_main
-from dslaunch.engine.checkpoint.files import CheckpointError
 from dslaunch.engine.checkpoint.universal import UniversalCheckpoint, to_universal
+from dslaunch.engine.storage.files import CheckpointError
 
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}
 STEPS, SAVE_AT, REL = 4, 2, 1e-5

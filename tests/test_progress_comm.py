@@ -1,4 +1,4 @@
-"""The progress record written through the comm layer (engine/comm.py) and the engine's step
+"""The progress record written through the comm layer (engine/comm/collectives.py) and the engine's step
 counter, read back as the agent reads it: one process, a real record file."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json, os, sys
 import torch
 from dslaunch import progress_record
 import dslaunch.comm as dist
-from dslaunch.engine.comm import group_label
+from dslaunch.engine.comm.collectives import group_label
 
 path = os.environ["DSLAUNCH_PROGRESS_FILE"]
 dist.init_distributed(dist_backend="gloo")

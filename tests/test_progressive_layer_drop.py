@@ -1,4 +1,4 @@
-"""Progressive layer drop (``engine/progressive_layer_drop.py``; DeepSpeed removed the section in
+"""Progressive layer drop (``engine/features/progressive_layer_drop.py``; DeepSpeed removed the section in
 0.19, dslaunch keeps it): configs/progressive_layer_drop.json on tests/scripts/pld_rank.py, one
 rank. Every training forward gets ``progressive_layer_drop=True`` and the schedule's theta, which
 moves once per optimizer step, before it (theta 1 for the forwards of steps 0 and 1, then

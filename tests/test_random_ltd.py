@@ -1,5 +1,5 @@
 """Random layer-wise token dropping (``data_efficiency.data_routing.random_ltd``;
-``dslaunch/engine/random_ltd/``): the kept length follows the schedule step by step in every
+``dslaunch/engine/features/random_ltd/``): the kept length follows the schedule step by step in every
 dropping layer, dropped tokens skip the layer unchanged and give its parameters no gradient,
 evaluation keeps every token, the layer-token learning rate, the scheduler's resume, the config's
 errors, and a two-rank job that saves, resumes and continues with the uninterrupted losses."""
@@ -13,11 +13,11 @@ import torch.nn as nn
 
 import dslaunch
 from dslaunch.config import ConfigError, resolve_config
-from dslaunch.engine.random_ltd.convert import (
+from dslaunch.engine.features.random_ltd.convert import (
     remove_random_ltd_state_dict,
     with_random_ltd_names,
 )
-from dslaunch.engine.random_ltd.lr_schedule import layer_token_factor
+from dslaunch.engine.features.random_ltd.lr_schedule import layer_token_factor
 from dslaunch.ops.random_ltd import (
     GatherTokens,
     ScatterTokens,

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from dslaunch.config import resolve_config
-from dslaunch.engine.topology import TopologyError, make_topology
+from dslaunch.engine.parallel.topology import TopologyError, make_topology
 from helpers import EXAMPLES, ROOT, run_python
 
 MODEL = ["--n-layer", "2", "--d-model", "32", "--n-head", "4", "--seq-len", "32",

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import dslaunch.engine.sparse_attention.block_attention as block_attention
-from dslaunch.engine.sparse_attention.block_attention import (
+import dslaunch.engine.features.sparse_attention.block_attention as block_attention
+from dslaunch.engine.features.sparse_attention.block_attention import (
     BlockTable,
     block_sparse_attention,
     layout_to_token_mask,
 )
-from dslaunch.engine.sparse_attention.modules import sparsity_config_from_dict
+from dslaunch.engine.features.sparse_attention.modules import sparsity_config_from_dict
 from dslaunch.ops import sparse_attention as sa
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""engine/step_policy.py: the overflow / clip / step decision every strategy and the pipeline
+"""engine/base/step_policy.py: the overflow / clip / step decision every strategy and the pipeline
 use (pure logic; the strategies' arithmetic is checked bit for bit by
 benchmarks/loss_fingerprint.py)."""
 
@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from dslaunch.engine.precision import DynamicLossScaler, LossScaler
-from dslaunch.engine.step_policy import (
+from dslaunch.engine.base.precision import DynamicLossScaler, LossScaler
+from dslaunch.engine.base.step_policy import (
     MODEL_PARALLEL,
     REPLICATED,
     SHARDED,

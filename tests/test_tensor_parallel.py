@@ -11,7 +11,7 @@ import pytest
 from helpers import launch, results
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
-from dslaunch.engine.tp_plan import apply_tp_plan
+from dslaunch.engine.parallel.tp_plan import apply_tp_plan
 from gpt import GPT, GPTConfig
 from gpt_tp import BLOCK_TP_PLAN, GPT_TP_PLAN
 

@@ -4,8 +4,8 @@ tests (tests/test_pipe.py, tests/test_tensor_parallel.py)."""
 
 import pytest
 
-from dslaunch.engine.pipe.module import partition_balanced
-from dslaunch.engine.topology import (
+from dslaunch.engine.parallel.pipe.module import partition_balanced
+from dslaunch.engine.parallel.topology import (
     PipeDataParallelTopology,
     PipeModelDataParallelTopology,
     ProcessTopology,

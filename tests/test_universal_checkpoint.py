@@ -25,7 +25,7 @@ from click.testing import CliRunner
 import dslaunch
 from dslaunch import checkpoint as ds_checkpoint
 from dslaunch.cli import main as cli_main
-from dslaunch.engine.checkpoint.files import CheckpointError
+from dslaunch.engine.storage.files import CheckpointError
 from gpt import GPT, GPTConfig
 from helpers import launch, results
 

@@ -26,9 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import dslaunch
 from dslaunch.checkpoint.utils import clone_tensors_for_torch_save
-from dslaunch.engine.checkpoint.files import RankFiles
-from dslaunch.engine.checkpoint.shard_index import ParamIndex
-from dslaunch.engine.zero.partition import Layout
+from dslaunch.engine.base.partition import Layout
+from dslaunch.engine.storage.files import RankFiles
+from dslaunch.engine.storage.shard_index import ParamIndex
 from dslaunch.utils import (
     RepeatingLoader,
     get_z3_leaf_modules,

@@ -22,7 +22,7 @@ Current thread 0x00007f0000000001 (most recent call first):
 
 STACK_COLLECTIVE = """Current thread 0x00007f0000000001 (most recent call first):
   File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 2500 in all_gather
-  File "/src/dslaunch/engine/comm.py", line 300 in _run
+  File "/src/dslaunch/engine/comm/collectives.py", line 300 in _run
   File "/job/train.py", line 40 in step
   File "/job/train.py", line 99 in <module>
 """

@@ -1,6 +1,6 @@
 """ZeRO++ hpZ and MiCS (stage3_groups.py) against plain ZeRO-3, end to end: one real 4-rank gloo
 job through `dslaunch run` with DSLAUNCH_FAKE_HOSTS=2 (ranks 0-1 "host 0", 2-3 "host 1";
-engine/host_groups.py) trains the tiny GPT of examples/gpt.py under each config in turn
+engine/comm/host_groups.py) trains the tiny GPT of examples/gpt.py under each config in turn
 (tests/scripts/zero_hier_train.py): same seed, same data.
 
 Tolerances: fp32 <= 1e-5 relative per step (hpZ gathers the same values; MiCS sums the gradients
@@ -100,7 +100,7 @@ def test_comm_stats_split_intra_and_inter_host(out):
     and both backwards read the secondary shards on the host), under a third of plain's; MiCS with shard groups = hosts:
     parameter gathers never cross, the gradients' replica all-reduce does."""
     plain, hpz, mics = out["plain"], out["hpz"], out["mics"]
-    # the world spans both hosts, and its gathers take the hierarchical path (engine/comm_hier.py):
+    # the world spans both hosts, and its gathers take the hierarchical path (engine/comm/hierarchical.py):
     # of the 3 pieces each rank sends, 1 crosses hosts
     across_plain = _links(plain, "all_gather", "inter_host")
     assert plain["comm"]["all_gather"]["path"] == "hierarchical"

@@ -3,8 +3,8 @@ between world sizes, and dslaunch.zero.GatheredParameters on a one-rank strategy
 
 import torch
 
-from dslaunch.engine.checkpoint.shard_index import ParamIndex, relayout, reshard
-from dslaunch.engine.zero.partition import Layout, build_layout, chunk_views, flatten_into
+from dslaunch.engine.base.partition import Layout, build_layout, chunk_views, flatten_into
+from dslaunch.engine.storage.shard_index import ParamIndex, relayout, reshard
 
 
 def _params():
@@ -82,8 +82,8 @@ def test_reshard_between_world_sizes_round_trips():
 
 def test_gathered_parameters_modifier_refreshes_fp32_masters():
     from dslaunch.config import resolve_config
-    from dslaunch.engine.comm import Comm, init_distributed
-    from dslaunch.engine.precision import build_precision
+    from dslaunch.engine.base.precision import build_precision
+    from dslaunch.engine.comm.collectives import Comm, init_distributed
     from dslaunch.engine.zero.stage12 import Stage2Strategy
     from dslaunch.zero import GatheredParameters
 

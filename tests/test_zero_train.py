@@ -185,7 +185,7 @@ def test_stage2_moves_gradients_by_reduce_scatter(job_cache):
     comm = run(job_cache, "s2")["comm"]
     assert comm["reduce_scatter"]["calls"] > 0 and comm["all_gather"]["calls"] > 0
     assert "all_reduce" not in comm or comm["all_reduce"]["bytes"] < 1000  # norms only
-    # on gloo both run as pairwise send/recv by default (engine/comm.py), booked under their own
+    # on gloo both run as pairwise send/recv by default (engine/comm/collectives.py), booked under their own
     # names with what a reduce-scatter / all-gather sends: half the bucket / the chunk on 2 ranks
     rs, ag = comm["reduce_scatter"], comm["all_gather"]
     assert rs["path"] == "pairwise" and rs["sent_bytes"] == rs["bytes"] // 2

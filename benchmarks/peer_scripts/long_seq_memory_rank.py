@@ -143,7 +143,7 @@ def sequence_parallel(impl, sp, model):
     if sp == 1:
         return None, None, 0
     if impl == "dslaunch":
-        from dslaunch.engine.topology import build_grid
+        from dslaunch.engine.parallel.topology import build_grid
         from dslaunch.sequence.layer import DistributedAttention
 
         mpu = build_grid(sequence=sp)

@@ -8,7 +8,7 @@ The pieces, one idea each:
 - ``tuners.py``: which experiment runs next (gridsearch, random, model_based) and when to stop;
 - ``trial.py``: one experiment as one ``dslaunch run`` job of the user's script, its result
   (ok / oom / failed / timeout) read from the metric file the engine writes
-  (``engine/autotuning_meter.py``) and from its log;
+  (``engine/observe/autotuning_meter.py``) and from its log;
 - ``results.py``: the results directory (every trial, resumable; the best config; the table);
 - ``search.py``: the loop, with a rich progress display.
 

@@ -1,7 +1,7 @@
 """One experiment as one ``dslaunch run`` job of the user's script.
 
 The trial's config is the user's with the experiment's stage, offload and micro-batch written in
-and ``autotuning.metric_path`` set: the engine (``engine/autotuning_meter.py``) then times the
+and ``autotuning.metric_path`` set: the engine (``engine/observe/autotuning_meter.py``) then times the
 profiled steps, writes the metrics there and exits, so a trial costs ``end_profile_step`` steps
 plus the start. The job's output goes to ``<exps_dir>/<name>/job.log``. Its outcome:
 - ``ok``: the metric file is there (or, rank 0 being on a host whose disk the tuner does not
@@ -30,7 +30,7 @@ import time
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory|"
                   r"std::bad_alloc|DefaultCPUAllocator: can't allocate", re.IGNORECASE)
-_METRICS_PREFIX = "[dslaunch] autotuning metrics: "  # engine/autotuning_meter.py's LOG_PREFIX
+_METRICS_PREFIX = "[dslaunch] autotuning metrics: "  # engine/observe/autotuning_meter.py's LOG_PREFIX
 _CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed-config", "--deepscale_config")
 
 

@@ -1,10 +1,10 @@
 """``dslaunch.checkpoint.utils``, as ``deepspeed.checkpoint.utils``:
 ``clone_tensors_for_torch_save`` (copies of a state's tensors, to save them alone).
 
-A face: the implementation is ``dslaunch/engine/checkpoint/clone.py``.
+A face: the implementation is ``dslaunch/engine/storage/clone.py``.
 """
 
-from dslaunch.engine.checkpoint.clone import clone_tensors_for_torch_save
+from dslaunch.engine.storage.clone import clone_tensors_for_torch_save
 
 __all__ = ["clone_tensors_for_torch_save"]
 

@@ -30,8 +30,8 @@ def to_fp32_cmd(ckpt_dir, out, tag, safe_serialization, max_shard_size):
     given: pytorch_model.bin / model.safetensors in it, or numbered shards and their index json
     above the shard size (default 5GB), as DeepSpeed's zero_to_fp32.py writes."""
     from dslaunch.engine.checkpoint.consolidate import pipe_to_fp32, to_fp32
-    from dslaunch.engine.checkpoint.files import CheckpointError
-    from dslaunch.engine.checkpoint.pipe_files import is_pipe_checkpoint
+    from dslaunch.engine.storage.files import CheckpointError
+    from dslaunch.engine.storage.pipe_files import is_pipe_checkpoint
 
     try:
         if is_pipe_checkpoint(ckpt_dir, tag):
@@ -58,9 +58,9 @@ def reshape_cmd(ckpt_dir, out_dir, world_size, tag):
     """Rewrite a ZeRO 0-3 checkpoint for another number of ranks (same losses on resume).
 
     Not needed to resume ZeRO 1-3 or stage 0 at another size: load_checkpoint reshards itself."""
-    from dslaunch.engine.checkpoint.files import CheckpointError
-    from dslaunch.engine.checkpoint.pipe_files import is_pipe_checkpoint
     from dslaunch.engine.checkpoint.reshape import reshape
+    from dslaunch.engine.storage.files import CheckpointError
+    from dslaunch.engine.storage.pipe_files import is_pipe_checkpoint
 
     try:
         if is_pipe_checkpoint(ckpt_dir, tag):
@@ -87,8 +87,8 @@ def to_universal_cmd(ckpt_dir, out_dir, tag, out_tag):
     parameter once). DeepSpeed loads it at any world size with "checkpoint": {"load_universal":
     true}; so does dslaunch, a pipeline job at any layout (pipeline stages, TP and data-parallel
     sizes, partition)."""
-    from dslaunch.engine.checkpoint.files import CheckpointError
     from dslaunch.engine.checkpoint.universal import to_universal
+    from dslaunch.engine.storage.files import CheckpointError
 
     try:
         dst, info = to_universal(ckpt_dir, out_dir, tag, out_tag)

@@ -1,9 +1,9 @@
 """``dslaunch.compression.basic_layer``, as ``deepspeed.compression.basic_layer``: the compressed
-layers. A face: the implementation is ``dslaunch/engine/compression/layers.py`` and ``conv.py``.
+layers. A face: the implementation is ``dslaunch/engine/features/compression/layers.py`` and ``conv.py``.
 """
 
-from dslaunch.engine.compression.conv import BNLayer_Compress, Conv2dLayer_Compress
-from dslaunch.engine.compression.layers import LinearLayer_Compress
+from dslaunch.engine.features.compression.conv import BNLayer_Compress, Conv2dLayer_Compress
+from dslaunch.engine.features.compression.layers import LinearLayer_Compress
 
 __all__ = ["LinearLayer_Compress", "Conv2dLayer_Compress", "BNLayer_Compress"]
 

@@ -1,8 +1,8 @@
 """``dslaunch.compression.compress``, as ``deepspeed.compression.compress``: ``init_compression``
-and ``redundancy_clean``. A face: the implementation is ``dslaunch/engine/compression/compress.py``.
+and ``redundancy_clean``. A face: the implementation is ``dslaunch/engine/features/compression/compress.py``.
 """
 
-from dslaunch.engine.compression.compress import get_module_name, init_compression, redundancy_clean
+from dslaunch.engine.features.compression.compress import get_module_name, init_compression, redundancy_clean
 
 __all__ = ["init_compression", "redundancy_clean", "get_module_name"]
 

@@ -1,9 +1,9 @@
 """``dslaunch.compression.scheduler``, as ``deepspeed.compression.scheduler``: the
 ``compression_scheduler`` the engine steps. A face: the implementation is
-``dslaunch/engine/compression/scheduler.py``.
+``dslaunch/engine/features/compression/scheduler.py``.
 """
 
-from dslaunch.engine.compression.scheduler import compression_scheduler
+from dslaunch.engine.features.compression.scheduler import compression_scheduler
 
 __all__ = ["compression_scheduler"]
 

@@ -1,5 +1,5 @@
 """The keys of an enabled ``curriculum_learning`` section, per schedule type (the schedule
-itself: ``engine/curriculum.py``). Pure data, checked when the config is read."""
+itself: ``engine/features/curriculum.py``). Pure data, checked when the config is read."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The keys of ``data_efficiency.data_routing.random_ltd`` (random layer-wise token dropping;
-the runtime: ``engine/random_ltd/``), checked when the config is read. DeepSpeed 0.19.8's keys;
+the runtime: ``engine/features/random_ltd/``), checked when the config is read. DeepSpeed 0.19.8's keys;
 as in DeepSpeed, ``random_ltd.enabled`` alone switches it on. Pure data and checks.
 """
 

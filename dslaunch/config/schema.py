@@ -354,7 +354,7 @@ EXPERT_PARALLEL = Section({
     "enabled": B(),
     "autoep_size": I(1, 1),
     "preset_model": S(None, (None, "mixtral", "qwen2_moe", "qwen3_moe", "qwen3_5_moe",
-                             "deepseek_v2", "deepseek_v3")),  # = engine/moe/auto_ep.py PRESETS
+                             "deepseek_v2", "deepseek_v3")),  # = engine/parallel/moe/auto_ep.py PRESETS
 }, open=True)
 
 # read by `dslaunch autotune` (dslaunch/autotune/); a trial's config (enabled + metric_path) makes the
@@ -441,7 +441,7 @@ TOP = Section({
     "flops_profiler": Section({
         "enabled": B(), "recompute_fwd_factor": F(0.0, 0.0), "profile_step": I(1, 1),
         "module_depth": I(-1, -1), "top_modules": I(1, 1), "detailed": B(True), "output_file": S(None)}),
-    # DeepSpeed's communication logger (dslaunch/engine/comms_logger.py); prof_ops: op names
+    # DeepSpeed's communication logger (dslaunch/engine/observe/comms_logger.py); prof_ops: op names
     "comms_logger": Section({"enabled": B(), "verbose": B(), "prof_all": B(True),
                              "prof_ops": Leaf("any", None), "debug": B()}),
     "timers": Leaf("any", None),
@@ -453,24 +453,24 @@ TOP = Section({
     "elasticity": ELASTICITY,
     "compression_training": Leaf("any", None),  # large nested tree; its use is caught in features.py
     "data_efficiency": _enabled_open(),
-    # the legacy seqlen curriculum (engine/curriculum.py; its schedule keys checked there)
+    # the legacy seqlen curriculum (engine/features/curriculum.py; its schedule keys checked there)
     "curriculum_learning": Section({
         "enabled": B(), "curriculum_type": S("seqlen"), "min_difficulty": I(None, 0),
         "max_difficulty": I(None, 0),
         "schedule_type": S(None, ("fixed_linear", "fixed_root", "fixed_discrete", "custom")),
         "schedule_config": Section({}, open=True)}),
     # theta: the keep probability the schedule decays to; gamma: how fast (DeepSpeed's keys and
-    # defaults, engine/progressive_layer_drop.py)
+    # defaults, engine/features/progressive_layer_drop.py)
     "progressive_layer_drop": Section({"enabled": B(), "theta": F(1.0, 0.0, 1.0),
                                        "gamma": F(0.001, 0.0)}),
     # each block's dominant Hessian eigenvalue every gas_boundary_resolution-th boundary
-    # (engine/eigenvalue.py; DeepSpeed's keys and defaults, which it reads under quantize_training)
+    # (engine/features/eigenvalue.py; DeepSpeed's keys and defaults, which it reads under quantize_training)
     "eigenvalue": Section({"enabled": B(), "verbose": B(), "max_iter": I(100, 1),
                            "tol": F(1e-2, 0.0), "stability": F(1e-6, 0.0),
                            "gas_boundary_resolution": I(1, 1),
                            "layer_name": S("bert.encoder.layer"), "layer_num": I(0, 0)}),
     # DeepSpeed 0.18's block-sparse attention layout (0.19 removed it); the model builds its
-    # layout from it (dslaunch.engine.sparse_attention.modules.sparsity_config_from_dict); each
+    # layout from it (dslaunch.engine.features.sparse_attention.modules.sparsity_config_from_dict); each
     # mode reads its own keys, as DeepSpeed's; "local" (LocalSlidingWindow) is dslaunch's
     "sparse_attention": SPARSE_ATTENTION,
     "autotuning": AUTOTUNING,

@@ -1,12 +1,13 @@
-"""dslaunch's training runtime (one idea per module; see docs/interfaces.md, "Engine").
+"""dslaunch's training runtime, in layers (docs/architecture.md, "The engine's layers"; a
+module imports only its own package or lower layers: tests/test_import_rules.py).
 
-api.py (initialize, init_distributed, add_config_arguments) · engine.py (the loop, orchestration
-only) · comm.py (process groups, collective accounting) · comm_api.py
-(``dslaunch.comm``'s functions, booked there) · precision.py (bf16/fp16, loss scale) ·
-zero/ (gradient reduction + optimizer step per ZeRO stage) · optim/ (optimizers, LR schedules) ·
-onebit/ (1-bit Adam, 0/1 Adam, 1-bit LAMB, their compressed all-reduce and strategy) ·
-checkpoint/ (save/load, consolidation, reshaping; map in its __init__) · monitor.py
-(CSV/TensorBoard, wall clock) · memory.py (bytes held per kind) · log.py (the "dslaunch"
-logger) · parallel_groups.py (the job's groups, for dslaunch.utils.groups) · dataloader.py
-(RepeatingLoader).
+Bottom up: base/ (log, precision, step policy, partition arithmetic, fault injection) and
+observe/ (monitors, FLOPs, profiling, the comms logger) · comm/ (process groups, collectives and
+their accounting, DeepSpeed's ``deepspeed.comm`` functions, host groups, membership) · optim/
+(optimizers, 1-bit ones included, LR schedules) and parallel/ (the grid, tensor / AutoTP,
+pipeline modules, sequence, experts and MoE) · storage/ (checkpoint files) and features/ (data
+efficiency, compression, sparse attention, random-LTD, curriculum, PLD, eigenvalue, activation
+checkpointing) · zero/ (ZeRO 0-3, offload, NVMe) · checkpoint/ (save / load, consolidation,
+reshaping, formats) · core/ (the engines, DeepSpeed's engine surface, the recovery seams) ·
+recovery/ (in-process recovery, handed to the engine) · api.py (``initialize``).
 """

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from .comm import init_distributed
-from .engine_config import resolve
-from .membership import await_promotion, init_private_world, join_word
+from dslaunch.engine.comm.collectives import init_distributed
+from dslaunch.engine.comm.membership import await_promotion, init_private_world, join_word
+from dslaunch.engine.core.engine_config import resolve
 
 CONFIG_ENV = "DSLAUNCH_CONFIG"
 
@@ -76,7 +76,7 @@ def _configure_activation_checkpointing(resolved, layout) -> None:
     if not any(source == "file" for path, source in resolved.sources.items()
                if path.startswith("activation_checkpointing.")):
         return
-    from .activation_checkpoint import configure
+    from dslaunch.engine.features.activation_checkpoint import configure
 
     section = resolved.typed.activation_checkpointing
     configure(layout, partition_activations=section.partition_activations,
@@ -118,7 +118,7 @@ def warn_slow_bf16_on_cpu() -> str | None:
         _BF16_WARNED.append(message)
         import logging
 
-        from .log import log_dist
+        from dslaunch.engine.base.log import log_dist
 
         log_dist(message, ranks=[0], level=logging.WARNING)
     return message
@@ -131,11 +131,10 @@ def _prewarm() -> None:
         import torch._dynamo  # noqa: F401
 
         from dslaunch import config  # noqa: F401
-
-        from .engine import DSLaunchEngine  # noqa: F401
-        from .pipe.engine import PipelineEngine  # noqa: F401
-        from .recovery.inprocess import InProcessRecovery  # noqa: F401
-        from .sequence.layout import sequence_parallel_mpu  # noqa: F401
+        from dslaunch.engine.core.engine import DSLaunchEngine  # noqa: F401
+        from dslaunch.engine.core.pipe_engine import PipelineEngine  # noqa: F401
+        from dslaunch.engine.parallel.sequence.layout import sequence_parallel_mpu  # noqa: F401
+        from dslaunch.engine.recovery.inprocess import InProcessRecovery  # noqa: F401
     except Exception:
         pass
 
@@ -155,8 +154,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if join_word():  # a replacement rank: built alone, then joins the survivors (recovery.start)
         init_private_world()
     init_distributed(dist_init_required=dist_init_required)
-    from .autotp import autotp_mpu
-    from .sequence.layout import config_sequence_parallel_size, sequence_parallel_mpu
+    from dslaunch.engine.parallel.autotp import autotp_mpu
+    from dslaunch.engine.parallel.sequence.layout import config_sequence_parallel_size, sequence_parallel_mpu
 
     # tensor_parallel.autotp_size (or tp_model_init): the data x model grid, world / N data ranks
     # (the batch triad counts all N x data ranks, as DeepSpeed's; tp ranks share their samples)
@@ -165,7 +164,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     resolved = resolve(source, model, mpu, _config_origin(label), batch_counts_tp=grid_ours)
     cfg = resolved.typed
     if autotp > 1:  # the model's attention and MLP linears split over the grid's model group
-        from .autotp import apply_autotp
+        from dslaunch.engine.parallel.autotp import apply_autotp
 
         apply_autotp(model, mpu.get_model_parallel_group(), cfg.tensor_parallel)
         if model_parameters is not None:  # the caller's list names the unsplit parameters
@@ -173,31 +172,31 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if cfg.bf16.enabled:
         warn_slow_bf16_on_cpu()
     if cfg.expert_parallel.enabled:  # AutoEP: the model's experts become expert-parallel ones
-        from .moe.auto_ep import autoep_from_config
+        from dslaunch.engine.parallel.moe.auto_ep import autoep_from_config
 
         model_parameters = autoep_from_config(model, cfg.expert_parallel, model_parameters)
-    from .pipe.module import PipelineModule
-    from .recovery.inprocess import recovery_for_this_rank
+    from dslaunch.engine.parallel.pipe.module import PipelineModule
+    from dslaunch.engine.recovery.inprocess import recovery_for_this_rank
 
     recovery = recovery_for_this_rank()  # handed to the engine, which calls it at its seams
     common = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
                   training_data=training_data, lr_scheduler=lr_scheduler, collate_fn=collate_fn,
                   cfg=cfg, recovery=recovery)
     if isinstance(model, PipelineModule):
-        from .pipe.engine import PipelineEngine
+        from dslaunch.engine.core.pipe_engine import PipelineEngine
 
         engine = PipelineEngine(**common)
     elif mpu is not None:  # tensor / sequence parallel: gradients reduced over the mpu's group
-        from .pipe.engine import tensor_parallel_engine
+        from dslaunch.engine.core.pipe_engine import tensor_parallel_engine
 
         engine = tensor_parallel_engine(mpu=mpu, **common)
     else:
-        from .comm import Comm
-        from .engine import DSLaunchEngine
+        from dslaunch.engine.comm.collectives import Comm
+        from dslaunch.engine.core.engine import DSLaunchEngine
 
         engine = DSLaunchEngine(comm=Comm(), **common)
     recovery.attach(engine)
-    from .parallel_groups import set_layout
+    from dslaunch.engine.parallel.groups import set_layout
 
     # dslaunch.utils.groups answers for the layout of the last engine built
     layout = model.grid if isinstance(model, PipelineModule) else mpu

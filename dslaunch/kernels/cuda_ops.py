@@ -7,7 +7,7 @@ cuda_bf16). Each returns False when the op is unavailable so the caller runs its
     to_bf16(x_fp32) -> bf16 tensor | None ;  to_f32(x_bf16) -> fp32 tensor | None
 
 All tensors: contiguous, on the current CUDA device; kernels run on the current stream. The bit
-layout is dslaunch/engine/onebit/compressed.py's (element 8i+k in bit k of byte i; scale = l2 norm
+layout is dslaunch/engine/optim/onebit/compressed.py's (element 8i+k in bit k of byte i; scale = l2 norm
 of the block / sqrt(its size)).
 """
 

@@ -115,7 +115,7 @@ def main(argv: list | None = None) -> None:
         # before the script starts any thread: every thread it makes inherits the set
         os.sched_setaffinity(0, parse_core_list(cpus))
     if os.environ.get(STANDBY_ENV):
-        standby_priority.lower()  # until promoted (engine/membership.await_promotion)
+        standby_priority.lower()  # until promoted (engine/comm/membership.await_promotion)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     _register_stack_file()

@@ -25,7 +25,7 @@ is one fault at a time across the whole job, the way a job meets faults in produ
 ``after=`` counts from each process's own start. Hosts' clocks are assumed to agree (NTP).
 
 The launcher validates the specs here and ships them to every rank and agent as JSON in
-``DSLAUNCH_INJECT``; the rank side is ``engine/fault_injection.py`` (the engine may not import the
+``DSLAUNCH_INJECT``; the rank side is ``engine/base/fault_injection.py`` (the engine may not import the
 launcher), the agent side is ``HostFaults`` below.
 """
 
@@ -47,7 +47,7 @@ HOST_KINDS = ("host-down", "link-down")
 KINDS = RANK_KINDS + HOST_KINDS
 SILENT_CAP = 900.0  # a silenced agent whose connection never closes still ends after this long
 POLL = 0.1
-ONCE_PREFIX = "dslaunch-inject-"  # + job token + index: the marker engine/fault_injection.py claims
+ONCE_PREFIX = "dslaunch-inject-"  # + job token + index: the marker engine/base/fault_injection.py claims
 
 
 class InjectError(ValueError):

@@ -70,7 +70,7 @@ class _Rank:
 
 
 def group_members(label: str, known: list) -> list | None:
-    """The global ranks of a group label made by ``engine/comm.group_label`` ("world", "ranks
+    """The global ranks of a group label made by ``engine/comm/collectives.group_label`` ("world", "ranks
     0-3,8"); None when the label does not list them (a digest)."""
     if label == "world":
         return sorted(known)

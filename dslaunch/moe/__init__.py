@@ -1,6 +1,6 @@
 """``dslaunch.moe``, as ``deepspeed.moe``: mixture of experts with expert parallelism
 (``moe.layer.MoE``, ``moe.sharded_moe``'s gates, ``moe.experts.Experts``, ``moe.utils``'s
-parameter groups). A face: the implementation is ``dslaunch/engine/moe/``."""
+parameter groups). A face: the implementation is ``dslaunch/engine/parallel/moe/``."""
 
 from dslaunch.deepspeed_names import face_getattr
 

@@ -1,4 +1,4 @@
 """``dslaunch.moe.experts``, as ``deepspeed.moe.experts``. A face: the implementation is
-``dslaunch/engine/moe/experts.py``."""
+``dslaunch/engine/parallel/moe/experts.py``."""
 
-from dslaunch.engine.moe.experts import Experts  # noqa: F401
+from dslaunch.engine.parallel.moe.experts import Experts  # noqa: F401

@@ -7,7 +7,7 @@ Comet) under DeepSpeed's class names and constructors, for scripts that log thei
     monitor.write_events([("Train/loss", loss, step)])
 
 A face: ``monitor.py`` adapts DeepSpeed's constructors to the engine's monitors
-(``dslaunch/engine/monitor.py``, ``monitor_trackers.py``); the submodules are loaded on first use.
+(``dslaunch/engine/observe/monitor.py``, ``monitor_trackers.py``); the submodules are loaded on first use.
 """
 
 from dslaunch.deepspeed_names import face_getattr

@@ -5,12 +5,12 @@ monitor of a config) and the four monitors with DeepSpeed's constructors (a sect
 
 from __future__ import annotations
 
-from dslaunch.engine import monitor as _engine
-from dslaunch.engine import monitor_trackers as _trackers
+from dslaunch.engine.observe import monitor as _engine
+from dslaunch.engine.observe import monitor_trackers as _trackers
 
 
 def _rank() -> int:
-    from dslaunch.engine import comm_api
+    from dslaunch.engine.comm import api as comm_api
 
     return comm_api.get_rank() if comm_api.is_initialized() else 0
 

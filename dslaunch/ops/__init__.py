@@ -6,7 +6,7 @@ FusedLamb), ``op_builder``: DeepSpeed's builder classes over dslaunch's compiled
 (DeepSpeed 0.18's block-sparse attention, loaded on first use).
 
 A face: the implementation is ``dslaunch/engine/optim/`` (``cpu_adam.py`` over the compiled ops
-of ``dslaunch/kernels``, ``fused.py``, ``lamb.py``) and ``dslaunch/engine/sparse_attention/``.
+of ``dslaunch/kernels``, ``fused.py``, ``lamb.py``) and ``dslaunch/engine/features/sparse_attention/``.
 """
 
 from dslaunch.deepspeed_names import face_getattr

@@ -1,5 +1,5 @@
 """``dslaunch.profiling``, as ``deepspeed.profiling``: the FLOPs profiler
-(``dslaunch.profiling.flops_profiler``). A face: the implementation is ``dslaunch/engine/profiling/``."""
+(``dslaunch.profiling.flops_profiler``). A face: the implementation is ``dslaunch/engine/observe/profiling/``."""
 
 from dslaunch.deepspeed_names import face_getattr
 

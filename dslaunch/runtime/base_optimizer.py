@@ -1,10 +1,10 @@
 """``dslaunch.runtime.base_optimizer``, as ``deepspeed.runtime.base_optimizer``: the
 ``DeepSpeedOptimizer`` class frameworks test optimizers against (Lightning Fabric).
 
-A face: the class is ``dslaunch/engine/deepspeed_surface.py``'s.
+A face: the class is ``dslaunch/engine/core/deepspeed_surface.py``'s.
 """
 
-from dslaunch.engine.deepspeed_surface import DeepSpeedOptimizer
+from dslaunch.engine.core.deepspeed_surface import DeepSpeedOptimizer
 
 __all__ = ["DeepSpeedOptimizer"]
 

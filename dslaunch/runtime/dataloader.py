@@ -1,10 +1,10 @@
 """``dslaunch.runtime.dataloader``, as ``deepspeed.runtime.dataloader``: ``RepeatingLoader`` (the
 same class as ``dslaunch.utils.RepeatingLoader``; Megatron-DeepSpeed imports it from here).
 
-A face: the implementation is ``dslaunch/engine/dataloader.py``.
+A face: the implementation is ``dslaunch/engine/base/dataloader.py``.
 """
 
-from dslaunch.engine.dataloader import RepeatingLoader
+from dslaunch.engine.base.dataloader import RepeatingLoader
 
 __all__ = ["RepeatingLoader"]
 

@@ -1,9 +1,9 @@
 """``dslaunch.runtime.eigenvalue``, as ``deepspeed.runtime.eigenvalue``: per-block dominant
 Hessian eigenvalues by power iteration. A face: the implementation is
-``dslaunch/engine/eigenvalue.py``.
+``dslaunch/engine/features/eigenvalue.py``.
 """
 
-from dslaunch.engine.eigenvalue import Eigenvalue
+from dslaunch.engine.features.eigenvalue import Eigenvalue
 
 __all__ = ["Eigenvalue"]
 

@@ -1,10 +1,10 @@
 """``dslaunch.runtime.engine``, as ``deepspeed.runtime.engine``: the engine class
 (``DeepSpeedEngine`` is dslaunch's ``DSLaunchEngine``, so isinstance checks hold).
 
-A face: the implementation is ``dslaunch/engine/engine.py``.
+A face: the implementation is ``dslaunch/engine/core/engine.py``.
 """
 
-from dslaunch.engine.engine import DSLaunchEngine as DeepSpeedEngine
+from dslaunch.engine.core.engine import DSLaunchEngine as DeepSpeedEngine
 
 __all__ = ["DeepSpeedEngine"]
 

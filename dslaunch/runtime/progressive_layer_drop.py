@@ -1,9 +1,9 @@
 """``dslaunch.runtime.progressive_layer_drop``, as ``deepspeed.runtime.progressive_layer_drop``
 (DeepSpeed 0.18 and before): the PLD schedule. A face: the implementation is
-``dslaunch/engine/progressive_layer_drop.py``.
+``dslaunch/engine/features/progressive_layer_drop.py``.
 """
 
-from dslaunch.engine.progressive_layer_drop import ProgressiveLayerDrop
+from dslaunch.engine.features.progressive_layer_drop import ProgressiveLayerDrop
 
 __all__ = ["ProgressiveLayerDrop"]
 

@@ -1,10 +1,10 @@
 """``dslaunch.runtime.utils``, as ``deepspeed.runtime.utils``: ``see_memory_usage``,
 ``set_random_seed``, ``move_to_device``.
 
-A face: the implementation is ``dslaunch/engine/runtime_utils.py``.
+A face: the implementation is ``dslaunch/engine/base/runtime_utils.py``.
 """
 
-from dslaunch.engine.runtime_utils import move_to_device, see_memory_usage, set_random_seed
+from dslaunch.engine.base.runtime_utils import move_to_device, see_memory_usage, set_random_seed
 
 __all__ = ["see_memory_usage", "set_random_seed", "move_to_device"]
 

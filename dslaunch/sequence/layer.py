@@ -1,6 +1,6 @@
 """``dslaunch.sequence.layer``, as ``deepspeed.sequence.layer``: Ulysses ``DistributedAttention``.
 
-A face: the implementation is ``dslaunch/engine/sequence/ulysses.py``.
+A face: the implementation is ``dslaunch/engine/parallel/sequence/ulysses.py``.
 """
 
-from dslaunch.engine.sequence.ulysses import DistributedAttention, seq_all_to_all  # noqa: F401
+from dslaunch.engine.parallel.sequence.ulysses import DistributedAttention, seq_all_to_all  # noqa: F401

@@ -3,10 +3,10 @@
 (``sequence_parallel_loss``, ``sequence_parallel_cross_entropy``) and DeepSpeed's
 ``UlyssesSPDataLoaderAdapter``.
 
-A face: the implementation is ``dslaunch/engine/sequence/sharding.py``.
+A face: the implementation is ``dslaunch/engine/parallel/sequence/sharding.py``.
 """
 
-from dslaunch.engine.sequence.sharding import (  # noqa: F401
+from dslaunch.engine.parallel.sequence.sharding import (  # noqa: F401
     IGNORE_INDEX,
     UlyssesSPDataLoaderAdapter,
     sequence_parallel_cross_entropy,

@@ -3,14 +3,14 @@ groups (``groups``), ``RepeatingLoader``, whole values of ZeRO-partitioned param
 (``safe_get_full_fp32_param`` and family), ZeRO-3 leaf modules (``set_z3_leaf_modules``), and
 ``zero_to_fp32`` (a checkpoint as one fp32 state_dict).
 
-A face: the implementations are ``engine/log.py``, ``engine/parallel_groups.py``,
-``engine/dataloader.py``, ``engine/zero/param_access.py``, ``engine/zero/leaf_modules.py`` and
+A face: the implementations are ``engine/base/log.py``, ``engine/parallel/groups.py``,
+``engine/base/dataloader.py``, ``engine/zero/param_access.py``, ``engine/zero/leaf_modules.py`` and
 ``engine/checkpoint/fp32_state.py``.
 """
 
 from dslaunch.deepspeed_names import face_getattr
-from dslaunch.engine.dataloader import RepeatingLoader
-from dslaunch.engine.log import log_dist, logger
+from dslaunch.engine.base.dataloader import RepeatingLoader
+from dslaunch.engine.base.log import log_dist, logger
 from dslaunch.engine.zero.leaf_modules import (
     get_z3_leaf_modules,
     set_z3_leaf_modules,

@@ -5,11 +5,11 @@ parallelism, a one-rank group for an axis the job does not have; the sequence ax
 ``sequence_parallel_size``). The expert-parallel groups of MoE layers (``ep_size_{N}``, made by
 ``_create_expert_and_data_parallel``) have DeepSpeed's names, rank layout and semantics.
 
-A face: the implementations are ``dslaunch/engine/parallel_groups.py`` and
-``dslaunch/engine/expert_groups.py``.
+A face: the implementations are ``dslaunch/engine/parallel/groups.py`` and
+``dslaunch/engine/parallel/expert_groups.py``.
 """
 
-from dslaunch.engine.expert_groups import (  # noqa: F401
+from dslaunch.engine.parallel.expert_groups import (  # noqa: F401
     _create_expert_and_data_parallel,
     _create_expert_data_and_model_parallel,
     _get_expert_broadcast_src_rank,
@@ -30,7 +30,7 @@ from dslaunch.engine.expert_groups import (  # noqa: F401
     _get_max_expert_size,
     _get_max_expert_size_name,
 )
-from dslaunch.engine.parallel_groups import (  # noqa: F401
+from dslaunch.engine.parallel.groups import (  # noqa: F401
     _get_data_parallel_group,
     _get_data_parallel_rank,
     _get_data_parallel_world_size,
@@ -54,7 +54,7 @@ from dslaunch.engine.parallel_groups import (  # noqa: F401
 
 def __getattr__(name):  # a DeepSpeed name we do not provide: say what brings it
     if name == "mpu":  # DeepSpeed's groups.mpu: the layout the last initialize was given
-        from dslaunch.engine import parallel_groups
+        from dslaunch.engine.parallel import groups as parallel_groups
 
         return parallel_groups._LAYOUT
     from dslaunch.deepspeed_names import missing_attribute

@@ -1,10 +1,10 @@
 """``dslaunch.utils.logging``, as ``deepspeed.utils.logging``: the one ``"dslaunch"`` logger
 (``logger.setLevel`` quiets it) and ``log_dist``.
 
-A face: the implementation is ``dslaunch/engine/log.py``.
+A face: the implementation is ``dslaunch/engine/base/log.py``.
 """
 
-from dslaunch.engine.log import log_dist, logger
+from dslaunch.engine.base.log import log_dist, logger
 
 __all__ = ["logger", "log_dist"]
 

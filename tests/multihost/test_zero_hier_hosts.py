@@ -48,7 +48,7 @@ def test_hpz_and_mics_across_two_hosts(cluster, jobdir):
     for name in ("hpz", "mics"):
         assert max(abs(a - b) / abs(a) for a, b in zip(ref, out[name]["losses"])) <= 1e-5, name
     plain, hpz, mics = out["plain"], out["hpz"], out["mics"]
-    # hierarchical gathers (engine/comm_hier.py): of the 3 pieces each rank sends, 1 crosses
+    # hierarchical gathers (engine/comm/hierarchical.py): of the 3 pieces each rank sends, 1 crosses
     assert 3 * _across(plain, "all_gather") == plain["comm"]["all_gather"]["sent_bytes"] > 0
     # hpZ: one forward's gathers cross; plain: both micro-steps' forwards and backwards, less the
     # last units of each forward, kept gathered into backward (tests/test_zero_hier.py)

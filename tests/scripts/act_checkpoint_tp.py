@@ -18,13 +18,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dslaunch
-from dslaunch.engine.tensor_parallel import (
+from dslaunch.engine.parallel.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     get_rng_tracker,
     tp_manual_seed,
 )
-from dslaunch.engine.topology import build_grid
+from dslaunch.engine.parallel.topology import build_grid
 
 ck = dslaunch.checkpointing
 p = argparse.ArgumentParser()

@@ -12,8 +12,8 @@ import autotp_train as base
 import torch.distributed as dist
 
 import dslaunch
-from dslaunch.engine.autotp import slice_tp_state
 from dslaunch.engine.checkpoint.consolidate import fp32_state_dict
+from dslaunch.engine.parallel.autotp import slice_tp_state
 
 p = argparse.ArgumentParser()
 p.add_argument("--ckpt", required=True)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import transformers
 
 import dslaunch
-from dslaunch.engine.autotp import apply_autotp, slice_tp_state
+from dslaunch.engine.parallel.autotp import apply_autotp, slice_tp_state
 
 BATCH, SEQ, VOCAB, MICRO_STEPS = 8, 12, 96, 2
 LR, CLIP = 1e-2, 0.5
@@ -187,7 +187,7 @@ def all_reduces(model):
 def configurable():
     """DeepSpeed's other tensor_parallel keys: vocab_parallel_lm_head, partition_config,
     preset_model, tp_grain_size; and the all-reduces one Llama forward and backward costs."""
-    from dslaunch.engine.topology import build_grid
+    from dslaunch.engine.parallel.topology import build_grid
 
     out = {}
     ref = reference("llama", args.steps)
@@ -240,7 +240,7 @@ def uneven_specs():
 
 def families():
     """Forward logits and the embedding's gradient of each family's tiny model, split vs whole."""
-    from dslaunch.engine.topology import build_grid
+    from dslaunch.engine.parallel.topology import build_grid
 
     group = build_grid(model=tp).get_model_parallel_group()
     small = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -285,7 +285,7 @@ def uneven_head():
     """The uneven Llama with an untied LM head of 97 vocabulary rows (not divisible by 2), split
     (logits gathered; and vocab_parallel_lm_head, logits left split) vs whole: the loss, the
     logits and the head's and embedding's gradients, one forward and backward."""
-    from dslaunch.engine.topology import build_grid
+    from dslaunch.engine.parallel.topology import build_grid
 
     group = build_grid(model=tp).get_model_parallel_group()
     cfg = transformers.LlamaConfig(vocab_size=VOCAB + 1, hidden_size=48, intermediate_size=99,

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import transformers
 
 import dslaunch
-from dslaunch.engine.moe.auto_ep import ExpertParallelExperts, apply_autoep
+from dslaunch.engine.parallel.moe.auto_ep import ExpertParallelExperts, apply_autoep
 from dslaunch.moe.utils import is_moe_param
 from dslaunch.utils import groups
 

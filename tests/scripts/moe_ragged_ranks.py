@@ -1,4 +1,4 @@
-"""Rank script (2 ranks, gloo): the ragged dropless dispatch (dslaunch/engine/moe/ragged.py)
+"""Rank script (2 ranks, gloo): the ragged dropless dispatch (dslaunch/engine/parallel/moe/ragged.py)
 against the padded one on the same MoE layer, weights and tokens, at EP 2 with 4 experts (2 per
 rank): top-1, top-2, top-1 with a gate that never picks expert 3 (a rank's local expert with
 no token at all), and top-1 with ``used_token`` masking about 30% of the tokens out. Per case:
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 import dslaunch
-from dslaunch.engine import comm_api
+from dslaunch.engine.comm import api as comm_api
 from dslaunch.moe.layer import MoE
 
 p = argparse.ArgumentParser()

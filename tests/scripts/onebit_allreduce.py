@@ -10,8 +10,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from dslaunch.engine.comm import Comm, init_distributed
-from dslaunch.engine.onebit.compressed import CompressedAllReduce
+from dslaunch.engine.comm.collectives import Comm, init_distributed
+from dslaunch.engine.optim.onebit.compressed import CompressedAllReduce
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

@@ -32,7 +32,7 @@ class TPBlock(nn.Module):
         super().__init__()
         self.block = Block(cfg)
         if group is not None:
-            from dslaunch.engine.tp_plan import apply_tp_plan
+            from dslaunch.engine.parallel.tp_plan import apply_tp_plan
             from gpt_tp import BLOCK_TP_PLAN
             apply_tp_plan(self.block, BLOCK_TP_PLAN, group)
 
@@ -58,7 +58,7 @@ class Head(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         nn.init.normal_(self.head.weight, std=0.02)
         if group is not None:
-            from dslaunch.engine.tensor_parallel import ColumnParallelLinear
+            from dslaunch.engine.parallel.tensor_parallel import ColumnParallelLinear
             self.head = ColumnParallelLinear.from_linear(self.head, group, gather_output=False)
 
     def forward(self, x):

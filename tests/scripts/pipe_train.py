@@ -104,9 +104,9 @@ if args.reference:
 import torch.distributed as dist  # noqa: E402
 
 import dslaunch  # noqa: E402
-from dslaunch.engine.tensor_parallel import vocab_parallel_cross_entropy  # noqa: E402
-from dslaunch.engine.topology import get_grid, make_topology  # noqa: E402
-from dslaunch.engine.tp_plan import apply_tp_plan  # noqa: E402
+from dslaunch.engine.parallel.tensor_parallel import vocab_parallel_cross_entropy  # noqa: E402
+from dslaunch.engine.parallel.topology import get_grid, make_topology  # noqa: E402
+from dslaunch.engine.parallel.tp_plan import apply_tp_plan  # noqa: E402
 from dslaunch.pipe import PipelineModule  # noqa: E402
 from gpt_tp import GPT_TP_PLAN  # noqa: E402
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # gpt
 from pipe_model import layer_list, loss_fn, pipe_specs
 
 import dslaunch
-from dslaunch.engine.topology import get_grid, make_topology
+from dslaunch.engine.parallel.topology import get_grid, make_topology
 from dslaunch.pipe import PipelineModule
 
 p = argparse.ArgumentParser()

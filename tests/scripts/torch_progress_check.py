@@ -34,7 +34,7 @@ out["async_issued"] = rec()
 out["async_pending"] = len(torch_progress._PENDING)
 work.wait()
 out["async_waited_pending"] = len(torch_progress._PENDING)
-from dslaunch.engine.comm import Comm  # noqa: E402
+from dslaunch.engine.comm.collectives import Comm  # noqa: E402
 
 Comm().all_reduce(t)  # the engine records its own call: not counted twice
 out["engine"] = rec()

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import dslaunch
-from dslaunch.engine.tensor_parallel import (
+from dslaunch.engine.parallel.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
@@ -20,7 +20,7 @@ from dslaunch.engine.tensor_parallel import (
     tp_manual_seed,
     vocab_parallel_cross_entropy,
 )
-from dslaunch.engine.topology import build_grid
+from dslaunch.engine.parallel.topology import build_grid
 
 p = argparse.ArgumentParser()
 p.add_argument("--out", required=True)

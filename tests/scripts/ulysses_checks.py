@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import dslaunch
-from dslaunch.engine.parallel_groups import set_layout
-from dslaunch.engine.topology import build_grid
+from dslaunch.engine.parallel.groups import set_layout
+from dslaunch.engine.parallel.topology import build_grid
 from dslaunch.sequence.layer import DistributedAttention
 from dslaunch.sequence.sharding import (
     IGNORE_INDEX,

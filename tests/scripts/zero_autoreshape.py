@@ -13,7 +13,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import dslaunch  # noqa: E402
-from dslaunch.engine.checkpoint.files import load_file, model_file  # noqa: E402
+from dslaunch.engine.storage.files import load_file, model_file  # noqa: E402
 from examples.gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
 
 torch.manual_seed(0)

@@ -36,9 +36,9 @@ a = ap.parse_args()
 
 dslaunch.init_distributed()
 rank, world = dist.get_rank(), dist.get_world_size()
-# the host layout the engine sees (engine/host_groups.py): every rank's (host, local index, size
+# the host layout the engine sees (engine/comm/host_groups.py): every rank's (host, local index, size
 # of its intra-host group, size of its inter-host group)
-from dslaunch.engine.host_groups import host_layout  # noqa: E402
+from dslaunch.engine.comm.host_groups import host_layout  # noqa: E402
 
 lay = host_layout()
 mine = (lay.host, lay.local_rank, dist.get_world_size(lay.intra) if lay.intra else 1,

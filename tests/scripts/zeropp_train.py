@@ -26,7 +26,7 @@ import torch.distributed as dist
 warnings.filterwarnings("ignore", category=FutureWarning)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import dslaunch  # noqa: E402
-from dslaunch.engine.comm import Comm  # noqa: E402
+from dslaunch.engine.comm.collectives import Comm  # noqa: E402
 from dslaunch.engine.zero import quantized_comm as QC  # noqa: E402
 from examples.gpt import GPT, GPTConfig, TextBatches, stdlib_bytes  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""An AutoTP checkpoint loaded at another tensor-parallel size (``engine/autotp.py``).
+"""An AutoTP checkpoint loaded at another tensor-parallel size (``engine/parallel/autotp.py``).
 
 The weights need nothing here: ``model_states.pt`` holds them whole (``save_load.py`` gathers
 the slices on save and cuts this rank's on load), except at ZeRO 3, where they are in the shards:
@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from dslaunch.engine.zero import partition as P
-
-from .files import CheckpointError, RankFiles, load_file, rank_file
-from .shard_index import ParamIndex, relayout
-from .zero_shards import HeldShards, load_resharded_from
+from dslaunch.engine.base import partition as P
+from dslaunch.engine.storage.files import CheckpointError, RankFiles, load_file, rank_file
+from dslaunch.engine.storage.shard_index import ParamIndex, relayout
+from dslaunch.engine.storage.zero_shards import HeldShards, load_resharded_from
 
 
 def _layout(module) -> dict:
@@ -243,7 +242,7 @@ class TPSlicedReader:
     and the stage 0 loader cut their shards out of it as from an unsplit checkpoint."""
 
     def __init__(self, reader, module):
-        from ..autotp import slice_tp_state
+        from dslaunch.engine.parallel.autotp import slice_tp_state
 
         self._reader, self._module, self._slice = reader, module, slice_tp_state
         self.params = {n: p for n, p in module.named_parameters()

@@ -38,12 +38,11 @@ import os
 
 import torch
 
-from dslaunch.engine.topology import PipeModelDataParallelTopology
-
-from .files import CheckpointError, RankFiles, load_file, model_file, read_meta, resolve_tag
-from .pipe_files import FORMAT, layer_file
-from .shard_index import gather_master, param_locations
-from .zero_to_fp32_script import (
+from dslaunch.engine.parallel.topology import PipeModelDataParallelTopology
+from dslaunch.engine.storage.files import CheckpointError, RankFiles, load_file, model_file, read_meta, resolve_tag
+from dslaunch.engine.storage.pipe_files import FORMAT, layer_file
+from dslaunch.engine.storage.shard_index import gather_master, param_locations
+from dslaunch.engine.storage.zero_to_fp32_script import (
     check_output_options,
     write_output,
     write_zero_checkpoint,

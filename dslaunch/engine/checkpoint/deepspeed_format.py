@@ -32,8 +32,8 @@ import re
 
 import torch
 
-from ..random_ltd.convert import with_random_ltd_names
-from .files import CheckpointError
+from dslaunch.engine.features.random_ltd.convert import with_random_ltd_names
+from dslaunch.engine.storage.files import CheckpointError
 
 MODEL_12 = "mp_rank_00_model_states.pt"
 MODEL_3 = "zero_pp_rank_{}_mp_rank_00_model_states.pt"
@@ -289,7 +289,7 @@ def load_deepspeed_checkpoint(engine, path: str, strict=True, load_optimizer_sta
     """``engine.load_checkpoint`` of a DeepSpeed ZeRO 1-3 checkpoint directory ``path``
     (``<dir>/<tag>``); returns ``(path, client_state)`` as DeepSpeed does. ``reader``: another
     reader with ``DeepSpeedCheckpoint``'s interface (a universal checkpoint: ``universal.py``)."""
-    from .module_state import check_module
+    from dslaunch.engine.storage.module_state import check_module
 
     ds = reader if reader is not None else DeepSpeedCheckpoint(path)
     # random-LTD: DeepSpeed saves the names without the wrappers
@@ -320,7 +320,7 @@ def load_deepspeed_checkpoint(engine, path: str, strict=True, load_optimizer_sta
 
 def _load_optimizer(engine, ds: DeepSpeedCheckpoint) -> None:
     """Each rank builds its own shards (dslaunch's layout) from DeepSpeed's, by name."""
-    from .zero_shards import load_group
+    from dslaunch.engine.storage.zero_shards import load_group
 
     strategy = engine.strategy
     if engine.zero_stage not in (1, 2, 3) or not hasattr(strategy, "groups"):

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import os
 
-from dslaunch.engine.experts import expert_group
-
-from .files import CheckpointError, load_file
+from dslaunch.engine.parallel.experts import expert_group
+from dslaunch.engine.storage.files import CheckpointError, load_file
 
 EXPERT_FILE = "layer_{}_expert_{}_mp_rank_00_model_states.pt"
 # expert parameters not under ``deepspeed_experts.{id}`` (AutoEP's fused slices of all local

@@ -13,8 +13,15 @@ import os
 
 import torch
 
-from .consolidate import check_output, fp32_state_dict, frozen_names, pipe_fp32_state_dict, save_state_file, to_fp32
-from .pipe_files import is_pipe_checkpoint
+from dslaunch.engine.checkpoint.consolidate import (
+    check_output,
+    fp32_state_dict,
+    frozen_names,
+    pipe_fp32_state_dict,
+    save_state_file,
+    to_fp32,
+)
+from dslaunch.engine.storage.pipe_files import is_pipe_checkpoint
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,

@@ -26,13 +26,12 @@ import os
 
 import torch
 
-from dslaunch.engine.topology import PipeModelDataParallelTopology
-from dslaunch.engine.zero import partition as P
-
-from .autotp_states import whole_of
-from .files import CheckpointError, RankFiles, load_file, read_meta
-from .pipe_files import FORMAT, layer_file
-from .shard_index import ParamIndex
+from dslaunch.engine.base import partition as P
+from dslaunch.engine.checkpoint.autotp_states import whole_of
+from dslaunch.engine.parallel.topology import PipeModelDataParallelTopology
+from dslaunch.engine.storage.files import CheckpointError, RankFiles, load_file, read_meta
+from dslaunch.engine.storage.pipe_files import FORMAT, layer_file
+from dslaunch.engine.storage.shard_index import ParamIndex
 
 
 class PipeShards:
@@ -183,7 +182,7 @@ class PipeShards:
 
     def module_state_dict(self) -> dict:
         """Every module tensor (parameters, buffers) whole in fp32, tied ones once."""
-        from .consolidate import pipe_fp32_state_dict
+        from dslaunch.engine.checkpoint.consolidate import pipe_fp32_state_dict
 
         sd, _ = pipe_fp32_state_dict(os.path.dirname(self.path), os.path.basename(self.path))
         return sd
@@ -264,7 +263,7 @@ def _buffers(reader) -> set:
 def _plain_names(module) -> dict:
     """``tied_modules.<key>.<rest>`` -> ``<first layer index of key>.<rest>`` (where a plain,
     unpipelined model of the same layer list holds that tensor)."""
-    from dslaunch.engine.pipe.module import TiedLayerSpec
+    from dslaunch.engine.parallel.pipe.module import TiedLayerSpec
 
     first = {}
     for idx, spec in enumerate(getattr(module, "_layer_specs", [])):

@@ -25,7 +25,7 @@ import os
 
 import torch.distributed as dist
 
-from .files import (
+from dslaunch.engine.storage.files import (
     CheckpointError,
     atomic_text,
     atomic_torch_save,
@@ -38,9 +38,9 @@ from .files import (
     start_save_dir,
     write_to_fp32_script,
 )
-from .module_state import check_module, without_frozen
-from .pipe_files import FORMAT, layer_file
-from .rng import rng_state, set_rng_state
+from dslaunch.engine.storage.module_state import check_module, without_frozen
+from dslaunch.engine.storage.pipe_files import FORMAT, layer_file
+from dslaunch.engine.storage.rng import rng_state, set_rng_state
 
 
 def _layout(engine) -> dict:
@@ -108,7 +108,7 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest=True,
 
 def load(engine, load_dir, tag=None, strict=True, load_optimizer_states=True,
          load_lr_scheduler_states=True, load_module_only=False):
-    from .universal import is_universal_checkpoint, load_universal_checkpoint, universal_tag
+    from dslaunch.engine.checkpoint.universal import is_universal_checkpoint, load_universal_checkpoint, universal_tag
 
     load_dir = os.fspath(load_dir)
     if tag is None:  # checkpoint.load_universal: DeepSpeed's latest_universal names the tag

@@ -15,10 +15,17 @@ import shutil
 
 import torch
 
-from dslaunch.engine.zero.partition import Layout
-
-from .files import CheckpointError, RankFiles, atomic_text, model_file, rank_file, read_meta, resolve_tag
-from .shard_index import ParamIndex, relayout, reshard
+from dslaunch.engine.base.partition import Layout
+from dslaunch.engine.storage.files import (
+    CheckpointError,
+    RankFiles,
+    atomic_text,
+    model_file,
+    rank_file,
+    read_meta,
+    resolve_tag,
+)
+from dslaunch.engine.storage.shard_index import ParamIndex, relayout, reshard
 
 
 def _reshaped_rank(files: RankFiles, stage: int, world_size: int, r: int) -> dict:

@@ -37,15 +37,22 @@ import time
 import torch
 
 from dslaunch import progress_record
-
-from ..autotp import gather_tp_state, slice_tp_state
-from ..data_sampling import load_sampler_state, sampler_state
-from ..random_ltd.convert import remove_random_ltd_state_dict, with_random_ltd_names
-from .async_save import AsyncSaver, live_storages, snapshot, write_files
-from .autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed
-from .deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
-from .expert_files import EXPERT_FILE, split_module_state, with_local_experts
-from .files import (
+from dslaunch.engine.checkpoint.autotp_states import autotp_meta, load_resplit_optimizer, tp_size_changed
+from dslaunch.engine.checkpoint.deepspeed_format import is_deepspeed_checkpoint, load_deepspeed_checkpoint
+from dslaunch.engine.checkpoint.expert_files import EXPERT_FILE, split_module_state, with_local_experts
+from dslaunch.engine.checkpoint.universal import is_universal_checkpoint, load_universal_checkpoint, universal_tag
+from dslaunch.engine.checkpoint.zero3_module import (
+    PARTITIONED,
+    full_module_state,
+    load_shard_weights,
+    partitioned_module_state,
+)
+from dslaunch.engine.checkpoint.zero3_module import shapes as zero3_shapes
+from dslaunch.engine.features.data_sampling import load_sampler_state, sampler_state
+from dslaunch.engine.features.random_ltd.convert import remove_random_ltd_state_dict, with_random_ltd_names
+from dslaunch.engine.parallel.autotp import gather_tp_state, slice_tp_state
+from dslaunch.engine.storage.async_save import AsyncSaver, live_storages, snapshot, write_files
+from dslaunch.engine.storage.files import (
     CheckpointError,
     atomic_text,
     atomic_torch_save,
@@ -62,18 +69,10 @@ from .files import (
     start_save_dir,
     write_to_fp32_script,
 )
-from .module_state import check_module, without_frozen
-from .retention import prune
-from .rng import rng_state, set_rng_state
-from .universal import is_universal_checkpoint, load_universal_checkpoint, universal_tag
-from .zero3_module import (
-    PARTITIONED,
-    full_module_state,
-    load_shard_weights,
-    partitioned_module_state,
-)
-from .zero3_module import shapes as zero3_shapes
-from .zero_shards import STAGING
+from dslaunch.engine.storage.module_state import check_module, without_frozen
+from dslaunch.engine.storage.retention import prune
+from dslaunch.engine.storage.rng import rng_state, set_rng_state
+from dslaunch.engine.storage.zero_shards import STAGING
 
 # -- save --------------------------------------------------------------------------------------
 
@@ -399,7 +398,7 @@ ZERO_STAGES = (1, 2, 3)  # one shard format (zero_shards.py): any of them reads 
 
 def _same_shard_layout(rstate, strategy) -> bool:
     """Whether a rank file's shards are laid out exactly as ``strategy`` lays out its own."""
-    from .zero_shards import global_names, saved_meta
+    from dslaunch.engine.storage.zero_shards import global_names, saved_meta
 
     try:
         saved = [g["layout"] for g in rstate["strategy"]["zero"]["groups"]]

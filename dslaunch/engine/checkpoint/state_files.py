@@ -14,8 +14,8 @@ import glob
 import os
 import re
 
-from .deepspeed_format import MODEL_3, MODEL_12
-from .files import model_file
+from dslaunch.engine.checkpoint.deepspeed_format import MODEL_3, MODEL_12
+from dslaunch.engine.storage.files import model_file
 
 
 def get_optim_files(checkpoint_dir) -> list:

@@ -44,12 +44,18 @@ import shutil
 
 import torch
 
-from dslaunch.engine.zero import partition as P
-
-from .autotp_states import SavedTPRanks, whole_of
-from .deepspeed_format import DS_KEYS, DeepSpeedCheckpoint, ds_load, is_deepspeed_checkpoint
-from .files import CheckpointError, RankFiles, atomic_text, dslaunch_version, read_meta, resolve_tag
-from .shard_index import ParamIndex
+from dslaunch.engine.base import partition as P
+from dslaunch.engine.checkpoint.autotp_states import SavedTPRanks, whole_of
+from dslaunch.engine.checkpoint.deepspeed_format import DS_KEYS, DeepSpeedCheckpoint, ds_load, is_deepspeed_checkpoint
+from dslaunch.engine.storage.files import (
+    CheckpointError,
+    RankFiles,
+    atomic_text,
+    dslaunch_version,
+    read_meta,
+    resolve_tag,
+)
+from dslaunch.engine.storage.shard_index import ParamIndex
 
 # DeepSpeed's names (deepspeed.checkpoint.constants), the same values
 UNIVERSAL_CHECKPOINT_INFO = "universal_checkpoint_info"
@@ -235,14 +241,14 @@ def load_universal_checkpoint(engine, path: str, strict=True, load_optimizer_sta
     """``engine.load_checkpoint`` of a universal checkpoint ``<dir>/<tag>``: ZeRO 1-3 engines
     through ``deepspeed_format.load_deepspeed_checkpoint`` (each rank cuts its shard), stage 0
     here (every rank holds the whole state)."""
-    from .autotp_states import TPSlicedReader, whole_shapes
-    from .deepspeed_format import load_deepspeed_checkpoint
+    from dslaunch.engine.checkpoint.autotp_states import TPSlicedReader, whole_shapes
+    from dslaunch.engine.checkpoint.deepspeed_format import load_deepspeed_checkpoint
 
     uc = UniversalCheckpoint(path)
     shapes = whole_shapes(engine.module)
     uc.set_model_shapes(shapes)
     if hasattr(engine.module, "tied_modules"):  # a pipeline stage: its own tensors only
-        from .pipe_universal import StageView
+        from dslaunch.engine.checkpoint.pipe_universal import StageView
         uc = StageView(uc, engine.module, shapes)
     if any(getattr(p, "tensor_model_parallel", False) and hasattr(p, "tp_ranges")
            for p in engine.module.parameters()):  # AutoTP or mpu TP: this rank's slices
@@ -257,7 +263,7 @@ def load_universal_checkpoint(engine, path: str, strict=True, load_optimizer_sta
 
 def _load_stage0(engine, uc) -> None:
     """Stage 0: the optimizer steps whole tensors (its fp32 masters under bf16/fp16)."""
-    from .zero_shards import scalar_state
+    from dslaunch.engine.storage.zero_shards import scalar_state
 
     strategy = engine.strategy
     masters = getattr(strategy, "masters", None)
@@ -284,8 +290,8 @@ class _DslaunchShards:
     """A dslaunch ZeRO 1-3 checkpoint read by parameter (the source of ``to_universal``)."""
 
     def __init__(self, path: str):
-        from .files import load_file, model_file
-        from .zero_shards import old_index
+        from dslaunch.engine.storage.files import load_file, model_file
+        from dslaunch.engine.storage.zero_shards import old_index
 
         self.path = path
         self.meta = meta = read_meta(path)
@@ -352,7 +358,7 @@ class _DslaunchShards:
 
     def module_state_dict(self) -> dict:
         if self.stage == 3:
-            from .zero3_module import PARTITIONED, full_module_state
+            from dslaunch.engine.checkpoint.zero3_module import PARTITIONED, full_module_state
 
             part = self.model.get(PARTITIONED) or {}
             if part:
@@ -415,8 +421,8 @@ def _step_tensor(scalars: dict):
 def _write_from_dslaunch(path: str, tmp: str) -> dict:
     """A dslaunch ZeRO 1-3 / AutoTP checkpoint, or a pipeline-engine one (``PipeShards``:
     stages joined, TP slices merged)."""
-    from .pipe_universal import FORMAT as PIPE_FORMAT
-    from .pipe_universal import PipeShards
+    from dslaunch.engine.checkpoint.pipe_universal import FORMAT as PIPE_FORMAT
+    from dslaunch.engine.checkpoint.pipe_universal import PipeShards
 
     meta = read_meta(path)
     src = PipeShards(path, meta) if meta.get("format") == PIPE_FORMAT else _DslaunchShards(path)
@@ -499,7 +505,7 @@ def _write_tp_model_files(src: _DslaunchShards, states: dict, tmp: str) -> None:
     """DeepSpeed's AutoTP layout: one ``mp_rank_<t>_model_states.pt`` per TP rank, holding that
     rank's slices of the weights and their shapes (ds_to_universal.py copies them as they are;
     a universal load takes no weights from them)."""
-    from .autotp_states import rank_slice
+    from dslaunch.engine.checkpoint.autotp_states import rank_slice
 
     module = states["module"]
     for t in range(src.tp):

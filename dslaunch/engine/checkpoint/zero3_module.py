@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from .files import CheckpointError, RankFiles
+from dslaunch.engine.storage.files import CheckpointError, RankFiles
 
 PARTITIONED = "zero3_partitioned"
 
@@ -71,8 +71,8 @@ def full_module_state(path: str, meta: dict, module: dict, part: dict) -> dict:
     Under AutoTP each rank file holds a partition of its TP rank's slices, not of the whole
     model: the slices are gathered per TP rank and put back whole
     (``zero_to_fp32_script.autotp_checkpoint``); a caller that holds slices cuts its own."""
-    from .shard_index import gather_master, param_locations
-    from .zero_to_fp32_script import autotp_checkpoint, autotp_size
+    from dslaunch.engine.storage.shard_index import gather_master, param_locations
+    from dslaunch.engine.storage.zero_to_fp32_script import autotp_checkpoint, autotp_size
 
     if autotp_size(meta) > 1:
         whole = autotp_checkpoint(path, meta)
@@ -94,7 +94,7 @@ def load_shard_weights(strategy, path: str, world: int) -> bool:
     the optimizer state untouched. False (nothing done) when the checkpoint's shards do not
     cover the strategy's parameters group by group (the caller then loads whole weights).
     Every rank decides alike (same files, same layout), so the collectives match."""
-    from .zero_shards import data_ranks, global_names, old_index, put_master, reshard_group
+    from dslaunch.engine.storage.zero_shards import data_ranks, global_names, old_index, put_master, reshard_group
 
     if getattr(strategy, "stage", None) != 3 or getattr(strategy, "optimizer", None) is None:
         return False

@@ -11,7 +11,7 @@
   weight decay, as its FusedLion and DeepSpeedCPULion).
 - ``Muon``: Muon for the hidden matrices with an auxiliary AdamW for the rest (``muon.py``; the
   model's parameters are tagged ``use_muon`` by DeepSpeed's rule; ZeRO 1-3: ``muon_zero.py``).
-- ``OneBitAdam``, ``ZeroOneAdam``, ``OneBitLamb``: ``engine/onebit/`` (``build_onebit``).
+- ``OneBitAdam``, ``ZeroOneAdam``, ``OneBitLamb``: ``engine/optim/onebit/`` (``build_onebit``).
 - Any other name: the ``torch.optim`` class of that name (case-insensitive), params passed as is.
 torch's fused kernels are used where torch has them for the device (Adam/AdamW ``fused=True`` is
 about 5x the foreach path on CPU here); otherwise torch's default (foreach).
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from ..onebit import build_onebit
-from .lamb import Lamb
-from .lion import Lion
-from .muon import Muon, build_muon
+from dslaunch.engine.optim.lamb import Lamb
+from dslaunch.engine.optim.lion import Lion
+from dslaunch.engine.optim.muon import Muon, build_muon
+from dslaunch.engine.optim.onebit import build_onebit
 
 # DeepSpeed-only knobs that are not torch keyword arguments
 _DS_ONLY = ("adam_w_mode", "torch_adam", "bias_correction", "legacy_fusion", "max_grad_norm")
@@ -65,7 +65,7 @@ def build_optimizer(model_parameters, optimizer_cfg, model=None) -> torch.optim.
         if device.type in ("cpu", "cuda") and "fused" not in kw and "foreach" not in kw:
             kw["fused"] = True
         return cls(model_parameters, **kw)
-    if kind in ("onebitadam", "zerooneadam", "onebitlamb"):  # 1-bit optimizers: engine/onebit/
+    if kind in ("onebitadam", "zerooneadam", "onebitlamb"):  # 1-bit optimizers: engine/optim/onebit/
         return build_onebit(model_parameters, name, params)
     if kind == "muon":
         return build_muon(model_parameters, params, model)

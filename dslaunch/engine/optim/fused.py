@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 from torch.optim.adam import adam as torch_adam  # the functional form of torch.optim.Adam
 
-from .cpu_adam import DSCPUAdam, DSCPULion
-from .lion import lion_update_
+from dslaunch.engine.optim.cpu_adam import DSCPUAdam, DSCPULion
+from dslaunch.engine.optim.lion import lion_update_
 
 
 class _AnyDevice:

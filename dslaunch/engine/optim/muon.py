@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from dslaunch.engine.optim.newton_schulz import NS_DTYPES, NS_METHODS, momentum_update_, ns_dtype, orthogonalize
 from dslaunch.kernels import cpu_optim
-
-from .newton_schulz import NS_DTYPES, NS_METHODS, momentum_update_, ns_dtype, orthogonalize
 
 MUON_KEYS = ("lr", "momentum", "weight_decay", "ns_method", "ns_steps", "nesterov", "ns_dtype")
 ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -130,7 +129,7 @@ class Muon(torch.optim.Optimizer):
     def prepare_zero_step(self, strategy) -> None:
         """ZeRO 1-3 (stage12.py calls it before ``step``): whole-matrix updates into the shards'
         ``.grad`` (``muon_zero.py``)."""
-        from .muon_zero import orthogonalize_shards
+        from dslaunch.engine.optim.muon_zero import orthogonalize_shards
 
         orthogonalize_shards(self, strategy)
 

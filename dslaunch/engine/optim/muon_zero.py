@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .newton_schulz import momentum_update_, ns_dtype, orthogonalize
+from dslaunch.engine.optim.newton_schulz import momentum_update_, ns_dtype, orthogonalize
 
 
 def _partition(strategy, g):

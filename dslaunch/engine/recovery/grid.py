@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..comm import group_label
-from ..topology import ProcessGrid
-from .pipe import pipe_grid
-from .tp import tp_grid
+from dslaunch.engine.comm.collectives import group_label
+from dslaunch.engine.parallel.topology import ProcessGrid
+from dslaunch.engine.recovery.pipe import pipe_grid
+from dslaunch.engine.recovery.tp import tp_grid
 
 
 def engine_grid(engine) -> ProcessGrid | None:

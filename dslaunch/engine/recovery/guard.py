@@ -8,12 +8,11 @@ from __future__ import annotations
 import contextlib
 
 from dslaunch import torch_progress
-
-from ..membership import peer_lost
-from ..tensor_parallel import dry_collectives
-from . import pipe
-from .rejoin import recover
-from .tp import tp_grid
+from dslaunch.engine.comm.membership import peer_lost
+from dslaunch.engine.parallel.tensor_parallel import dry_collectives
+from dslaunch.engine.recovery import pipe
+from dslaunch.engine.recovery.rejoin import recover
+from dslaunch.engine.recovery.tp import tp_grid
 
 
 def guarded(engine, name: str, fn, *args, **kwargs):

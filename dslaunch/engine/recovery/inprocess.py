@@ -4,12 +4,12 @@ the shard copies kept from the start (``keep_shard_copies``), and a replacement'
 
 from __future__ import annotations
 
-from ..membership import join_word
-from ..recovery_seams import NoRecovery
-from . import guard, rejoin
-from .refusals import layout_refused, shard_copies_refused
-from .shard_copies import ShardCopies
-from .watch import Watch
+from dslaunch.engine.comm.membership import join_word
+from dslaunch.engine.core.recovery_seams import NoRecovery
+from dslaunch.engine.recovery import guard, rejoin
+from dslaunch.engine.recovery.refusals import layout_refused, shard_copies_refused
+from dslaunch.engine.recovery.shard_copies import ShardCopies
+from dslaunch.engine.recovery.watch import Watch
 
 
 def recovery_for_this_rank() -> NoRecovery:

@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..pipe.engine import PipelineEngine
-from ..pipe.p2p import P2P
-from ..topology import ProcessGrid
+from dslaunch.engine.core.pipe_engine import PipelineEngine
+from dslaunch.engine.parallel.pipe.p2p import P2P
+from dslaunch.engine.parallel.topology import ProcessGrid
 
 
 def pipe_grid(engine) -> ProcessGrid | None:

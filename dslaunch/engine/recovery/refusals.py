@@ -3,7 +3,7 @@ restarts every rank (the reasons are the refusal lines the launcher prints)."""
 
 from __future__ import annotations
 
-from . import pipe, tp
+from dslaunch.engine.recovery import pipe, tp
 
 
 def unsupported(engine) -> str | None:

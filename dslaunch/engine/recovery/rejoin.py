@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import time
 
+from dslaunch.engine.core.engine_config import resolve_engine_config
+from dslaunch.engine.recovery import pipe
+from dslaunch.engine.recovery.grid import engine_grid, rebuild_grid, slice_of, world_change_refused
+from dslaunch.engine.recovery.refusals import sharded, unsupported
+from dslaunch.engine.recovery.state import engine_state, load_engine_state, recover_shards
+from dslaunch.engine.recovery.watch import Watch
 from dslaunch.recover_files import FILE_ENV, REFUSED_EXIT, ack_path, write_json
-
-from ..engine_config import resolve_engine_config
-from . import pipe
-from .grid import engine_grid, rebuild_grid, slice_of, world_change_refused
-from .refusals import sharded, unsupported
-from .state import engine_state, load_engine_state, recover_shards
-from .watch import Watch
 
 
 def join_group(word: dict) -> None:

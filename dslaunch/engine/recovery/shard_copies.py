@@ -117,7 +117,7 @@ class ShardCopies:
     def held(self, strategy) -> dict:
         """{rank in the old world: its shard state dict (``checkpoint/zero_shards``) with
         ``version``}: this rank's own shard and its copy of its ward's."""
-        from dslaunch.engine.checkpoint.zero_shards import shard_state_dict
+        from dslaunch.engine.storage.zero_shards import shard_state_dict
 
         own = shard_state_dict(strategy)
         own["version"] = strategy.version
@@ -128,7 +128,7 @@ class ShardCopies:
 
     def _as_state_dict(self, strategy, own: dict) -> dict:
         """The copy in the form of ``own`` (the holder's shard state dict)."""
-        from dslaunch.engine.zero import partition as P
+        from dslaunch.engine.base import partition as P
 
         copy = iter(self._buffers)
         groups = []
@@ -149,7 +149,7 @@ class ShardCopies:
 
 def _wait(works: list) -> bool:
     """Wait for every work; False when a peer was lost (any other error is raised)."""
-    from ..membership import peer_lost
+    from dslaunch.engine.comm.membership import peer_lost
 
     ok = True
     for work in works:

@@ -4,9 +4,9 @@ neighbour's (``shard_copies.py``)."""
 
 from __future__ import annotations
 
-from ..checkpoint.zero_shards import HeldShards, load_resharded_from
-from .refusals import sharded
-from .shard_copies import consistent
+from dslaunch.engine.recovery.refusals import sharded
+from dslaunch.engine.recovery.shard_copies import consistent
+from dslaunch.engine.storage.zero_shards import HeldShards, load_resharded_from
 
 
 def module_state(engine) -> dict:

@@ -23,7 +23,7 @@ grid (an mpu of the script's own).
 
 from __future__ import annotations
 
-from ..topology import ProcessGrid
+from dslaunch.engine.parallel.topology import ProcessGrid
 
 
 def tp_grid(engine) -> ProcessGrid | None:

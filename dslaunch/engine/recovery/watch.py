@@ -9,9 +9,8 @@ import socket
 import threading
 import time
 
+from dslaunch.engine.comm.membership import join_word
 from dslaunch.recover_files import FILE_ENV, ack_path, read_json, write_json
-
-from ..membership import join_word
 
 WAIT_ENV = "DSLAUNCH_RECOVER_WAIT"
 WAIT_DEFAULT = 30.0  # how long a rank whose collective failed waits for the launcher's word

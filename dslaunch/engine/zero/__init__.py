@@ -3,7 +3,7 @@
 
 Stage 0 (plain data parallel) is ``stage0.py``, stages 1 and 2 ``stage12.py``, stage 3
 ``stage3.py``; every one has the interface of ``base.OptimizerStrategy``. Two variations wrap
-that choice: the 1-bit optimizers run on ``engine/onebit/strategy.OneBitStrategy`` (stage 0
+that choice: the 1-bit optimizers run on ``engine/zero/onebit_strategy.OneBitStrategy`` (stage 0
 only), and optimizer states on NVMe (``offload_optimizer.device: nvme``) add
 ``nvme.strategy.with_nvme_swap`` to the stage's class. An engine built without an optimizer gets
 a forward-only strategy (``no_optimizer.py``).
@@ -19,13 +19,12 @@ stage 3 uses with ``zero_quantized_weights`` / ``zero_quantized_gradients``).
 from __future__ import annotations
 
 from dslaunch.config import onebit_problems
-
-from .base import OptimizerStrategy
-from .no_optimizer import build_no_optimizer_strategy
-from .nvme.strategy import with_nvme_swap
-from .stage0 import Stage0Strategy
-from .stage3 import Stage3Strategy
-from .stage12 import Stage1Strategy, Stage2Strategy
+from dslaunch.engine.zero.base import OptimizerStrategy
+from dslaunch.engine.zero.no_optimizer import build_no_optimizer_strategy
+from dslaunch.engine.zero.nvme.strategy import with_nvme_swap
+from dslaunch.engine.zero.stage0 import Stage0Strategy
+from dslaunch.engine.zero.stage3 import Stage3Strategy
+from dslaunch.engine.zero.stage12 import Stage1Strategy, Stage2Strategy
 
 STRATEGIES = {0: Stage0Strategy, 1: Stage1Strategy, 2: Stage2Strategy, 3: Stage3Strategy}
 
@@ -61,7 +60,7 @@ def _build(model, optimizer, cfg, comm, precision) -> OptimizerStrategy:
         if problems:
             raise ValueError("; ".join(problems))
         # imported here, not at the top: onebit/strategy.py builds on this package's stage 0
-        from ..onebit.strategy import OneBitStrategy
+        from dslaunch.engine.zero.onebit_strategy import OneBitStrategy
 
         return OneBitStrategy(model, optimizer, zero, comm, precision,
                               prescale_gradients=cfg.prescale_gradients,

@@ -14,8 +14,8 @@ import contextlib
 
 import torch
 
-from ..memory import breakdown, limit_allocator_retention, optimizer_state_tensors
-from ..step_policy import REPLICATED, GradNorm, StepPolicy
+from dslaunch.engine.base.memory import breakdown, limit_allocator_retention, optimizer_state_tensors
+from dslaunch.engine.base.step_policy import REPLICATED, GradNorm, StepPolicy
 
 
 class OptimizerStrategy:
@@ -61,7 +61,7 @@ class OptimizerStrategy:
         self.after_backward(True)
 
     # -- per boundary --------------------------------------------------------------------------
-    # the overflow / clip decision (engine/step_policy.py); a subclass supplies the norm and the
+    # the overflow / clip decision (engine/base/step_policy.py); a subclass supplies the norm and the
     # way it scales its gradients and steps
     step_policy: StepPolicy = REPLICATED
 
@@ -139,10 +139,10 @@ class OptimizerStrategy:
 def broadcast_model(model: torch.nn.Module, comm, src: int = 0) -> None:
     """Make every rank start from rank ``src``'s weights and buffers (what DDP does); MoE experts
     (different on the ranks of an expert-parallel group) from their replica on expert-data-parallel
-    rank 0 (``engine/experts.py``)."""
+    rank 0 (``engine/parallel/experts.py``)."""
     if comm.world_size == 1:
         return
-    from ..experts import ExpertGroups, is_expert
+    from dslaunch.engine.parallel.experts import ExpertGroups, is_expert
 
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):

@@ -1,6 +1,6 @@
 """Pieces the ZeRO 1-3 strategies share: the offload choice, the shard optimizer (the user's
 optimizer re-pointed at this rank's shard parameters), parameter names. (Loss scale and clipping:
-``engine/step_policy.py``.)"""
+``engine/base/step_policy.py``.)"""
 
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ class BufferPool:
 
 
 def get_comm(comm):
-    """The engine's accounting ``Comm`` (engine/comm.py), or one over the world group."""
+    """The engine's accounting ``Comm`` (engine/comm/collectives.py), or one over the world group."""
     if comm is not None:
         return comm
-    from dslaunch.engine.comm import Comm
+    from dslaunch.engine.comm.collectives import Comm
 
     return Comm()
 

@@ -3,7 +3,7 @@ into this rank's shards, bucket by bucket (stage 3 reuses the staging pool and t
 
 - stage 1: gradients accumulate whole (``p.grad`` are views of a flat gradient buffer laid out like
   the parameters) and are reduce-scattered at the accumulation boundary, one collective per bucket
-  (on gloo that runs as an in-place all_reduce, ``engine/comm.py``: from the boundary until
+  (on gloo that runs as an in-place all_reduce, ``engine/comm/collectives.py``: from the boundary until
   ``zero_grad`` the ``p.grad`` views then hold the sum over ranks, not this rank's gradients);
 - stage 2: every micro-step, gradients are copied bucket by bucket into a reused staging buffer
   (and freed), reduce-scattered, and this rank's chunk is added to its gradient shard: the only
@@ -27,8 +27,8 @@ import weakref
 
 import torch
 
-from dslaunch.engine.autocast import comm_dtype
-from dslaunch.engine.zero import partition as P
+from dslaunch.engine.base import partition as P
+from dslaunch.engine.base.autocast import comm_dtype
 from dslaunch.engine.zero.common import BufferPool
 
 # gloo runs one huge reduce-scatter / all-gather several times slower than the same bytes in
@@ -257,7 +257,7 @@ class BucketedGradReduce:
     def _comm_input(self, key, grads):
         """(what to reduce, its dtype) for bucket ``key``: the gradients themselves, or, when
         autocast gave every parameter of the bucket a lower communication dtype, a copy in it
-        (``engine/autocast.py``)."""
+        (``engine/base/autocast.py``)."""
         cd = self._bucket_comm_dtype(key)
         return (grads, cd) if cd == grads.dtype else (grads.to(cd), cd)
 

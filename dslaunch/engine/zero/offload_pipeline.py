@@ -23,8 +23,8 @@ import os
 import torch
 
 from dslaunch.accelerator import get_accelerator
+from dslaunch.engine.base import partition as P
 from dslaunch.engine.optim.cpu_adam import CPUOptimizer
-from dslaunch.engine.zero import partition as P
 from dslaunch.engine.zero.common import BufferPool
 
 

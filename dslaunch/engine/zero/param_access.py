@@ -26,7 +26,7 @@ import contextlib
 
 import torch
 
-from dslaunch.engine.zero import partition as P
+from dslaunch.engine.base import partition as P
 from dslaunch.engine.zero.stage3_fetch import RELEASED
 from dslaunch.engine.zero.zero_init import LIVE_STRATEGIES
 

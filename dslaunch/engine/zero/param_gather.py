@@ -11,7 +11,7 @@ The mix-in reads what the strategy sets up (``stage12.py``): ``groups`` (each wi
 
 from __future__ import annotations
 
-from dslaunch.engine.zero import partition as P
+from dslaunch.engine.base import partition as P
 
 
 class ParamGather:
@@ -76,7 +76,7 @@ class ParamGather:
 
 def _aliasing_refused(comm, tensor) -> bool:
     """Whether ``comm``'s all-gather of ``tensor`` may not read its input from its output: only
-    gloo's pairwise and all_reduce paths (``engine/comm.py``; pairwise is gloo's default) are known
+    gloo's pairwise and all_reduce paths (``engine/comm/collectives.py``; pairwise is gloo's default) are known
     to allow it. (gloo's own all-gather refuses; NCCL's in-place form is untested here.)"""
     paths_for = getattr(comm, "paths_for", None)
     if paths_for is None or tensor.device.type != "cpu":

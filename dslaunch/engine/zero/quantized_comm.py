@@ -12,7 +12,7 @@ are, and the gathers that read or write weights (checkpoints, ``module_state_dic
 ``GatheredParameters``) stay exact (``ParamStore.gather(exact=True)``).
 
 qgZ, ``HierarchicalReduceScatter``: a bucket's gradient reduce-scatter in two levels over the
-host groups (``engine/host_groups.py``; L ranks per host, H hosts, rank ``h*L + l``):
+host groups (``engine/comm/host_groups.py``; L ranks per host, H hosts, rank ``h*L + l``):
 
 1. intra-host, full precision: the bucket is reordered so that local rank ``l`` receives the
    chunks of ranks ``l, L+l, 2L+l, ...`` (its peers with the same local rank on every host), and
@@ -31,7 +31,7 @@ exact sum (each host's partial sum is rounded once). With one host it is a plain
 
 Bytes are booked in the engine's ``comm_stats()`` under their own names, each with its group's
 size for ``sent_bytes``: ``qwz_all_gather``, ``qgz_intra_reduce_scatter``,
-``qgz_inter_all_to_all`` (``engine/comm.py`` explains ``bytes`` and ``sent_bytes``).
+``qgz_inter_all_to_all`` (``engine/comm/collectives.py`` explains ``bytes`` and ``sent_bytes``).
 
 Tunables (environment, read once): ``DSLAUNCH_QWZ_BLOCK`` (2048), ``DSLAUNCH_QGZ_BITS`` (4 or
 8; default 4) and ``DSLAUNCH_QGZ_BLOCK`` (256).
@@ -44,8 +44,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from dslaunch.engine import host_groups
-from dslaunch.engine.comm import Comm
+from dslaunch.engine.comm import host_groups
+from dslaunch.engine.comm.collectives import Comm
 from dslaunch.kernels import quantize as Q
 
 WEIGHT_BITS, WEIGHT_BLOCK = 8, 2048

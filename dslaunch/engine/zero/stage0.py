@@ -26,11 +26,11 @@ import math
 
 import torch
 
-from ..experts import ExpertGroups, expert_group
-from ..memory import breakdown, optimizer_state_tensors
-from ..step_policy import REPLICATED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
-from .base import OptimizerStrategy, broadcast_model
-from .zero_init import register_strategy
+from dslaunch.engine.base.memory import breakdown, optimizer_state_tensors
+from dslaunch.engine.base.step_policy import REPLICATED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
+from dslaunch.engine.parallel.experts import ExpertGroups, expert_group
+from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
+from dslaunch.engine.zero.zero_init import register_strategy
 
 # With overlap, buckets are capped as DDP caps them (bucket_cap_mb=25, first bucket 1 MiB), even
 # under DeepSpeed's default reduce_bucket_size of 5e8 elements: one 5e8 bucket would only be
@@ -63,7 +63,7 @@ class Stage0Strategy(OptimizerStrategy):
         self.prescale = prescale_gradients
         self.predivide = gradient_predivide_factor or 1.0
 
-        # MoE (engine/experts.py): expert gradients are all-reduced over their expert-data-parallel
+        # MoE (engine/parallel/experts.py): expert gradients are all-reduced over their expert-data-parallel
         # group, in buckets of their own, and scaled as the dense ones
         self.experts = ExpertGroups(model, comm)
         broadcast_model(model, comm)

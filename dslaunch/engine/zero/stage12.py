@@ -17,7 +17,7 @@ This module is the strategy itself: the layout and its buffers, the optimizer re
 shards, the step, and the checkpoint and accounting seams. Gradient clipping uses the global norm
 (squared shard norms all-reduced with SUM, in fp64); a non-finite norm (fp16 overflow anywhere)
 skips the step on every rank and lowers the loss scale (the decision is
-``engine/step_policy.py``'s, shared with stage 0 and the pipeline).
+``engine/base/step_policy.py``'s, shared with stage 0 and the pipeline).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import math
 
 import torch
 
-from dslaunch.engine.autocast import comm_dtype
-from dslaunch.engine.experts import ExpertGroups, expert_group
-from dslaunch.engine.memory import breakdown, optimizer_state_tensors
-from dslaunch.engine.step_policy import SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
-from dslaunch.engine.zero import partition as P
+from dslaunch.engine.base import partition as P
+from dslaunch.engine.base.autocast import comm_dtype
+from dslaunch.engine.base.memory import breakdown, optimizer_state_tensors
+from dslaunch.engine.base.step_policy import SHARDED, GradNorm, all_reduce_sq_norm, loss_scale_of, sum_of_squares
+from dslaunch.engine.parallel.experts import ExpertGroups, expert_group
 from dslaunch.engine.zero.base import OptimizerStrategy, broadcast_model
 from dslaunch.engine.zero.common import (
     get_comm,
@@ -52,7 +52,7 @@ class _Group:
         self.names = [n for n, _ in named]
         self.params = {n: p for n, p in named}
         # the ranks this group is partitioned over: the data-parallel group, or for MoE experts
-        # their expert-data-parallel group (engine/experts.py)
+        # their expert-data-parallel group (engine/parallel/experts.py)
         self.comm, self.world, self.rank = comm, comm.world_size, comm.rank
         self.expert_group = expert_group
         self.layout = P.build_layout(named, self.world, bucket_numel, kind=comm_dtype)
@@ -295,7 +295,7 @@ class ZeroStage12Strategy(BucketedGradReduce, ParamGather, OptimizerStrategy):
 
     # -- accounting ----------------------------------------------------------------------------
     def memory_breakdown(self) -> dict:
-        """Bytes this rank holds (engine/memory.py's format): the flat parameter buffers (plus
+        """Bytes this rank holds (engine/base/memory.py's format): the flat parameter buffers (plus
         parameters outside the optimizer), the gradient buffers, the fp32 masters and states."""
         params = [g.flat for g in self.groups] + list(self.model.parameters())
         grads = [t for g in self.groups for t in (g.grad_flat, g.grad_shard) if t is not None]
@@ -305,12 +305,12 @@ class ZeroStage12Strategy(BucketedGradReduce, ParamGather, OptimizerStrategy):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        from dslaunch.engine.checkpoint.zero_shards import shard_state_dict
+        from dslaunch.engine.storage.zero_shards import shard_state_dict
 
         return shard_state_dict(self)
 
     def load_state_dict(self, sd, load_optimizer_states: bool = True) -> None:
-        from dslaunch.engine.checkpoint.zero_shards import load_shard_state_dict
+        from dslaunch.engine.storage.zero_shards import load_shard_state_dict
 
         if load_optimizer_states:
             load_shard_state_dict(self, sd)
@@ -320,7 +320,7 @@ class ZeroStage12Strategy(BucketedGradReduce, ParamGather, OptimizerStrategy):
 
     def load_resharded(self, ckpt_path: str) -> None:
         """Load a checkpoint written by a job with another world size (automatic reshape)."""
-        from dslaunch.engine.checkpoint.zero_shards import load_resharded
+        from dslaunch.engine.storage.zero_shards import load_resharded
 
         load_resharded(self, ckpt_path)
         self.version += 1

@@ -37,7 +37,7 @@ import contextlib
 
 import torch
 
-from dslaunch.engine.memory import breakdown, optimizer_state_tensors
+from dslaunch.engine.base.memory import breakdown, optimizer_state_tensors
 from dslaunch.engine.zero.base import OptimizerStrategy
 from dslaunch.engine.zero.common import BufferPool, get_comm, offloads_optimizer
 from dslaunch.engine.zero.grad_reduce import COMM_BUCKET_CAP

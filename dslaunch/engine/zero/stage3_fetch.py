@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from dslaunch.engine.zero import partition as P
+from dslaunch.engine.base import partition as P
 
 RELEASED, IN_FLIGHT, GATHERED = 0, 1, 2
 

@@ -18,7 +18,7 @@
 
 One object (``Stage3Comms``) says which group each collective runs in, so the call sites stay
 ``all_gather`` / ``secondary_gather`` / ``reduce_scatter``; the groups come from
-``engine/host_groups.py`` and book into the engine's comm stats, split intra- vs inter-host.
+``engine/comm/host_groups.py`` and book into the engine's comm stats, split intra- vs inter-host.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dslaunch.engine import host_groups
+from dslaunch.engine.comm import host_groups
 
 
 class Stage3Comms:

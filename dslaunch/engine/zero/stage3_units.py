@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from dslaunch.engine.autocast import comm_dtype
-from dslaunch.engine.zero import partition as P
+from dslaunch.engine.base import partition as P
+from dslaunch.engine.base.autocast import comm_dtype
 from dslaunch.engine.zero.leaf_modules import z3_leaf_module
 
 

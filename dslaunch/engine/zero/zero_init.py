@@ -38,7 +38,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from dslaunch.engine import comm
+from dslaunch.engine.comm import collectives as comm
 from dslaunch.engine.zero.param_status import ZeroParamStatus, set_ds_attributes
 
 LIVE_STRATEGIES: "weakref.WeakSet" = weakref.WeakSet()
@@ -203,7 +203,7 @@ class Init(contextlib.ContextDecorator):
         if self.enabled and module is not None:  # DeepSpeed: Init(module=m) partitions m now
             for p in module.parameters():
                 if shard_of(p) is None:
-                    from dslaunch.engine.comm import init_distributed
+                    from dslaunch.engine.comm.collectives import init_distributed
 
                     init_distributed()
                     partition_param(p)
@@ -211,7 +211,7 @@ class Init(contextlib.ContextDecorator):
     def __enter__(self):
         if not self.enabled:
             return self
-        from dslaunch.engine.comm import init_distributed
+        from dslaunch.engine.comm.collectives import init_distributed
 
         init_distributed()
         if not _ACTIVE:

@@ -1,6 +1,6 @@
-"""``deepspeed.ops.random_ltd.dropping_utils`` (``dslaunch/engine/random_ltd/tokens.py``)."""
+"""``deepspeed.ops.random_ltd.dropping_utils`` (``dslaunch/engine/features/random_ltd/tokens.py``)."""
 
-from dslaunch.engine.random_ltd.tokens import (
+from dslaunch.engine.features.random_ltd.tokens import (
     GatherTokens,
     ScatterTokens,
     bert_sample_tokens,

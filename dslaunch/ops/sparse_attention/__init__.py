@@ -5,10 +5,10 @@
 DeepSpeed's), ``SparseSelfAttention``, ``BertSparseSelfAttention`` and ``SparseAttentionUtils``,
 on the CPU without Triton.
 
-A face: the implementation is ``dslaunch/engine/sparse_attention/``.
+A face: the implementation is ``dslaunch/engine/features/sparse_attention/``.
 """
 
-from dslaunch.engine.sparse_attention.layouts import (
+from dslaunch.engine.features.sparse_attention.layouts import (
     BigBirdSparsityConfig,
     BSLongformerSparsityConfig,
     DenseSparsityConfig,
@@ -17,8 +17,8 @@ from dslaunch.engine.sparse_attention.layouts import (
     SparsityConfig,
     VariableSparsityConfig,
 )
-from dslaunch.engine.sparse_attention.modules import BertSparseSelfAttention, SparseSelfAttention
-from dslaunch.engine.sparse_attention.utils import SparseAttentionUtils
+from dslaunch.engine.features.sparse_attention.modules import BertSparseSelfAttention, SparseSelfAttention
+from dslaunch.engine.features.sparse_attention.utils import SparseAttentionUtils
 
 __all__ = ["SparsityConfig", "DenseSparsityConfig", "FixedSparsityConfig",
            "VariableSparsityConfig", "BigBirdSparsityConfig", "BSLongformerSparsityConfig",

@@ -1,9 +1,9 @@
 """``dslaunch.profiling.flops_profiler``, as ``deepspeed.profiling.flops_profiler``: per-module
 forward FLOPs, MACs, parameters and latency. A face: the implementation is
-``dslaunch/engine/profiling/flops_profiler.py`` over ``counting.py`` (ATen-level counting)."""
+``dslaunch/engine/observe/profiling/flops_profiler.py`` over ``counting.py`` (ATen-level counting)."""
 
 from dslaunch.deepspeed_names import face_getattr
-from dslaunch.engine.profiling.flops_profiler import (
+from dslaunch.engine.observe.profiling.flops_profiler import (
     FlopsProfiler,
     bytes_to_string,
     duration_to_string,

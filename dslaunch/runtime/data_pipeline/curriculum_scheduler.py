@@ -1,8 +1,8 @@
 """``dslaunch.runtime.data_pipeline.curriculum_scheduler``, as DeepSpeed's: the difficulty
-schedule of curriculum learning. A face: the implementation is ``dslaunch/engine/curriculum.py``.
+schedule of curriculum learning. A face: the implementation is ``dslaunch/engine/features/curriculum.py``.
 """
 
-from dslaunch.engine.curriculum import CurriculumScheduler
+from dslaunch.engine.features.curriculum import CurriculumScheduler
 
 __all__ = ["CurriculumScheduler"]
 

@@ -2,12 +2,12 @@
 ``TiedLayerSpec``, ``ProcessTopology`` (the same objects as ``dslaunch.pipe``), and the
 ``engine`` submodule (``PipelineEngine``).
 
-A face: the implementation is ``dslaunch/engine/pipe/`` and ``dslaunch/engine/topology.py``.
+A face: the implementation is ``dslaunch/engine/parallel/pipe/`` and ``dslaunch/engine/parallel/topology.py``.
 """
 
 from dslaunch.deepspeed_names import face_getattr
-from dslaunch.engine.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec
-from dslaunch.engine.topology import ProcessTopology
+from dslaunch.engine.parallel.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec
+from dslaunch.engine.parallel.topology import ProcessTopology
 
 __all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec", "ProcessTopology"]
 

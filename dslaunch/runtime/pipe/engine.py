@@ -1,9 +1,9 @@
 """``dslaunch.runtime.pipe.engine``, as ``deepspeed.runtime.pipe.engine``: ``PipelineEngine``.
 
-A face: the implementation is ``dslaunch/engine/pipe/engine.py``.
+A face: the implementation is ``dslaunch/engine/core/pipe_engine.py``.
 """
 
-from dslaunch.engine.pipe.engine import PipelineEngine
+from dslaunch.engine.core.pipe_engine import PipelineEngine
 
 __all__ = ["PipelineEngine"]
 

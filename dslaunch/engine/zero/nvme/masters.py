@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .swap_file import round_up
+from dslaunch.engine.zero.nvme.swap_file import round_up
 
 
 class SwappedMasters:

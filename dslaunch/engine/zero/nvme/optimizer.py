@@ -40,9 +40,9 @@ import weakref
 
 import torch
 
-from .masters import SwappedMasters
-from .swap_dir import KEY, remove_swap_dir
-from .swap_file import AIO_KEYS, open_aio_handle, round_up
+from dslaunch.engine.zero.nvme.masters import SwappedMasters
+from dslaunch.engine.zero.nvme.swap_dir import KEY, remove_swap_dir
+from dslaunch.engine.zero.nvme.swap_file import AIO_KEYS, open_aio_handle, round_up
 
 
 class _SubGroup:

@@ -34,10 +34,9 @@ import weakref
 
 import torch
 
+from dslaunch.engine.zero.nvme.swap_dir import make_swap_dir, remove_swap_dir
+from dslaunch.engine.zero.nvme.swap_file import aio_settings, open_aio_handle, round_up
 from dslaunch.engine.zero.stage3_fetch import RELEASED, ParamStore
-
-from .swap_dir import make_swap_dir, remove_swap_dir
-from .swap_file import aio_settings, open_aio_handle, round_up
 
 KEY = "zero_optimization.offload_param"
 

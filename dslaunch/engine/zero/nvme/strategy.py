@@ -23,10 +23,10 @@ import contextlib
 
 import torch
 
-from .masters import storageless_like
-from .optimizer import NVMeSwappedOptimizer
-from .swap_dir import KEY, make_swap_dir
-from .swap_file import aio_settings
+from dslaunch.engine.zero.nvme.masters import storageless_like
+from dslaunch.engine.zero.nvme.optimizer import NVMeSwappedOptimizer
+from dslaunch.engine.zero.nvme.swap_dir import KEY, make_swap_dir
+from dslaunch.engine.zero.nvme.swap_file import aio_settings
 
 
 def wrap_optimizer(optimizer, zero, aio, rank: int, swap_params: bool = False):
@@ -69,7 +69,7 @@ def with_nvme_swap(cls):
             if self.masters_resident:
                 yield self
                 return
-            from dslaunch.engine.zero import partition as P
+            from dslaunch.engine.base import partition as P
 
             for g in self.groups:
                 g.master = torch.empty(g.layout.shard_numel, dtype=torch.float32)

@@ -1,6 +1,6 @@
 """``dslaunch.runtime.data_pipeline.data_routing``, as DeepSpeed's: random layer-wise token
 dropping (``basic_layer.RandomLayerTokenDrop``, ``helper.convert_to_random_ltd``,
-``scheduler.RandomLTDScheduler``). A face: the implementation is ``dslaunch/engine/random_ltd/``.
+``scheduler.RandomLTDScheduler``). A face: the implementation is ``dslaunch/engine/features/random_ltd/``.
 """
 
 from dslaunch.deepspeed_names import face_getattr

@@ -1,7 +1,7 @@
 """``deepspeed.runtime.data_pipeline.data_routing.helper``: wrapping a model's layers and the
-state dict without the wrappers (``dslaunch/engine/random_ltd/convert.py``)."""
+state dict without the wrappers (``dslaunch/engine/features/random_ltd/convert.py``)."""
 
-from dslaunch.engine.random_ltd.convert import (
+from dslaunch.engine.features.random_ltd.convert import (
     convert_to_random_ltd,
     remove_random_ltd_state_dict,
     save_without_random_ltd,

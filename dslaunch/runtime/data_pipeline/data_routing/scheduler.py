@@ -1,9 +1,9 @@
 """``deepspeed.runtime.data_pipeline.data_routing.scheduler``: the kept-length schedule
-(``dslaunch/engine/random_ltd/scheduler.py``) and dslaunch's layer-token learning-rate schedule
+(``dslaunch/engine/features/random_ltd/scheduler.py``) and dslaunch's layer-token learning-rate schedule
 (``lr_schedule.py``; DeepSpeed refuses ``layer_token_lr_schedule``)."""
 
-from dslaunch.engine.random_ltd.lr_schedule import WarmupLayerTokenDecayLR
-from dslaunch.engine.random_ltd.scheduler import RandomLTDScheduler
+from dslaunch.engine.features.random_ltd.lr_schedule import WarmupLayerTokenDecayLR
+from dslaunch.engine.features.random_ltd.scheduler import RandomLTDScheduler
 
 BaseScheduler = RandomLTDScheduler  # DeepSpeed's base class holds the schedule of its one child
 

@@ -1,8 +1,8 @@
 """DeepSpeed's ``data_sampling.data_analyzer``: offline per-sample metrics (map over workers, reduce into index files).
-Implemented in ``dslaunch.engine.data_efficiency.data_analyzer``."""
+Implemented in ``dslaunch.engine.features.data_efficiency.data_analyzer``."""
 
-from dslaunch.engine.data_efficiency import data_analyzer as _impl
-from dslaunch.engine.data_efficiency.data_analyzer import *  # noqa: F403
+from dslaunch.engine.features.data_efficiency import data_analyzer as _impl
+from dslaunch.engine.features.data_efficiency.data_analyzer import *  # noqa: F403
 
 
 def __getattr__(name):  # the implementation's other names; else a DeepSpeed name we lack

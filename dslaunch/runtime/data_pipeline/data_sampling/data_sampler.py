@@ -1,8 +1,8 @@
 """DeepSpeed's ``data_sampling.data_sampler``: ``DeepSpeedDataSampler``, batches whose difficulty follows a curriculum.
-Implemented in ``dslaunch.engine.data_efficiency.data_sampler``."""
+Implemented in ``dslaunch.engine.features.data_efficiency.data_sampler``."""
 
-from dslaunch.engine.data_efficiency import data_sampler as _impl
-from dslaunch.engine.data_efficiency.data_sampler import *  # noqa: F403
+from dslaunch.engine.features.data_efficiency import data_sampler as _impl
+from dslaunch.engine.features.data_efficiency.data_sampler import *  # noqa: F403
 
 
 def __getattr__(name):  # the implementation's other names; else a DeepSpeed name we lack

@@ -1,8 +1,8 @@
 """DeepSpeed's ``data_sampling.indexed_dataset``: the ``.bin``/``.idx`` memory-mapped array files.
-Implemented in ``dslaunch.engine.data_efficiency.indexed_dataset``."""
+Implemented in ``dslaunch.engine.features.data_efficiency.indexed_dataset``."""
 
-from dslaunch.engine.data_efficiency import indexed_dataset as _impl
-from dslaunch.engine.data_efficiency.indexed_dataset import *  # noqa: F403
+from dslaunch.engine.features.data_efficiency import indexed_dataset as _impl
+from dslaunch.engine.features.data_efficiency.indexed_dataset import *  # noqa: F403
 
 
 def __getattr__(name):  # the implementation's other names; else a DeepSpeed name we lack

@@ -1,8 +1,8 @@
 """DeepSpeed's ``data_sampling.utils``: the helpers the analyzer and sampler share.
-Implemented in ``dslaunch.engine.data_efficiency.utils``."""
+Implemented in ``dslaunch.engine.features.data_efficiency.utils``."""
 
-from dslaunch.engine.data_efficiency import utils as _impl
-from dslaunch.engine.data_efficiency.utils import *  # noqa: F403
+from dslaunch.engine.features.data_efficiency import utils as _impl
+from dslaunch.engine.features.data_efficiency.utils import *  # noqa: F403
 
 
 def __getattr__(name):  # the implementation's other names; else a DeepSpeed name we lack
