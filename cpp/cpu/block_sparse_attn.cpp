@@ -1,5 +1,5 @@
 // Op "cpu_block_sparse_attn": the forward of block-sparse attention on the CPU, computing only
-// the blocks a layout keeps (dslaunch/engine/sparse_attention/block_attention.py holds the torch
+// the blocks a layout keeps (dslaunch/engine/features/sparse_attention/block_attention.py holds the torch
 // path this must equal, and the backward).
 //
 // q, k, v, out: fp32 [B, H, L, D] contiguous; L = n * block. The layout comes as the torch

@@ -1,5 +1,5 @@
 // Op "onebit_pack": the CPU side of the error-compensated 1-bit all-reduce
-// (dslaunch/engine/onebit/compressed.py, which holds the torch fallback these must equal).
+// (dslaunch/engine/optim/onebit/compressed.py, which holds the torch fallback these must equal).
 //
 // Wire layout: blocks of `block` fp32 values are grouped in rows of `row_blocks` blocks; a row is
 // `row_blocks * block / 8` bytes of signs (element 8i+k in bit k of byte i, 1 = non-negative)
@@ -16,7 +16,7 @@
 //   with row = row_blocks * block values per row.
 // clamp(m, denom, n, bound, nthreads): m = clamp(m, -denom * bound, denom * bound), and 0 where
 //   denom is +inf (a coordinate that never had a gradient;
-//   see dslaunch/engine/onebit/optimizer.py).
+//   see dslaunch/engine/optim/onebit/optimizer.py).
 // One block (8 KB at the default 2048) stays in L1 between the norm and the sign pass, so each
 // call reads and writes its arrays once. OpenMP over blocks.
 #include <cmath>

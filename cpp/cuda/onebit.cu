@@ -1,4 +1,4 @@
-// 1-bit compression with error feedback (the layout of dslaunch/engine/onebit/compressed.py):
+// 1-bit compression with error feedback (the layout of dslaunch/engine/optim/onebit/compressed.py):
 // one CUDA block per scale block; sign bits packed 8 per byte, element 8i+k in bit k.
 #include "dslaunch_cuda.cuh"
 
