@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/bench_standby_cost.py --smoke      # 1 round, 40 steps
 
 With ``--recover in-process`` each agent starts one standby process beside its ranks
-(launcher/agent.py): it runs the script up to dslaunch's first call, imports the engine and
+(launcher/agent_recovery.py): it runs the script up to dslaunch's first call, imports the engine and
 waits to replace a lost rank. On a host with few cores its start takes CPU from the ranks' own.
 Variants, the same job each (``dslaunch run --nproc-per-node 2`` of tests/scripts/inject_train.py,
 ZeRO 0 so that no shard copies run), in turn within each round, the order rotated per round:

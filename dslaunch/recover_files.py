@@ -1,6 +1,7 @@
 """The files through which an agent and its ranks talk during an in-process recovery
-(``dslaunch run --recover in-process``): shared by the agent (``launcher/agent.py``) and the
-engine (``engine/recovery/``), which may not import each other. No torch here.
+(``dslaunch run --recover in-process``): shared by the agent (``launcher/agent.py``,
+``launcher/agent_recovery.py``) and the engine (``engine/recovery/``), which may not
+import each other. No torch here.
 
 - the **instruction** (``FILE_ENV`` names it, one per rank slot of the node): the launcher's
   ``recover`` word for a surviving rank, written whole (rename) by the agent;

@@ -1,7 +1,7 @@
-"""A standby process (in-process recovery: ``launcher/agent.py`` starts one per node ahead of any
-fault) warms up at a lower CPU priority, so that on a host with few cores its imports and engine
-warm-up give way to the ranks' own start and training; promoted to a rank, it takes back the
-priority it started with.
+"""A standby process (in-process recovery: ``launcher/agent_recovery.py`` starts one per node ahead
+of any fault) warms up at a lower CPU priority, so that on a host with few cores its imports and
+engine warm-up give way to the ranks' own start and training; promoted to a rank, it takes back
+the priority it started with.
 
 Two levers, because Linux has two:
 

@@ -1,4 +1,4 @@
-"""The agent's node lock (launcher/agent.py: node_lock): a restarted agent starts no rank on a
+"""The agent's node lock (launcher/node_lock.py): a restarted agent starts no rank on a
 node while the previous attempt's agent there still lives (it exits only after its ranks are
 gone). The pdsh flake of tests/multihost/test_restarts.py: with pdsh the launcher's stop ends the
 attempt at once (the connections close), while each remote agent is still stopping its ranks, so
@@ -10,12 +10,12 @@ import signal
 import subprocess
 import sys
 
-from dslaunch.launcher.agent import node_lock, node_lock_path
+from dslaunch.launcher.node_lock import node_lock, node_lock_path
 from dslaunch.launcher.plan import build_plan
 
 HOLDER = """
 import sys, time
-from dslaunch.launcher.agent import node_lock
+from dslaunch.launcher.node_lock import node_lock
 fd, waited, got = node_lock(sys.argv[1], 5.0)
 print("held" if got else "not held", flush=True)
 time.sleep(600)

@@ -12,14 +12,14 @@ so the launcher may restart the job elsewhere without two halves training.
 Fail fast on this node: when one of its ranks fails, the agent stops the others itself at once
 (the launcher then stops the other nodes); with ``--recover in-process`` it leaves them running
 and waits for the launcher's word instead: ``recover`` (survivors get an instruction file, lost
-ranks start again as replacements: ``_recover``) or a stop. No torch here: starting ranks must
-stay cheap.
+ranks start again as replacements: ``agent_recovery.py``) or a stop. What it reads from its ranks
+for the launcher (progress, memory, stacks) is ``agent_diagnostics.py``. No torch here: starting
+ranks must stay cheap.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import queue
@@ -32,17 +32,16 @@ import threading
 import time
 
 from dslaunch import progress_record, recover_files
+from dslaunch.launcher import agent_diagnostics as diagnostics
 from dslaunch.launcher import errors, events, inject
+from dslaunch.launcher.agent_recovery import InProcessRecovery
 from dslaunch.launcher.bootstrap import STACK_FILE_ENV
 from dslaunch.launcher.cores import CoreListError, format_cores, rank_cores
-from dslaunch.launcher.idleness import Idleness, cpu_ticks
+from dslaunch.launcher.node_lock import node_lock, node_lock_path
 from dslaunch.launcher.plan import ENV_LINE, ENV_VAR, WorldPlan, decode_env, free_port
+from dslaunch.launcher.rank_process import TAIL_LINES, Rank
 
-TAIL_LINES = 20
 DUMP_WAIT = 0.5  # seconds between the SIGUSR1 stack dump and SIGTERM (the dump is written at once)
-STACK_WAIT = 1.5  # how long a "dump stacks" waits for a rank's faulthandler file (a busy host may
-# take a while to schedule the rank that must handle the signal)
-PYSPY_TIMEOUT = 1.5
 PREVIOUS_ATTEMPT_WAIT = 60.0  # beyond the grace period: how long a restarted agent waits for the
 # previous attempt's agent on its node to have stopped its ranks (see node_lock)
 READER_JOIN = 2.0  # how long an exit waits for the rank's last output to be streamed
@@ -72,58 +71,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-class Rank:
-    def __init__(self, rank: int, local_rank: int, proc: subprocess.Popen, error_file: str,
-                 torch_error_file: str = "", progress_file: str = "", stack_file: str = ""):
-        self.rank, self.local_rank, self.proc, self.error_file = rank, local_rank, proc, error_file
-        self.torch_error_file = torch_error_file
-        # where its progress record and stack dumps go (a promoted standby keeps its stack file)
-        self.progress_file, self.stack_file = progress_file, stack_file
-        self.tail = collections.deque(maxlen=TAIL_LINES)
-        self.reader: threading.Thread | None = None
-        self.exited = False
-        self.idleness = Idleness(time.monotonic())  # the hang watchdog's input (idleness.py)
-
-
-def node_lock_path(plan: WorldPlan, node_rank: int) -> str:
-    """The file an agent holds locked while it lives, one per (job, host, node): the agent of the
-    next attempt of the same node takes it before starting ranks."""
-    import hashlib
-
-    key = f"{plan.run_id}|{plan.node(node_rank)['host']}|{node_rank}|{plan.master_port}"
-    name = hashlib.sha1(key.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"dslaunch-node-{name}.lock")
-
-
-def node_lock(path: str, wait: float, on_wait=None):
-    """Lock ``path`` (flock, released by the kernel when this process ends, even by SIGKILL).
-    A restart must not start ranks on a node while the previous attempt's ranks there still run:
-    with pdsh the launcher's stop closes the connections and the attempt is over for the
-    launcher at once, while each remote agent is still stopping its ranks (EOF on stdin ->
-    SIGTERM, grace period, SIGKILL), so the next attempt's rank 0 met the old rank 0 still
-    holding MASTER_PORT (or the old store answering the new ranks). The old agent exits only
-    after its ranks are gone, so holding its lock means they are. Returns (fd, seconds waited,
-    got it); after ``wait`` s it gives up waiting and returns got=False (the caller goes on)."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    start = time.monotonic()
-    told = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd, time.monotonic() - start, True
-        except BlockingIOError:
-            pass
-        if not told and on_wait is not None:
-            on_wait()
-            told = True
-        if time.monotonic() - start > wait:
-            return fd, time.monotonic() - start, False
-        time.sleep(0.05)
-
-
-class Agent:
+class Agent(InProcessRecovery):
     def __init__(self, plan: WorldPlan, node_rank: int | None, restart_count: int = 0, out=None,
                  join: dict | None = None, warm_spare: dict | None = None):
         self.plan, self.node_rank, self.restart_count = plan, node_rank, restart_count
@@ -277,39 +225,15 @@ class Agent:
     def stack_file(self, rank: int) -> str:
         return os.path.join(self.tmpdir, f"stacks_{rank}.txt")
 
-    def progress(self) -> tuple:
-        """({rank: its last progress record} for the running ranks that wrote one, {rank: seconds
-        without progress (idleness.py)} for every running rank)."""
-        found, idle = {}, {}
-        now, wall = time.monotonic(), time.time()
-        for r in self.ranks:
-            if r.proc.poll() is None:
-                rec = progress_record.read(r.progress_file)
-                if rec is not None:
-                    found[str(r.rank)] = rec
-                idle[str(r.rank)] = r.idleness.update(rec, cpu_ticks(r.proc.pid), now, wall)
-        return found, idle
-
     def dump_stacks(self, wanted: set) -> None:
-        """Send the stacks of this node's running ranks in ``wanted`` (all when empty): the
-        bootstrap's faulthandler appends them to the rank's stack file on SIGUSR2."""
+        """Send the stacks of this node's running ranks in ``wanted`` (all when empty): Python's,
+        then native ones (slower: in an event of their own) when py-spy is installed
+        (``agent_diagnostics.py``)."""
         ranks = [r for r in self.ranks if r.proc.poll() is None and (not wanted or r.rank in wanted)]
-        sizes = {}
-        for r in ranks:
-            try:
-                sizes[r.rank] = os.path.getsize(r.stack_file)
-            except OSError:
-                sizes[r.rank] = 0
-            try:
-                os.kill(r.proc.pid, signal.SIGUSR2)
-            except ProcessLookupError:
-                pass
-        stacks = {str(r.rank): {"python": _read_new(r.stack_file, sizes[r.rank])}
-                  for r in ranks}
-        self.event(events.STACKS, stacks=stacks)
-        if ranks and shutil.which("py-spy"):  # slower: in an event of their own, after these
-            self.event(events.STACKS, stacks={str(r.rank): {"native": _pyspy(r.proc.pid)}
-                                              for r in ranks})
+        self.event(events.STACKS, stacks=diagnostics.python_stacks(ranks))
+        native = diagnostics.native_stacks(ranks)
+        if native is not None:
+            self.event(events.STACKS, stacks=native)
 
     def start(self) -> None:
         self.gpus = detect_gpus()
@@ -441,29 +365,14 @@ class Agent:
             self.queue.put(("command", raw.decode("utf-8", "replace").strip()))
         self.queue.put(("command", "eof"))
 
-    def memory(self) -> dict:
-        """{rank: resident memory in bytes} of the running ranks (the live job view's column)."""
-        import psutil  # here, not at import: starting ranks must stay cheap
-
-        rss = {}
-        for r in self.ranks:
-            if r.proc.poll() is None:
-                try:
-                    value = psutil.Process(r.proc.pid).memory_info().rss
-                except (psutil.Error, OSError):
-                    continue
-                if value:  # 0: exited, not yet reaped (a zombie): no figure
-                    rss[str(r.rank)] = value
-        return rss
-
     def _heartbeat(self) -> None:
         while not self.all_exited.wait(self.plan.heartbeat_interval):
-            progress, idle = self.progress()
+            progress, idle = diagnostics.progress(self.ranks)
             # in-process recovery: a port free on this host now, for a new group's store here
             # (the launcher cannot ask a remote host at the moment of a fault)
             extra = {"free_port": free_port()} if self.plan.recover == "in-process" else {}
             self.event(events.HEARTBEAT, time=time.time(), progress=progress, idle=idle,
-                       rss=self.memory(), **extra)
+                       rss=diagnostics.memory(self.ranks), **extra)
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signal.Signals(signum).name
@@ -604,137 +513,6 @@ class Agent:
         self.event(events.DONE, returncodes=returncodes)
         return 0 if all(rc == 0 for rc in returncodes.values()) else 1
 
-    # ---- in-process recovery (engine/recovery/ has the ranks' side) ----------------
-    def _recover(self, text: str) -> None:
-        """The launcher's ``recover`` word: each running rank of ours gets it in its instruction
-        file (it aborts its collectives and joins the new group); each rank of ours it lists
-        under ``replace`` starts again as a new process that joins the survivors."""
-        try:
-            word = json.loads(text)
-        except ValueError:
-            self.event(events.ERROR, message=f"unreadable recover word: {text[:200]}")
-            return
-        epoch = int(word["epoch"])
-        renumber = word.get("renumber")  # a lost host: the others go on as a smaller world
-        if renumber:
-            self.node["ranks"] = [renumber.get(str(r), r) for r in self.node["ranks"]]
-            self.plan.world_size = int(word["world_size"])
-        for r in self._alive():
-            if renumber:
-                r.rank = renumber.get(str(r.rank), r.rank)
-            path = self.recover_file(r.local_rank)
-            self.pending_acks[r.local_rank] = (r.rank, epoch)
-            recover_files.write_json(path, {**word, "rank": r.rank})
-        self._start_replacements(word)
-
-    def _adopt(self, text: str) -> None:
-        """A warm spare becomes the agent of a lost host's node (``adopt {"node_rank": n, "word":
-        recover word}``): that node's ranks start here from the standbys already waiting, as
-        replacements that join the survivors."""
-        try:
-            msg = json.loads(text)
-            n, word = int(msg["node_rank"]), msg["word"]
-            node = self.plan.node(n)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            self.event(events.ERROR, message=f"unreadable adopt word: {exc}: {text[:200]}")
-            return
-        slots = self.node["slots"]
-        node["host"], node["slots"] = self.host, slots[:len(node["ranks"])]
-        self.node, self.node_rank, self.warm = node, n, False
-        self.say(f"taking over node {n} (ranks {', '.join(map(str, node['ranks']))}) from its "
-                 f"{len(self.standby_pool)} warm standby process(es)")
-        self._start_replacements(word)
-
-    def _start_replacements(self, word: dict) -> None:
-        """Each rank of ours the recover ``word`` lists under ``replace`` starts again as a new
-        process (a standby promoted when one waits) that joins the survivors."""
-        epoch = int(word["epoch"])
-        for new in word.get("replace", []):
-            if int(new["node_rank"]) != self.node_rank:
-                continue
-            local_rank, rank = int(new["local_rank"]), int(new["rank"])
-            path = self.recover_file(local_rank)
-            for stale in (path, recover_files.ack_path(path)):
-                if os.path.exists(stale):
-                    os.unlink(stale)
-            extra = self._replacement_env(word, rank, local_rank)
-            try:
-                r = self._promote(rank, local_rank, extra) or self._start_rank(rank, local_rank, extra)
-            except (OSError, RuntimeError) as exc:
-                self.event(events.RECOVER_ACK, rank=rank, epoch=epoch, status="refused",
-                           why=f"cannot start the replacement on {self.host}: {exc}")
-                continue
-            self.event(events.STARTED, pids={str(rank): r.proc.pid}, replacement=True)
-
-    def _join_env(self, rank: int, local_rank: int) -> dict | None:
-        """At start, with ``self.join`` (a spare host taking a lost host's ranks): each rank is a
-        replacement. None: an ordinary start."""
-        return None if self.join is None else self._replacement_env(self.join, rank, local_rank)
-
-    def _replacement_env(self, word: dict, rank: int, local_rank: int) -> dict:
-        """The extra environment of a replacement for ``rank`` under the recover ``word``; its
-        answer will be forwarded like a survivor's."""
-        epoch = int(word["epoch"])
-        self.pending_acks[local_rank] = (rank, epoch)
-        return {recover_files.JOIN_ENV: json.dumps({**word, "rank": rank}),
-                # --inject faults are per attempt: the replacement must not meet its own again
-                "DSLAUNCH_RESTART_COUNT": str(self.restart_count + epoch)}
-
-    def _warm_count(self) -> int:
-        """A warm spare's standbys: enough for the largest node's ranks, within its slots."""
-        if not self.warm:
-            return 0
-        return max(1, min(len(self.node["slots"]) or 1,
-                          max(len(n["ranks"]) for n in self.plan.nodes)))
-
-    def _start_standby(self, count: int = 1) -> None:
-        """With in-process recovery, warm processes (one per node, ``count`` on a warm spare;
-        DSLAUNCH_RECOVER_STANDBY=0: none): a lost rank is replaced without a process start, torch
-        import and model build on the recovery's path."""
-        if self.plan.recover != "in-process" or self.stopping.is_set() or \
-                recover_files.standbys_off(self.plan.env):
-            return
-        for _ in range(count):
-            try:
-                self.standby_pool.append(self._start_rank(-1, 0, standby=True))
-            except (OSError, RuntimeError) as exc:
-                self.say(f"no standby process for in-process recovery: {exc}")
-                return
-
-    def _promote(self, rank: int, local_rank: int, extra: dict) -> Rank | None:
-        """A standby becomes ``rank`` (None: there is none alive)."""
-        while self.standby_pool and self.standby_pool[0].proc.poll() is not None:
-            self.standby_pool.pop(0)  # (one that died waiting)
-        if not self.standby_pool:
-            return None
-        r = self.standby_pool.pop(0)
-        env = self.rank_env(rank, local_rank, self.gpus)
-        env.update(extra)
-        env.pop(STACK_FILE_ENV, None)  # its faulthandler already writes to its own file
-        delta = {k: v for k, v in env.items() if r.launch_env.get(k) != v}
-        r.rank, r.local_rank, r.progress_file = rank, local_rank, self.progress_file(rank)
-        r.idleness = Idleness(time.monotonic())
-        recover_files.write_json(r.standby_file, {"env": delta})
-        self.ranks.append(r)
-        threading.Thread(target=self._wait_rank, args=(r,), daemon=True).start()
-        return r
-
-    def _forward_acks(self) -> None:
-        """Send on what the ranks answered to a recover word (their ack files)."""
-        for local_rank, (rank, epoch) in list(self.pending_acks.items()):
-            ack = recover_files.read_json(recover_files.ack_path(self.recover_file(local_rank)))
-            if ack is None or ack.get("epoch") not in (epoch, 0):
-                continue
-            if ack.get("status") == "recovering":  # under way: the final answer follows
-                if self.started_acks.get(local_rank) != epoch:
-                    self.started_acks[local_rank] = epoch
-                    self.event(events.RECOVER_ACK, rank=rank, **{**ack, "epoch": epoch})
-                continue
-            del self.pending_acks[local_rank]
-            self.event(events.RECOVER_ACK, rank=rank, **{**ack, "epoch": epoch})
-            if ack.get("status") == "joined" and not self.standby_pool:
-                self._start_standby()  # for the next fault, once this one is over (CPU)
-
     def _fence(self) -> None:
         """Cut off from the launcher for ``fence_timeout`` s: kill this node's ranks (the
         launcher, which stopped hearing us too, restarts the job without this host)."""
@@ -750,42 +528,6 @@ class Agent:
     def _reap_all(self) -> None:
         # A rank's leftover children (same process group) must not outlive the job.
         self._signal_groups(signal.SIGKILL, self.ranks + self.standby_pool)
-
-
-def _read_new(path: str, start: int) -> str:
-    """What a rank's faulthandler appended to ``path`` after byte ``start``: waits until the file
-    has grown and then stays the same for a moment (the dump is written in pieces), at most
-    STACK_WAIT seconds."""
-    deadline = time.monotonic() + STACK_WAIT
-    last = start
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            continue
-        if size > start and size == last:
-            break
-        last = size
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            return f.read(256 * 1024).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _pyspy(pid: int) -> str | None:
-    """``py-spy dump --native`` of the rank when py-spy is installed (not a dependency)."""
-    exe = shutil.which("py-spy")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True,
-                             text=True, timeout=PYSPY_TIMEOUT)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"py-spy failed: {exc}"
-    return out.stdout if out.returncode == 0 else f"py-spy failed: {out.stderr.strip()[-300:]}"
 
 
 def main(argv: list | None = None) -> int:

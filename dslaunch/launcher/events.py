@@ -54,10 +54,10 @@ CMD_STOP = "stop"
 CMD_STOP_FAILURE = "stop failure"
 CMD_KILL = "kill"
 CMD_DUMP_STACKS = "dump stacks"
-CMD_RECOVER = "recover"  # recover {json}: in-process recovery (agent.py, engine/recovery/)
+CMD_RECOVER = "recover"  # recover {json}: in-process recovery (agent_recovery.py, engine/recovery/)
 CMD_KILL_RANKS = "kill ranks"  # kill ranks R..: SIGKILL these ranks (a hung one, before recovering)
 CMD_PING = "ping"  # the controller is there (fencing: an agent that stops hearing it stops)
-CMD_ADOPT = "adopt"  # adopt {json}: a warm spare agent becomes a lost host's node (agent.py)
+CMD_ADOPT = "adopt"  # adopt {json}: a warm spare agent becomes a lost host's node (agent_recovery.py)
 
 
 def format_event(event: str, **fields) -> bytes:

@@ -5,7 +5,7 @@ once, while each remote agent is still stopping its ranks (SIGTERM, grace period
 cause of test_restarts[pdsh]'s flake under load, where the next attempt's rank 0 met the old
 rank 0 still listening on MASTER_PORT. Here the old ranks take their whole grace period on
 purpose (they ignore SIGTERM; grace period 15 s, longer than a restarted rank takes to start
-even on a loaded machine), so without the agent's node lock (launcher/agent.py) the next
+even on a loaded machine), so without the agent's node lock (launcher/node_lock.py) the next
 attempt's rank 0 fails with EADDRINUSE (seen: "The server socket has failed to listen ...
 EADDRINUSE", no restart left). With it, the restarted agents say they waited."""
 
