@@ -40,6 +40,8 @@ API (everything a newcomer needs to start a real job):
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -242,23 +244,88 @@ class JobCache:
         self.root = Path(root)
         self.jobs: dict[str, Job] = {}
         self.hits = 0
+        self.found: set = set()  # keys of jobs another process (xdist worker) ran
+        self._held: dict = {}  # key -> its open lock file, while this process holds it
 
     @staticmethod
     def key_of(**what) -> str:
         text = json.dumps(what, sort_keys=True, default=str)
         return hashlib.sha1(text.encode()).hexdigest()[:12]
 
+    # -- shared between processes: the pytest-xdist workers of one run share ``root`` ------------
+    @contextlib.contextmanager
+    def _locked(self, keys):
+        """Hold the lock of each key (an flock on ``root/.locks/<key>``; re-entrant in this
+        process): the one process that holds it runs the job, another one asking for the same
+        job waits, then finds its record. Taken in sorted order, so that two processes locking
+        overlapping sets (run_many) cannot deadlock; a process that dies lets go of its locks."""
+        (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+        mine = []
+        try:
+            for key in sorted(set(keys)):
+                if key not in self._held:
+                    f = open(self.root / ".locks" / key, "a")
+                    self._held[key] = f
+                    mine.append(key)
+                    fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+        finally:
+            for key in mine:
+                self._held.pop(key).close()
+
+    def _record(self, key: str) -> Path:
+        return self.root / ".records" / f"{key}.json"
+
+    def _save(self, job: Job) -> None:
+        """Write ``job`` where the other processes of this run find it (atomically)."""
+        path = self._record(job.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"name": job.name, "key": job.key, "dir": str(job.dir),
+                                   "argv": [str(a) for a in job.argv], "seconds": job.seconds,
+                                   "returncode": job.proc.returncode, "stdout": job.proc.stdout,
+                                   "stderr": job.proc.stderr}))
+        os.replace(tmp, path)
+
+    def _load(self, key: str) -> Job | None:
+        """The Job another process of this run finished (None: not run yet)."""
+        try:
+            rec = json.loads(self._record(key).read_text())
+        except FileNotFoundError:
+            return None
+        proc = subprocess.CompletedProcess(rec["argv"], rec["returncode"], rec["stdout"],
+                                           rec["stderr"])
+        job = Job(rec["name"], key, Path(rec["dir"]), rec["argv"], proc, rec["seconds"])
+        self.jobs[key] = job
+        self.found.add(key)
+        return job
+
+    @staticmethod
+    def records(root: Path) -> list:
+        """Every job recorded under ``root`` (all processes of the run): (name, seconds, ok)."""
+        out = []
+        for path in sorted((Path(root) / ".records").glob("*.json")):
+            rec = json.loads(path.read_text())
+            out.append((rec["name"], rec["seconds"], rec["returncode"] == 0))
+        return out
+
     def _get(self, name, key, argv_of, env, timeout, check) -> Job:
         job = self.jobs.get(key)
         if job is None:
-            d = self.root / f"{name}-{key}"
-            d.mkdir(parents=True, exist_ok=True)
-            argv = argv_of(str(d))
-            t0 = time.perf_counter()
-            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=timeout)
-            job = Job(name, key, d, argv, proc, time.perf_counter() - t0)
-            self.jobs[key] = job
+            with self._locked([key]):
+                job = self._load(key)
+                if job is None:
+                    d = self.root / f"{name}-{key}"
+                    d.mkdir(parents=True, exist_ok=True)
+                    argv = argv_of(str(d))
+                    t0 = time.perf_counter()
+                    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                                          timeout=timeout)
+                    job = Job(name, key, d, argv, proc, time.perf_counter() - t0)
+                    self.jobs[key] = job
+                    self._save(job)
+                else:
+                    self.hits += 1
         else:
             self.hits += 1
         if check and not job.ok:
@@ -315,9 +382,12 @@ class JobCache:
             key = self._run_key(run_script, args, config, nproc, env, config_flag=config_flag,
                                 flags=flags)
             if key not in self.jobs:
-                d = self.root / f"{name}-{key}"
-                d.mkdir(parents=True, exist_ok=True)
-                todo.append((name, key, d, args, config, run_script))
+                todo.append((name, key, self.root / f"{name}-{key}", args, config, run_script))
+        with self._locked([t[1] for t in todo]):
+            todo = [t for t in todo if self._load(t[1]) is None]  # another worker ran them
+            self._run_many(todo, nproc, env, timeout, flags, config_flag)
+
+    def _run_many(self, todo, nproc, env, timeout, flags, config_flag) -> None:
         if not todo:
             return
         if len(todo) == 1:  # nothing to share: the plain launch
@@ -325,6 +395,8 @@ class JobCache:
             self.run(name, run_script, *args, config=config, nproc=nproc, env=env,
                      timeout=timeout, check=False, flags=flags, config_flag=config_flag)
             return
+        for _, _, d, *_ in todo:
+            d.mkdir(parents=True, exist_ok=True)
         spec = []
         for name, _, d, args, config, s in todo:
             cfg = self._write_config(config, str(d))
@@ -361,6 +433,7 @@ class JobCache:
                 failed = name
             run_proc = subprocess.CompletedProcess([*argv, "#", name], rc, text, err.get(name, ""))
             self.jobs[key] = Job(name, key, d, run_alone, run_proc, seconds)
+            self._save(self.jobs[key])
 
     @staticmethod
     def _python_env() -> dict:
@@ -378,11 +451,15 @@ class JobCache:
             args = [str(a) for a in args]
             key = self.key_of(kind="python", script=str(_script(script)), args=args)
             if key not in self.jobs:
-                d = self.root / f"{name}-{key}"
-                d.mkdir(parents=True, exist_ok=True)
-                todo.append((name, key, d, args))
-        if len(todo) < 2:  # nothing to share: python() runs it
-            return
+                todo.append((name, key, self.root / f"{name}-{key}", args))
+        with self._locked([t[1] for t in todo]):
+            todo = [t for t in todo if self._load(t[1]) is None]  # another worker ran them
+            if len(todo) >= 2:  # else nothing to share: python() runs it
+                self._python_many(script, todo, timeout)
+
+    def _python_many(self, script, todo, timeout) -> None:
+        for _, _, d, _ in todo:
+            d.mkdir(parents=True, exist_ok=True)
         spec = [{"name": name, "dir": str(d), "argv": [str(_script(script)), *_fill(args, str(d))],
                  "config_path": None} for name, _, d, args in todo]
         spec_file = todo[0][2] / "many_runs.json"
@@ -414,7 +491,13 @@ class JobCache:
                          env, timeout, check)
 
     def summary(self) -> str:
-        secs = sum(j.seconds for j in self.jobs.values())
-        failed = [j.name for j in self.jobs.values() if not j.ok]
-        return (f"job_cache: {len(self.jobs)} jobs run ({secs:.0f}s), {self.hits} reuses"
+        """The jobs this process ran (not those it found run by another worker) and its reuses."""
+        ran = [j for k, j in self.jobs.items() if k not in self.found]
+        return self.summary_of([(j.name, j.seconds, j.ok) for j in ran], self.hits)
+
+    @staticmethod
+    def summary_of(ran: list, hits: int) -> str:
+        """``ran``: (name, seconds, ok) per job."""
+        failed = [name for name, _, ok in ran if not ok]
+        return (f"job_cache: {len(ran)} jobs run ({sum(s for _, s, _ in ran):.0f}s), {hits} reuses"
                 + (f", failed: {', '.join(failed)}" if failed else ""))

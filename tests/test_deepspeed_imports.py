@@ -15,6 +15,7 @@ import pytest
 
 from dslaunch import deepspeed_names as names
 from dslaunch.deepspeed_imports import IMPORTED, NOT_THE_MODULE
+from dslaunch.launcher.plan import free_port
 from helpers import ROOT
 
 WALK = r"""
@@ -94,8 +95,9 @@ groups = deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimize
     {"params": list(moe.parameters()), "name": "parameters"})
 print(type(moe).__module__, tuple(out.shape), len(groups))
 """
-    env = {"DSLAUNCH_AS_DEEPSPEED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29731",
-           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PATH": "/usr/bin:/bin"}
+    env = {"DSLAUNCH_AS_DEEPSPEED": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "PATH": "/usr/bin:/bin"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env=env, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -3,10 +3,12 @@ job once per description, whatever it is called, keeps failures, and fills in ``
 Plain single-process jobs of a tiny script (no torch), well under a second."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from helpers import JobCache, _fill
+from helpers import ROOT, JobCache, _fill
 
 SCRIPT = """
 import json, pathlib, sys
@@ -55,6 +57,38 @@ def test_a_failed_job_is_kept_and_fails_every_asker(cache):
     job = jobs.python("bad", script, log, "{dir}/out.json", "fail", check=False)
     assert not job.ok and job.proc.returncode != 0
     assert "1 jobs run" in jobs.summary() and "failed: bad" in jobs.summary()
+
+
+def test_processes_sharing_a_root_run_each_job_once(cache):
+    # the pytest-xdist workers of one run: two at once ask for the same job, the second waits
+    # for the first's lock, then finds its record; a third cache (this process) finds it too
+    jobs, script, log = cache
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from helpers import JobCache; "
+            "job = JobCache(sys.argv[2]).python('w', sys.argv[3], sys.argv[4], '{dir}/out.json', "
+            "'x'); print(job.dir, job.json()['arg'])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, ROOT / "tests", jobs.root, script, log],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert len(log.read_text().splitlines()) == 1  # ran once
+    assert outs[0][0] == outs[1][0] and outs[0][0].endswith(" x\n")  # the same job's dir
+    job = jobs.python("other-name", script, log, "{dir}/out.json", "x")
+    assert str(job.dir) == outs[0][0].split()[0] and job.json()["arg"] == "x"
+    assert len(log.read_text().splitlines()) == 1 and jobs.hits == 1
+    assert jobs.summary().startswith("job_cache: 0 jobs run")  # it ran none itself
+    assert [(name, ok) for name, _, ok in JobCache.records(jobs.root)] == [("w", True)]
+
+
+def test_many_runs_found_in_another_process_cache_are_not_run_again(cache):
+    jobs, script, log = cache
+    for arg in "ab":
+        jobs.python(arg, script, log, "{dir}/out.json", arg)
+    other = JobCache(jobs.root)  # another worker of the same run: finds both, starts nothing
+    other.python_many("again", script, {"a": (log, "{dir}/out.json", "a"),
+                                        "b": (log, "{dir}/out.json", "b")})
+    assert other.python("a", script, log, "{dir}/out.json", "a").json()["arg"] == "a"
+    assert len(log.read_text().splitlines()) == 2 and other.summary().startswith("job_cache: 0 jobs")
 
 
 def test_dir_is_filled_in_configs_too():

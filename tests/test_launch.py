@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dslaunch.launcher.plan import free_port
 from helpers import SCRIPTS, dslaunch
 
 
@@ -142,7 +143,8 @@ def test_rank_env_and_config(tmp_path):
     workdir = tmp_path / "work"
     workdir.mkdir()
     (workdir / ".dslaunch_env").write_text(f"DSLAUNCH_TEST_TOKEN={token}\n")
-    r = dslaunch("run", "--nproc-per-node", 2, "--master-port", 29613, "--config", cfg,
+    port = free_port()  # not a fixed one: another test run (an xdist worker) may hold it
+    r = dslaunch("run", "--nproc-per-node", 2, "--master-port", port, "--config", cfg,
                  "--env", "DSLAUNCH_TEST_VALUE=x=$HOME `y`", SCRIPTS / "launch_env.py", tmp_path,
                  cwd=workdir)
     assert r.returncode == 0, r.stderr
@@ -155,7 +157,7 @@ def test_rank_env_and_config(tmp_path):
         env = rec["env"]
         assert env["RANK"] == str(i) and env["LOCAL_RANK"] == str(i)
         assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "2" and env["NODE_RANK"] == "0"
-        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29613"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(port)
         assert env["DSLAUNCH_TEST_VALUE"] == "x=$HOME `y`"
         assert env["PYTHONUNBUFFERED"] == "1"
         assert env["DSLAUNCH_RESTART_COUNT"] == "0"
