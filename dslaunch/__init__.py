@@ -11,7 +11,8 @@ from dslaunch.missing_modules import install_finder as _install_finder
 
 __version__ = "0.1.0"
 
-_OWN = {"DSLaunchEngine": "dslaunch.engine.core.engine:DSLaunchEngine"}  # our names, not DeepSpeed's
+_OWN = {"DSLaunchEngine": "dslaunch.engine.core.engine:DSLaunchEngine",  # our names, not DeepSpeed's
+        "StepAbandoned": "dslaunch.engine.comm.membership:StepAbandoned"}
 
 _install_finder()  # `import dslaunch.moe` says which issue brings it
 

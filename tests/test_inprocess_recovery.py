@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
 import pytest
 from test_launch import assert_no_leftovers, marker_env
 
-from helpers import SCRIPTS, dslaunch
+from helpers import DSLAUNCH, ROOT, SCRIPTS, dslaunch
 
 SCRIPT = SCRIPTS / "recover_train.py"
 STEPS = 10
@@ -194,8 +195,8 @@ def test_fault_in_the_scripts_own_allreduce_is_recovered_in_process(tmp_path):
     all-reduce, not in the engine: the bootstrap's wrapper (torch_progress.SCRIPT_HOOKS) starts
     the same recovery, and the job ends as the fault-free one, rank by rank (ZeRO 2, gradient
     accumulation 2: the replacement's shard from its buddy's copy). The loop also all-reduces a
-    stop flag before each iteration's first forward: the replacement, starting at the loop's top,
-    must skip that one as the survivors do (it once met their first forward instead)."""
+    stop flag before each iteration's first forward: the survivors, whose interrupted all-reduce
+    raised StepAbandoned, meet the replacement there (it starts at the loop's top)."""
     marker, env = marker_env()
     env.update(RECOVER_LOG_ALLREDUCE="1", RECOVER_STOP_CHECK="1")
     config = json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2})
@@ -271,3 +272,72 @@ def test_config_section_and_flag_choose_the_recovery():
     assert planned("--config", config, "--recover", "restart") == "restart"  # the flag wins
     bad = dslaunch("run", "--nproc-per-node", 2, "--recover", "later", SCRIPT, 1)
     assert bad.returncode != 0 and "'later' is not one of 'restart', 'in-process'" in bad.stderr
+
+
+def _means(out: str) -> dict:
+    """{(rank, step): the mean loss the script's own all-reduce gave that rank} (as printed)."""
+    return {(int(r), int(s)): v for r, s, v in
+            re.findall(r"\] rank (\d+) step (\d+) mean loss ([\d.]+)", out)}
+
+
+def _abandoned(out: str) -> set:
+    return {(int(r), int(s)) for r, s in re.findall(r"\] rank (\d+) step (\d+) abandoned", out)}
+
+
+def _kill_at(cmd: list, env: dict, step: int, rank: int, timeout: int = 300) -> tuple:
+    """Run ``cmd`` (a dslaunch job of recover_train.py) and SIGKILL rank ``rank``'s process from
+    outside the job once rank 0 has printed step ``step``; (returncode, stdout, stderr)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines, pid, killed = [], None, None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            found = re.search(rf"\] rank {rank} pid (\d+) start", line)
+            if found and pid is None:
+                pid = int(found.group(1))
+            if killed is None and f"[rank 0] step {step} loss" in line:
+                assert pid is not None, "".join(lines)
+                os.kill(pid, signal.SIGKILL)
+                killed = pid
+        err = proc.stderr.read()
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed is not None, "".join(lines)
+    return proc.returncode, "".join(lines), err
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_scripts_own_collectives_never_return_a_made_up_value(tmp_path, stage):
+    """Issue 45: a DeepSpeed-style loop (data a function of engine.global_steps) all-reduces its
+    loss itself after each step and prints the mean, and all-reduces a stop flag at the top of
+    each iteration. Rank 2 is killed with SIGKILL from outside the job right after step 10 (the
+    survivors then meet the lost peer in the stop check). Every mean any rank prints, survivor or
+    replacement, is the fault-free run's for that step; where a value could not be computed the
+    loop got ``dslaunch.StepAbandoned`` instead (the survivors, once, at step 11), caught it and ran
+    the step again. Survivors keep their processes; the job ends as the fault-free one. Before,
+    the interrupted all-reduce returned the rank's own unreduced value."""
+    env = dict(os.environ, RECOVER_LOG_ALLREDUCE="1", RECOVER_STOP_CHECK="1", RECOVER_SLEEP="0.3")
+    config = json.dumps({"zero_optimization": {"stage": stage}})
+    steps = 13
+    ref = dslaunch("run", "--nproc-per-node", 3, SCRIPT, steps, config, env=env, timeout=180)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    expected = _means(ref.stdout)
+    assert sorted({s for _, s in expected}) == list(range(1, steps + 1))
+    cmd = [*DSLAUNCH, "run", "--nproc-per-node", 3, "--recover", "in-process", "--max-restarts", 1,
+           "--log-dir", tmp_path / "logs", SCRIPT, steps, config]
+    code, out, err = _kill_at([str(c) for c in cmd], env, step=10, rank=2)
+    assert code == 0, err[-3000:]
+    assert "recovered in process" in err and "restarting" not in err, err[-3000:]
+    got = _means(out)
+    wrong = {k: (v, expected[k]) for k, v in got.items() if v != expected[k]}
+    assert not wrong, wrong  # every printed value is the fault-free run's for its step
+    abandoned = _abandoned(out)
+    assert abandoned <= {(0, 11), (1, 11)}, abandoned
+    for rank in (0, 1, 2):  # each step's value printed once it stood, by every rank
+        assert {s for r, s in got if r == rank} >= set(range(11, steps + 1)), (rank, got)
+    starts = _starts(out)
+    assert len(starts[0]) == len(starts[1]) == 1 and len(starts[2]) == 2, starts
+    assert _losses(out) == _losses(ref.stdout)

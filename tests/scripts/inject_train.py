@@ -89,7 +89,12 @@ else:
         engine.load_checkpoint(args.save_dir)
         if engine.global_steps:
             say("RESUMED", engine.global_steps)
-    while engine.global_steps < args.steps and not time_is_up():
+    while engine.global_steps < args.steps:
+        try:  # --recover in-process: the stop check a lost peer interrupted raises StepAbandoned
+            if time_is_up():
+                break
+        except dslaunch.StepAbandoned:
+            continue  # (the peer was replaced: check again, with it)
         x, y = batch(engine.global_steps, int(RANK))
         loss = torch.nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)

@@ -8,9 +8,14 @@ and every rank prints ``rank R pid P start`` once and ``rank R pid P done`` at t
 
 - ``RECOVER_SLEEP=SECONDS``: sleep after each step (a fault then lands mid-job);
 - ``RECOVER_LOG_ALLREDUCE=1``: after each step every rank all-reduces its loss with
-  ``torch.distributed`` itself, as most training loops log (a collective of the script's own);
+  ``torch.distributed`` itself, as most training loops log (a collective of the script's own), and
+  prints ``rank R step S mean loss M`` (8 decimals);
 - ``RECOVER_STOP_CHECK=1``: at the top of each iteration, before its first forward, every rank
   all-reduces a stop flag (as loops with a time budget or an early stop do);
+
+the loop is the pattern docs/resilience.md shows: a ``dslaunch.StepAbandoned`` (a collective of the
+script's own that an in-process recovery interrupted, or made in the step it abandoned) is caught,
+printed as ``rank R step S abandoned``, and the loop goes on to its next iteration;
 - ``RECOVER_REFERENCE=4@0,2@7``: no launcher, one process trains on the whole global batch of
   each step, with the world size that step had (4 from step 0, 2 from step 7): the reference a
   job whose world shrank at step 7 must match (the mean loss over the ranks' equal shares is the
@@ -89,9 +94,12 @@ def stop_requested() -> bool:
     return bool(flag.item())
 
 
-while engine.global_steps < steps and not stop_requested():
+def iteration() -> bool:
+    """One step of the loop; False: stop."""
+    if stop_requested():
+        return False
     step = engine.global_steps
-    losses = []
+    losses, shares = [], []
     for m in range(gas):
         x, y, first = batch(step, m)
         out = engine(x)
@@ -99,15 +107,29 @@ while engine.global_steps < steps and not stop_requested():
         engine.backward(loss)
         engine.step()
         losses.append(torch.nn.functional.mse_loss(out[first], y[first]).detach())
+        shares.append(loss.detach())
+    stepped = engine.global_steps == step + 1  # (not rolled back by a recovery)
+    if stepped and engine.global_rank == 0:
+        print(f"step {engine.global_steps} loss {torch.stack(losses).mean().item():.8f}", flush=True)
     if log_allreduce:  # the script's own collective, outside the engine
-        torch.distributed.all_reduce(torch.stack(losses).mean())
-    if engine.global_steps == step + 1:  # the step happened (not rolled back by a recovery)
-        if engine.global_rank == 0:
-            print(f"step {engine.global_steps} loss {torch.stack(losses).mean().item():.8f}",
-                  flush=True)
+        mean = torch.stack(shares).mean()
+        torch.distributed.all_reduce(mean)
+        if stepped:
+            print(f"rank {engine.global_rank} step {engine.global_steps} mean loss "
+                  f"{mean.item() / engine.world_size:.8f}", flush=True)
+    if stepped:
         time.sleep(sleep)
         if engine.global_steps == shrink_at:
             shrink()
+    return True
+
+
+while engine.global_steps < steps:
+    try:
+        if not iteration():
+            break
+    except dslaunch.StepAbandoned:  # a peer was lost and replaced in process: the step again
+        print(f"rank {engine.global_rank} step {engine.global_steps + 1} abandoned", flush=True)
 
 
 print(f"rank {engine.global_rank} pid {os.getpid()} done {state_digest(engine)}", flush=True)

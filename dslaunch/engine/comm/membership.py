@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 from dslaunch import standby_priority
@@ -17,6 +18,15 @@ from dslaunch.recover_files import JOIN_ENV, STANDBY_ENV, read_json
 # what a collective raises when a peer is gone or its connections were shut (gloo, NCCL)
 _FAULT_WORDS = ("connection closed", "connection reset", "broken pipe", "timed out", "gloo",
                 "nccl", "socket", "peer")
+
+
+class StepAbandoned(RuntimeError):
+    """Raised to the script, under ``dslaunch run --recover in-process``, by a call whose result the
+    fault-free run would not have given: the script's own collective that a lost peer interrupted
+    (or one it makes later in the step the recovery abandoned), or a forward that would have to run
+    without its collectives (ZeRO 3's gathers, AutoTP's). The peer is replaced and the training
+    state is the last completed step's: catch it and go on to the loop's next iteration, which runs
+    that step again (docs/resilience.md, "The script's own collectives")."""
 
 
 def peer_lost(exc: BaseException) -> bool:
@@ -42,12 +52,20 @@ def await_promotion(prewarm=_prewarm_compiler) -> None:
     path = os.environ.get(STANDBY_ENV)
     if not path:
         return
-    prewarm()
+    # The prewarm runs beside the wait, not before it: at the standby's lowered priority on a busy
+    # host it could still be importing when the promotion came, and the promoted rank stayed at
+    # that priority until it was done (a replacement that took more than the launcher's 90 s to
+    # answer: the survivors waited for the new group's store, which it hosts). Promoted, every
+    # thread takes the rank's priority back first; then the prewarm is waited for (two threads
+    # importing the same modules at once can meet a half-made one).
+    warm = threading.Thread(target=prewarm, name="dslaunch-standby-prewarm", daemon=True)
+    warm.start()
     while (word := read_json(path)) is None:
         time.sleep(0.01)
+    standby_priority.restore()
+    warm.join()
     os.environ.update(word["env"])
     del os.environ[STANDBY_ENV]
-    standby_priority.restore()
     # a standby had no progress record, so the script's torch.distributed calls were not wrapped:
     # wrap them now (the hang watchdog, and recovery from a fault in a collective of the script's)
     from dslaunch import torch_progress

@@ -1,14 +1,20 @@
 """The engine's seams under in-process recovery: its ``forward``, ``backward``, ``step``, a
 pipeline's ``train_batch``, a checkpoint's save, and the script's own collectives, run so that a
 collective failing because of a lost peer turns into a recovery (``rejoin.recover``) instead of an
-exception, and the interrupted step is abandoned on every member."""
+exception, and the interrupted step is abandoned on every member.
+
+The script never gets a value the fault-free run would not have given it: its own collective that
+a lost peer interrupted, or one it makes later in the abandoned step, raises ``StepAbandoned``
+(``comm/membership.py``) after the recovery instead of returning this rank's unreduced tensor; the
+script's loop catches it and starts its next iteration, the same step again, where a replacement
+starts too."""
 
 from __future__ import annotations
 
 import contextlib
 
 from dslaunch import torch_progress
-from dslaunch.engine.comm.membership import peer_lost
+from dslaunch.engine.comm.membership import StepAbandoned, peer_lost
 from dslaunch.engine.parallel.tensor_parallel import dry_collectives
 from dslaunch.engine.recovery import pipe
 from dslaunch.engine.recovery.rejoin import recover
@@ -96,26 +102,16 @@ class engine_call:
             self.watch.in_engine -= 1
 
 
-class Skipped:
-    """What a skipped or recovered ``async_op=True`` call of the script returns."""
-
-    def wait(self, *args, **kwargs) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-
 class ScriptCollectives:
     """The collectives the script makes itself (``torch.distributed`` calls outside any engine
     call, seen by the bootstrap's wrappers: ``dslaunch/torch_progress.py``), such as the loss
     all-reduce most training loops log with. One that fails on a lost peer starts the same
-    recovery as the engine's own, and returns with its outputs as they were (a value logged for
-    that step is then this rank's own). After a recovery the script's collectives are skipped
-    until its next step's ``forward``, on every member: the survivors finish the abandoned
-    iteration of their loop while a replacement starts at the top of it, and neither makes the
-    collectives the other would not (a replacement's before its first forward, such as a stop
-    check, are skipped too)."""
+    recovery as the engine's own and then raises ``StepAbandoned``: its outputs hold this rank's
+    own values, not the reduced ones. So does the first one the script makes after a recovery in
+    the rest of the abandoned step (the engine's calls there are skipped), without making it: a
+    replacement starts at the top of the loop, and the survivors meet it there once the script has
+    caught the exception and gone on to its next iteration. Either ends the abandoned step: the
+    script's next calls are real ones."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -126,15 +122,26 @@ class ScriptCollectives:
 
     def call(self, fn, op: str, args, kwargs):
         watch = self.engine._recovery.watch
-        if watch.script_skip:
-            return Skipped() if kwargs.get("async_op") else None
+        if watch.script_skip:  # later in a step a recovery abandoned: no value to give
+            end_abandoned_step(watch)
+            raise StepAbandoned(f"{op}: the step was abandoned by an in-process recovery (a peer "
+                                "was lost and replaced); start the loop's next iteration")
         try:
             return fn(*args, **kwargs)
         except RuntimeError as exc:
             with engine_call(self.engine):  # the recovery's own collectives
                 if not recover_between_steps(self.engine, exc):
                     raise
-            return Skipped() if kwargs.get("async_op") else None
+            end_abandoned_step(watch)
+            raise StepAbandoned(f"{op} was interrupted by a lost peer, which was replaced in "
+                                "process; start the loop's next iteration") from None
+
+
+def end_abandoned_step(watch) -> None:
+    """The script leaves the abandoned step (``StepAbandoned``): nothing of it is left to skip,
+    its next calls start the step again."""
+    watch.script_skip = False
+    watch.abandoning = 0
 
 
 def recover_between_steps(engine, exc: BaseException) -> bool:

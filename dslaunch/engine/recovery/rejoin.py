@@ -202,12 +202,8 @@ def join(engine, word: dict) -> None:
     if pipe.pipe_grid(engine) is not None:  # its own loader at the survivors' step
         pipe.position_loader(engine)
     watch = engine._recovery.watch
-    if watch is not None:
+    if watch is not None:  # (it starts at the top of the script's loop: its calls are real ones)
         watch.joined = True
-        # the survivors skip the script's collectives until their next forward; so does the
-        # replacement, which starts at the top of the loop (a stop check or a broadcast made
-        # there would otherwise meet a survivor's first forward)
-        watch.script_skip = True
     if path:
         write_json(ack_path(path), {"epoch": word["epoch"], "status": "joined",
                                      "step": engine.global_steps,

@@ -68,7 +68,7 @@ class Watch:
         self.word: dict | None = None
         self.arrived = threading.Event()
         self.abandoning = 0  # step() calls of the interrupted step still to skip
-        self.script_skip = False  # the script's own collectives, until its next step's forward
+        self.script_skip = False  # its own collectives raise StepAbandoned until its next forward
         self.in_engine = 0  # inside an engine call: its collectives are not the script's
         self.joined = False  # a replacement that took its state from its peers
         self.aborted_at: float | None = None
