@@ -53,7 +53,8 @@ def keep_params(new, lin, orig):
     return new
 
 
-def span(rule, name, total, group):
+def shard_span(rule, name, total, group):
+    """(start, stop) of this rank's rows of layer ``name`` (``total`` of them) under ``rule``."""
     return rule.span(name, total, group_world(group), group_rank(group))
 
 
@@ -61,21 +62,21 @@ def column(m, group, rule=None, name=""):
     lin = as_linear(m)
     rows = None
     if rule is not None:
-        rows = torch.arange(*span(rule, name, lin.out_features, group), device="cpu")
+        rows = torch.arange(*shard_span(rule, name, lin.out_features, group), device="cpu")
     return keep_params(ColumnParallelLinear.from_linear(lin, group, rows=rows), lin, m)
 
 
 def fused3(m, group, rule=None, name=""):
     """Three stacked equal parts (q | k | v), each cut alike."""
     lin = as_linear(m)
-    span = None if rule is None else (lambda size: span(rule, name, size, group))
+    span = None if rule is None else (lambda size: shard_span(rule, name, size, group))
     rows = stacked_rows(lin.out_features, (-1, -1, -1), group, span=span)
     return keep_params(ColumnParallelLinear.from_linear(lin, group, rows=rows), lin, m)
 
 
 def row(m, group, rule=None, name=""):
     lin = as_linear(m)
-    cols = span(rule, name, lin.in_features, group) if rule is not None else None
+    cols = shard_span(rule, name, lin.in_features, group) if rule is not None else None
     return keep_params(RowParallelLinear.from_linear(lin, group, cols=cols), lin, m)
 
 

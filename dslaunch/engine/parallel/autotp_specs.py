@@ -186,7 +186,7 @@ def specs_from_config(section) -> tuple[list, bool] | None:
 def style_of(spec: Spec, rule: ShardRule, name: str):
     """The plan style (``(module, group) -> module``) of a column or row spec for layer
     ``name``, cut by ``rule``."""
-    from dslaunch.engine.parallel.autotp_layers import as_linear, column, keep_params, row, span
+    from dslaunch.engine.parallel.autotp_layers import as_linear, column, keep_params, row, shard_span
 
     if spec.kind == "row":
         return functools.partial(row, rule=rule, name=name)
@@ -197,7 +197,7 @@ def style_of(spec: Spec, rule: ShardRule, name: str):
         lin = as_linear(m)
         try:  # each stacked part cut by the rule as a layer of its own (DeepSpeed's sub-parameters)
             rows = stacked_rows(lin.out_features, spec.parts or (-1,), group,
-                                span=lambda size: span(rule, name, size, group))
+                                span=lambda size: shard_span(rule, name, size, group))
         except ValueError as e:
             raise ValueError(f"{KEY}: {name}: {e}") from None
         layer = ColumnParallelLinear.from_linear(lin, group, gather_output=spec.gather_output,
