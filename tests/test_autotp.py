@@ -188,12 +188,13 @@ def test_specs_parse_and_match():
     name the key; DeepSpeed's grain-aligned sizes."""
     from types import SimpleNamespace
 
-    from dslaunch.engine.parallel.autotp import _linear_like, autotp_plan
+    from dslaunch.engine.parallel.autotp import autotp_plan
+    from dslaunch.engine.parallel.autotp_layers import linear_like
     from dslaunch.engine.parallel.autotp_shards import grain_sizes
     from dslaunch.engine.parallel.autotp_specs import spec_plan, specs_from_config
 
     section = SimpleNamespace(preset_model="llama", partition_config=None)
-    plan, summed = spec_plan(_tiny_llama(), *specs_from_config(section), _linear_like)
+    plan, summed = spec_plan(_tiny_llama(), *specs_from_config(section), linear_like)
     assert sorted(plan) == sorted(autotp_plan(_tiny_llama())) and summed == []
     skip_norm = SimpleNamespace(preset_model="llama", partition_config={"layer_specs": [
         {"patterns": [r".*input_layernorm.*"], "partition_type": "skip",
@@ -204,7 +205,7 @@ def test_specs_parse_and_match():
         "strict_mode": True, "layer_specs": [{"patterns": [r".*\.q_proj\.weight$"]}]})
     with pytest.raises(ValueError, match=r"partition_config.strict_mode: no layer spec matches "
                                          r"model.layers.0.self_attn.k_proj.weight"):
-        spec_plan(_tiny_llama(), *specs_from_config(strict_cfg), _linear_like)
+        spec_plan(_tiny_llama(), *specs_from_config(strict_cfg), linear_like)
     with pytest.raises(ValueError, match=r"layer_specs\[0\]: unknown keys \['pattern'\]"):
         specs_from_config(SimpleNamespace(preset_model=None, partition_config={
             "layer_specs": [{"pattern": ".*"}]}))
@@ -275,14 +276,15 @@ def _tiny_llama(kv=2, heads=4, hidden=32):
 
 
 def test_plan_names_columns_and_rows():
-    from dslaunch.engine.parallel.autotp import _column, _row, autotp_plan
+    from dslaunch.engine.parallel.autotp import autotp_plan
+    from dslaunch.engine.parallel.autotp_layers import column, row
 
     plan = autotp_plan(_tiny_llama())
     prefix = "model.layers.0."
     assert {n[len(prefix):]: s for n, s in plan.items()} == {
-        "self_attn.q_proj": _column, "self_attn.k_proj": _column, "self_attn.v_proj": _column,
-        "self_attn.o_proj": _row, "mlp.gate_proj": _column, "mlp.up_proj": _column,
-        "mlp.down_proj": _row}
+        "self_attn.q_proj": column, "self_attn.k_proj": column, "self_attn.v_proj": column,
+        "self_attn.o_proj": row, "mlp.gate_proj": column, "mlp.up_proj": column,
+        "mlp.down_proj": row}
     with pytest.raises(ValueError, match="found no attention or MLP linear layer"):
         autotp_plan(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
