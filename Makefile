@@ -24,12 +24,15 @@ cuda-check:
 	@if [ -f cpp/cuda/Makefile.check ]; then $(MAKE) --no-print-directory -f cpp/cuda/Makefile.check; else echo "no CUDA sources yet"; fi
 
 # pytest exit code 5 (no tests collected) must fail CI, and it does: we pass it through.
-# TEST_WORKERS pytest-xdist workers, each test file whole on one of them (tests/multihost/ as one
-# unit: one set of fake hosts per machine); -x stops every worker at the first failure, -rfE names
-# it again at the end. TEST_WORKERS=0: one process, no workers.
+# TEST_WORKERS pytest-xdist workers, each test file whole on one of them; -x stops every worker at
+# the first failure, -rfE names it again at the end. TEST_WORKERS=0: one process, no workers.
+# tests/multihost/ runs after them, alone: two of its jobs fail at random beside two busy workers
+# (a host lost during the shard-copy exchange after a step; a peer-lost error taken for the root
+# cause over pdsh), bugs to fix, noted in docs/resilience.md's known limits.
 TEST_WORKERS ?= 3
 test:
-	$(BIN)/python -m pytest -x -q -p no:cacheprovider --durations=20 -rfE -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -x -q -p no:cacheprovider --durations=20 -rfE -n $(TEST_WORKERS) --dist loadfile --ignore=tests/multihost tests
+	$(BIN)/python -m pytest -x -q -p no:cacheprovider --durations=10 -rfE tests/multihost
 
 test-fast:
 	$(BIN)/python -m pytest -q -m "not slow and not multihost" tests
